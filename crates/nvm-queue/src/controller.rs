@@ -1,0 +1,573 @@
+//! Controller bring-up, admin commands and orderly shutdown (NVMe Base 2.0
+//! sections 3.5.1 "Memory-based Controller Initialization", 3.6
+//! "Shutdown", 5 "Admin Command Set").
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nvme_regs::opcode::{
+    Cns, CreateIoCq, CreateIoSq, DeleteIoCq, DeleteIoSq, Identify, SetFeatures,
+};
+use nvme_regs::registers::offset;
+use nvme_regs::{
+    identify, Aqa, Cap, Cc, Csts, DecodeError, IdentifyController, IdentifyNamespace,
+    NumberOfQueues, ShutdownNotification, ShutdownStatus, Sqe, Status,
+};
+
+use crate::device::NvmeDevice;
+use crate::dma::{DmaBuffer, DmaError};
+use crate::io::NamespaceInfo;
+use crate::mmio::MmioError;
+use crate::queue::{Completion, DataRef, QueueError, QueuePair, QueuePairConfig, SubmitError};
+
+/// Floor for the CAP.TO-derived wait when a controller reports CAP.TO = 0.
+pub const MIN_READY_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Options for [`Controller::init`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerOptions {
+    /// Admin SQ and CQ entries (clamped to CAP.MQES + 1 and to 4096).
+    pub admin_entries: u32,
+    /// I/O queue pairs to ask for with Set Features (Number of Queues).
+    pub io_queues: u16,
+    /// Memory page size in bytes (CC.MPS); `None` = the controller's
+    /// minimum (CAP.MPSMIN), normally 4 KiB.
+    pub page_size: Option<usize>,
+    /// Upper bound on one command's transfer in bytes, applied on top of
+    /// MDTS (and used when MDTS = 0, "no limit").
+    pub max_transfer_cap: usize,
+    /// Bound on each admin command.
+    pub admin_timeout: Duration,
+}
+
+impl Default for ControllerOptions {
+    fn default() -> Self {
+        Self {
+            admin_entries: 32,
+            io_queues: 8,
+            page_size: None,
+            max_transfer_cap: 1 << 20,
+            admin_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Errors of bring-up, admin commands and shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    /// A register read all ones: the device is gone (surprise removal,
+    /// dead link).
+    #[error("{register} read all ones: the device is gone")]
+    DeviceGone {
+        /// The register read.
+        register: &'static str,
+    },
+    /// CSTS.CFS is set: the controller hit a fatal error.
+    #[error("controller fatal status (CSTS.CFS) during {during}")]
+    Fatal {
+        /// What the driver was doing.
+        during: &'static str,
+    },
+    /// A bounded wait ran out.
+    #[error("timed out after {waited:?} waiting for {what}; {state}")]
+    Timeout {
+        /// What was awaited.
+        what: &'static str,
+        /// How long.
+        waited: Duration,
+        /// Queue/register state for diagnosis.
+        state: String,
+    },
+    /// An admin command completed with an error status.
+    #[error("{command} failed: {status}")]
+    Command {
+        /// Command name.
+        command: &'static str,
+        /// NVMe status.
+        status: Status,
+    },
+    /// The controller returned data that does not decode.
+    #[error("malformed {what} data from the controller")]
+    Decode {
+        /// What was decoded.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: DecodeError,
+    },
+    /// The controller lacks something this driver needs.
+    #[error("unsupported controller: {0}")]
+    Unsupported(String),
+    /// A register access left BAR0.
+    #[error("register access")]
+    Mmio(#[from] MmioError),
+    /// Queue creation failed on the host side.
+    #[error("queue setup")]
+    Queue(#[from] QueueError),
+    /// DMA memory allocation or mapping failed.
+    #[error("DMA memory")]
+    Dma(#[from] DmaError),
+    /// An admin command could not be queued.
+    #[error("admin submission")]
+    Submit(#[from] SubmitError),
+    /// An I/O queue was asked beyond what the controller granted.
+    #[error("I/O queue {qid} not available: the controller granted {granted}")]
+    NoQueue {
+        /// Queue asked for.
+        qid: u16,
+        /// Number granted by Set Features (Number of Queues).
+        granted: u16,
+    },
+}
+
+/// What Identify Controller told us, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerInfo {
+    /// PCI Vendor ID.
+    pub vid: u16,
+    /// Serial number (trimmed ASCII).
+    pub serial: String,
+    /// Model number (trimmed ASCII).
+    pub model: String,
+    /// Firmware revision (trimmed ASCII).
+    pub firmware: String,
+    /// MDTS as reported (0 = no limit).
+    pub mdts: u8,
+    /// Number of namespaces (NN).
+    pub nn: u32,
+    /// Optional NVM Command Support (ONCS) bits.
+    pub oncs: u16,
+    /// Version (VER) as reported by Identify.
+    pub ver: u32,
+    /// Controller ID.
+    pub cntlid: u16,
+}
+
+/// A controller brought up by this driver: enabled, identified, with its
+/// admin queue pair. I/O queue pairs are created with
+/// [`Controller::create_io_queue_pair`] and handed to their user.
+#[derive(Debug)]
+pub struct Controller {
+    device: Arc<dyn NvmeDevice>,
+    cap: Cap,
+    page_size: usize,
+    ready_timeout: Duration,
+    admin: QueuePair,
+    scratch: DmaBuffer,
+    info: ControllerInfo,
+    namespaces: Vec<NamespaceInfo>,
+    max_transfer: usize,
+    io_queues_granted: u16,
+    live_queues: Vec<u16>,
+    opts: ControllerOptions,
+}
+
+impl Controller {
+    /// Resets and enables the controller, creates the admin queues,
+    /// identifies the controller and its active namespaces, and asks for
+    /// `opts.io_queues` I/O queue pairs.
+    ///
+    /// Every wait is bounded by CAP.TO (floored at [`MIN_READY_TIMEOUT`]); a
+    /// set CSTS.CFS ends a wait at once with [`ControllerError::Fatal`];
+    /// all-ones registers give [`ControllerError::DeviceGone`].
+    pub fn init(device: Arc<dyn NvmeDevice>, opts: ControllerOptions) -> Result<Self, ControllerError> {
+        let bar = device.bar0();
+        let cap = Cap(bar.read64(offset::CAP)?);
+        if cap.is_all_ones() {
+            return Err(ControllerError::DeviceGone { register: "CAP" });
+        }
+        if !cap.css_nvm() {
+            return Err(ControllerError::Unsupported("no NVM command set (CAP.CSS bit 37)".into()));
+        }
+        let ready_timeout = Duration::from_millis(cap.timeout_ms()).max(MIN_READY_TIMEOUT);
+        let page_size = opts.page_size.unwrap_or(cap.min_page_size());
+        if !page_size.is_power_of_two()
+            || page_size < cap.min_page_size()
+            || page_size > cap.max_page_size()
+        {
+            return Err(ControllerError::Unsupported(format!(
+                "memory page size {page_size} outside CAP.MPSMIN..MPSMAX ({}..={})",
+                cap.min_page_size(),
+                cap.max_page_size()
+            )));
+        }
+        let mps = page_size.trailing_zeros() - 12;
+
+        // 1. Disable and wait for CSTS.RDY = 0 (a fatal status is cleared by
+        //    the reset, so CFS is not an error here).
+        let cc = Cc(bar.read32(offset::CC)?);
+        if cc.en() {
+            bar.write32(offset::CC, cc.with_en(false).0)?;
+        }
+        wait_csts(&*device, ready_timeout, "CSTS.RDY = 0 after CC.EN = 0", false, |c| !c.rdy())?;
+
+        // 2. Admin queues, AQA/ASQ/ACQ (64-bit registers as two halves).
+        let admin_entries = opts.admin_entries.clamp(2, 4096).min(cap.max_queue_entries());
+        let admin = QueuePair::new(
+            &device,
+            QueuePairConfig {
+                qid: 0,
+                sq_entries: admin_entries,
+                cq_entries: admin_entries,
+                max_outstanding: (admin_entries - 1) as u16,
+                max_transfer: 4096,
+                page_size,
+                dstrd: cap.dstrd(),
+            },
+        )?;
+        let asq = admin.sq().memory().device_addr(0)?;
+        let acq = admin.cq().memory().device_addr(0)?;
+        bar.write32(offset::AQA, Aqa::new((admin_entries - 1) as u16, (admin_entries - 1) as u16).0)?;
+        bar.write64(offset::ASQ, asq)?;
+        bar.write64(offset::ACQ, acq)?;
+
+        // 3. Enable, wait for CSTS.RDY = 1.
+        let cc = Cc(0)
+            .with_iosqes(6)
+            .with_iocqes(4)
+            .with_mps(mps as u8)
+            .with_css(0)
+            .with_ams(0)
+            .with_shn(ShutdownNotification::None)
+            .with_en(true);
+        bar.write32(offset::CC, cc.0)?;
+        wait_csts(&*device, ready_timeout, "CSTS.RDY = 1 after CC.EN = 1", true, |c| c.rdy())?;
+
+        let scratch = DmaBuffer::new(&device, 4096)?;
+        let mut ctrl = Self {
+            device,
+            cap,
+            page_size,
+            ready_timeout,
+            admin,
+            scratch,
+            info: ControllerInfo {
+                vid: 0,
+                serial: String::new(),
+                model: String::new(),
+                firmware: String::new(),
+                mdts: 0,
+                nn: 0,
+                oncs: 0,
+                ver: 0,
+                cntlid: 0,
+            },
+            namespaces: Vec::new(),
+            max_transfer: 0,
+            io_queues_granted: 0,
+            live_queues: Vec::new(),
+            opts,
+        };
+        ctrl.identify()?;
+        ctrl.set_number_of_queues()?;
+        Ok(ctrl)
+    }
+
+    fn identify(&mut self) -> Result<(), ControllerError> {
+        let mut page = [0u8; 4096];
+        self.admin_with_data(Identify::new(Cns::Controller).build(), "Identify Controller", &mut page)?;
+        let idc = IdentifyController::parse(&page)
+            .map_err(|source| ControllerError::Decode { what: "Identify Controller", source })?;
+        let text = |r: Result<&str, DecodeError>| {
+            r.map(str::to_owned)
+                .map_err(|source| ControllerError::Decode { what: "Identify Controller", source })
+        };
+        self.info = ControllerInfo {
+            vid: idc.vid(),
+            serial: text(idc.sn())?,
+            model: text(idc.mn())?,
+            firmware: text(idc.fr())?,
+            mdts: idc.mdts(),
+            nn: idc.nn(),
+            oncs: idc.oncs(),
+            ver: idc.ver(),
+            cntlid: idc.cntlid(),
+        };
+        let mdts_limit = idc.max_transfer_bytes(self.cap.min_page_size());
+        let cap = self.opts.max_transfer_cap.max(self.page_size);
+        self.max_transfer = match mdts_limit {
+            Some(m) => (m.min(cap as u64)) as usize,
+            None => cap,
+        };
+        if self.max_transfer < self.page_size {
+            return Err(ControllerError::Unsupported("MDTS below one memory page".into()));
+        }
+
+        // Active namespaces (CNS 02h), then each namespace (CNS 00h).
+        self.admin_with_data(
+            Identify::new(Cns::ActiveNamespaceList).nsid(0).build(),
+            "Identify Active Namespace List",
+            &mut page,
+        )?;
+        let nsids: Vec<u32> = identify::parse_active_namespace_list(&page)
+            .map_err(|source| ControllerError::Decode { what: "Active Namespace List", source })?
+            .collect();
+        let mut namespaces = Vec::with_capacity(nsids.len());
+        for nsid in nsids {
+            self.admin_with_data(
+                Identify::new(Cns::Namespace).nsid(nsid).build(),
+                "Identify Namespace",
+                &mut page,
+            )?;
+            let idns = IdentifyNamespace::parse(&page)
+                .map_err(|source| ControllerError::Decode { what: "Identify Namespace", source })?;
+            let block_size = idns
+                .block_size()
+                .map_err(|source| ControllerError::Decode { what: "Identify Namespace", source })?;
+            let lbaf = idns
+                .formatted_lba_format()
+                .map_err(|source| ControllerError::Decode { what: "Identify Namespace", source })?;
+            if lbaf.ms() != 0 {
+                tracing::warn!(nsid, ms = lbaf.ms(), "namespace formatted with metadata: skipped");
+                continue;
+            }
+            namespaces.push(NamespaceInfo { nsid, block_size, blocks: idns.nsze() });
+        }
+        self.namespaces = namespaces;
+        Ok(())
+    }
+
+    fn set_number_of_queues(&mut self) -> Result<(), ControllerError> {
+        let want = self.opts.io_queues.max(1);
+        let sqe = SetFeatures::number_of_queues(want, want)
+            .ok_or_else(|| ControllerError::Unsupported("zero I/O queues requested".into()))?
+            .build();
+        let c = self.admin_command(sqe, "Set Features (Number of Queues)")?;
+        let granted = NumberOfQueues::from_dw0(c.dw0);
+        self.io_queues_granted = granted.sq_count.min(granted.cq_count).min(u32::from(want)) as u16;
+        Ok(())
+    }
+
+    /// The device this controller drives.
+    pub fn device(&self) -> &Arc<dyn NvmeDevice> {
+        &self.device
+    }
+
+    /// CAP as read at bring-up.
+    pub fn cap(&self) -> Cap {
+        self.cap
+    }
+
+    /// Memory page size in use (CC.MPS), bytes.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Largest transfer of one command in bytes (MDTS, capped by
+    /// [`ControllerOptions::max_transfer_cap`]).
+    pub fn max_transfer(&self) -> usize {
+        self.max_transfer
+    }
+
+    /// Identify Controller facts.
+    pub fn info(&self) -> &ControllerInfo {
+        &self.info
+    }
+
+    /// Active namespaces without metadata, in NSID order.
+    pub fn namespaces(&self) -> &[NamespaceInfo] {
+        &self.namespaces
+    }
+
+    /// Namespace `nsid`, if active.
+    pub fn namespace(&self, nsid: u32) -> Option<&NamespaceInfo> {
+        self.namespaces.iter().find(|n| n.nsid == nsid)
+    }
+
+    /// I/O queue pairs granted by Set Features (Number of Queues).
+    pub fn io_queues_granted(&self) -> u16 {
+        self.io_queues_granted
+    }
+
+    /// Current CSTS.
+    pub fn csts(&self) -> Result<Csts, ControllerError> {
+        let csts = Csts(self.device.bar0().read32(offset::CSTS)?);
+        if csts.is_all_ones() {
+            return Err(ControllerError::DeviceGone { register: "CSTS" });
+        }
+        Ok(csts)
+    }
+
+    /// Runs one admin command without data and waits (bounded) for it.
+    pub fn admin_command(&mut self, sqe: Sqe, name: &'static str) -> Result<Completion, ControllerError> {
+        self.admin_submit(sqe, None, name)
+    }
+
+    /// Runs one admin command that transfers up to 4096 bytes from the
+    /// controller into `out` (Identify, Get Log Page).
+    pub fn admin_with_data(
+        &mut self,
+        sqe: Sqe,
+        name: &'static str,
+        out: &mut [u8],
+    ) -> Result<Completion, ControllerError> {
+        let len = out.len().min(4096);
+        self.scratch.fill(0);
+        let mapping = self.scratch.mapping().clone();
+        let c = self.admin_submit(sqe, Some(DataRef { mapping: &mapping, offset: 0, len: len.max(4) }), name)?;
+        self.scratch.read_bytes(0, &mut out[..len])?;
+        Ok(c)
+    }
+
+    fn admin_submit(
+        &mut self,
+        sqe: Sqe,
+        data: Option<DataRef<'_>>,
+        name: &'static str,
+    ) -> Result<Completion, ControllerError> {
+        let cid = self.admin.submit(sqe, data, 0)?;
+        self.admin.ring();
+        let deadline = Instant::now() + self.opts.admin_timeout;
+        let mut done = None;
+        let mut spins = 0u32;
+        loop {
+            self.admin.poll(|c| {
+                if c.cid == cid {
+                    done = Some(c);
+                }
+            });
+            if let Some(c) = done {
+                if !c.status.is_success() {
+                    return Err(ControllerError::Command { command: name, status: c.status });
+                }
+                return Ok(c);
+            }
+            spins += 1;
+            if spins % 64 == 0 {
+                let csts = self.csts()?;
+                if csts.cfs() {
+                    return Err(ControllerError::Fatal { during: name });
+                }
+                if Instant::now() >= deadline {
+                    return Err(ControllerError::Timeout {
+                        what: name,
+                        waited: self.opts.admin_timeout,
+                        state: self.admin.dump(),
+                    });
+                }
+                std::thread::sleep(Duration::from_micros(20));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Creates I/O queue pair `qid` (1..=granted): allocates its memory,
+    /// then Create I/O CQ before Create I/O SQ. `entries` is clamped to
+    /// CAP.MQES + 1. `max_outstanding` command IDs are available on it.
+    pub fn create_io_queue_pair(
+        &mut self,
+        qid: u16,
+        entries: u32,
+        max_outstanding: u16,
+    ) -> Result<QueuePair, ControllerError> {
+        if qid == 0 || qid > self.io_queues_granted || self.live_queues.contains(&qid) {
+            return Err(ControllerError::NoQueue { qid, granted: self.io_queues_granted });
+        }
+        let entries = entries.clamp(2, self.cap.max_queue_entries());
+        let qp = QueuePair::new(
+            &self.device,
+            QueuePairConfig {
+                qid,
+                sq_entries: entries,
+                cq_entries: entries,
+                max_outstanding,
+                max_transfer: self.max_transfer,
+                page_size: self.page_size,
+                dstrd: self.cap.dstrd(),
+            },
+        )?;
+        let contiguous = |b: &DmaBuffer| {
+            let p = b.mapping().pages();
+            p.windows(2).all(|w| w[1] == w[0] + crate::HOST_PAGE_SIZE as u64)
+        };
+        if !contiguous(qp.cq().memory()) || !contiguous(qp.sq().memory()) {
+            return Err(ControllerError::Unsupported(
+                "queue memory is not contiguous in device address space".into(),
+            ));
+        }
+        let cq = CreateIoCq::new(qid, entries).build();
+        let mut cq = cq;
+        cq.set_prp(qp.cq().memory().device_addr(0)?, 0);
+        self.admin_command(cq, "Create I/O Completion Queue")?;
+        let mut sq = CreateIoSq::new(qid, entries, qid).build();
+        sq.set_prp(qp.sq().memory().device_addr(0)?, 0);
+        if let Err(e) = self.admin_command(sq, "Create I/O Submission Queue") {
+            let _ = self.admin_command(DeleteIoCq::new(qid).build(), "Delete I/O Completion Queue");
+            return Err(e);
+        }
+        self.live_queues.push(qid);
+        Ok(qp)
+    }
+
+    /// Deletes I/O queue pair `qid` on the controller: the SQ first, then
+    /// its CQ. The caller keeps the [`QueuePair`]'s memory alive until this
+    /// returns.
+    pub fn delete_io_queue_pair(&mut self, qid: u16) -> Result<(), ControllerError> {
+        self.admin_command(DeleteIoSq::new(qid).build(), "Delete I/O Submission Queue")?;
+        self.admin_command(DeleteIoCq::new(qid).build(), "Delete I/O Completion Queue")?;
+        self.live_queues.retain(|&q| q != qid);
+        Ok(())
+    }
+
+    /// Orderly shutdown: deletes every I/O SQ, then every I/O CQ, then sets
+    /// CC.SHN = 01b (normal) and waits (bounded by CAP.TO) for CSTS.SHST =
+    /// 10b (complete). The caller drains I/O first.
+    pub fn shutdown(&mut self) -> Result<(), ControllerError> {
+        let qids = self.live_queues.clone();
+        let mut first_err = None;
+        for &q in &qids {
+            if let Err(e) = self.admin_command(DeleteIoSq::new(q).build(), "Delete I/O Submission Queue") {
+                first_err.get_or_insert(e);
+            }
+        }
+        for &q in &qids {
+            if let Err(e) = self.admin_command(DeleteIoCq::new(q).build(), "Delete I/O Completion Queue") {
+                first_err.get_or_insert(e);
+            }
+        }
+        self.live_queues.clear();
+        let bar = self.device.bar0();
+        let cc = Cc(bar.read32(offset::CC)?);
+        bar.write32(offset::CC, cc.with_shn(ShutdownNotification::Normal).0)?;
+        wait_csts(&*self.device, self.ready_timeout, "CSTS.SHST = complete", true, |c| {
+            c.shst() == ShutdownStatus::Complete
+        })?;
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Polls CSTS until `done` holds, `timeout` passes, CSTS reads all ones, or
+/// (when `fail_on_cfs`) CSTS.CFS is set.
+fn wait_csts(
+    device: &dyn NvmeDevice,
+    timeout: Duration,
+    what: &'static str,
+    fail_on_cfs: bool,
+    mut done: impl FnMut(Csts) -> bool,
+) -> Result<(), ControllerError> {
+    let start = Instant::now();
+    loop {
+        let csts = Csts(device.bar0().read32(offset::CSTS)?);
+        if csts.is_all_ones() {
+            return Err(ControllerError::DeviceGone { register: "CSTS" });
+        }
+        if fail_on_cfs && csts.cfs() {
+            return Err(ControllerError::Fatal { during: what });
+        }
+        if done(csts) {
+            return Ok(());
+        }
+        if start.elapsed() >= timeout {
+            return Err(ControllerError::Timeout {
+                what,
+                waited: timeout,
+                state: format!("CSTS = {:#010x}", csts.0),
+            });
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}

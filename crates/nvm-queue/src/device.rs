@@ -1,0 +1,137 @@
+//! Device access: the trait that a real controller (vfio-pci, a later crate)
+//! and the software controller (`nvme-emu`) both serve, so that queues,
+//! bring-up and the runtime do not care which one they drive.
+
+use std::fmt;
+use std::ptr::NonNull;
+
+use crate::mmio::Mmio;
+
+/// Host page size assumed for DMA mappings, in bytes. DMA buffers are
+/// allocated and mapped in units of this size, and [`DmaMapping`] holds one
+/// device address per host page.
+pub const HOST_PAGE_SIZE: usize = 4096;
+
+/// Errors from device access.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// A host range handed to [`NvmeDevice::dma_map`] is not page aligned,
+    /// is empty, or wraps the address space.
+    #[error("host range {addr:#x}+{len:#x} is not a non-empty, 4 KiB-aligned range")]
+    BadRange {
+        /// Host virtual address.
+        addr: usize,
+        /// Length in bytes.
+        len: usize,
+    },
+    /// The device (or the IOMMU) has no device address space left.
+    #[error("device address space exhausted mapping {len:#x} bytes")]
+    AddressSpaceExhausted {
+        /// Length of the mapping that failed, in bytes.
+        len: usize,
+    },
+    /// Unmapping a range the device does not know.
+    #[error("no DMA mapping at device address {iova:#x}")]
+    NotMapped {
+        /// Device address of the mapping.
+        iova: u64,
+    },
+    /// A system call failed (vfio, mmap, mlock...).
+    #[error("{op} failed")]
+    Os {
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Device addresses of a mapped host range: one per [`HOST_PAGE_SIZE`] page.
+///
+/// With an IOMMU the addresses are consecutive IOVAs; without one they are
+/// the physical addresses of each (locked) page and need not be
+/// consecutive. The PRP builder copes with both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DmaMapping {
+    pages: Vec<u64>,
+}
+
+impl DmaMapping {
+    /// A mapping whose host pages sit at consecutive device addresses from
+    /// `iova` (page aligned).
+    pub fn contiguous(iova: u64, len: usize) -> Self {
+        let n = len.div_ceil(HOST_PAGE_SIZE);
+        Self { pages: (0..n as u64).map(|i| iova + i * HOST_PAGE_SIZE as u64).collect() }
+    }
+
+    /// A mapping from explicit per-page device addresses (each page aligned).
+    pub fn from_pages(pages: Vec<u64>) -> Self {
+        Self { pages }
+    }
+
+    /// Device address of each host page, in order.
+    pub fn pages(&self) -> &[u64] {
+        &self.pages
+    }
+
+    /// Mapped length in bytes (a multiple of [`HOST_PAGE_SIZE`]).
+    pub fn len(&self) -> usize {
+        self.pages.len() * HOST_PAGE_SIZE
+    }
+
+    /// `true` for an empty mapping.
+    pub fn is_empty(&self) -> bool {
+        self.pages.is_empty()
+    }
+
+    /// Device address of byte `offset` of the mapped range, or `None` past
+    /// its end.
+    pub fn addr(&self, offset: usize) -> Option<u64> {
+        let page = self.pages.get(offset / HOST_PAGE_SIZE)?;
+        Some(page + (offset % HOST_PAGE_SIZE) as u64)
+    }
+}
+
+/// One NVMe controller as the driver sees it: a BAR0 register window and a
+/// DMA address space.
+pub trait NvmeDevice: Send + Sync + fmt::Debug {
+    /// A human-readable name (PCI address, or `emu:<name>`).
+    fn name(&self) -> &str;
+
+    /// The controller's register window (BAR0: registers at 00h..3Fh,
+    /// doorbells from 1000h).
+    fn bar0(&self) -> &Mmio;
+
+    /// Makes `len` bytes of host memory at `host` reachable by the device's
+    /// DMA and returns their device addresses.
+    ///
+    /// # Safety
+    ///
+    /// `host..host + len` must stay allocated (and, for a real device,
+    /// resident) until [`NvmeDevice::dma_unmap`] is called for the returned
+    /// mapping and, if a command touching it timed out, until the controller
+    /// has been reset. The device may read and write that memory at any time
+    /// in between, so no Rust reference (`&`/`&mut`) to it may be held while
+    /// a command that can write it is outstanding.
+    unsafe fn dma_map(&self, host: NonNull<u8>, len: usize) -> Result<DmaMapping, DeviceError>;
+
+    /// Removes a mapping made by [`NvmeDevice::dma_map`].
+    fn dma_unmap(&self, mapping: &DmaMapping) -> Result<(), DeviceError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapping_addresses() {
+        let m = DmaMapping::contiguous(0x1_0000_0000, 3 * 4096 - 1);
+        assert_eq!(m.len(), 3 * 4096);
+        assert_eq!(m.addr(0x200), Some(0x1_0000_0200));
+        assert_eq!(m.addr(4096 * 2 + 5), Some(0x1_0000_2005));
+        assert_eq!(m.addr(4096 * 3), None);
+        let p = DmaMapping::from_pages(vec![0x9000, 0x3000]);
+        assert_eq!(p.addr(4097), Some(0x3001));
+    }
+}

@@ -1,0 +1,100 @@
+//! The completion queue ring (NVMe Base 2.0 sections 3.3.1, 4.2.1, 4.2.4
+//! "Phase Tag").
+
+use std::sync::atomic::Ordering;
+
+use nvme_regs::Cqe;
+
+use super::ring::Ring;
+use crate::dma::DmaBuffer;
+use crate::mmio::Doorbell;
+
+/// CQE size in bytes (CC.IOCQES = 4).
+pub const CQE_SIZE: usize = 16;
+
+/// A completion queue: 16-byte entries the controller writes, recognised as
+/// new by the phase tag only; the head is the host's and is returned to the
+/// controller through the CQ head doorbell after entries are consumed.
+#[derive(Debug)]
+pub struct CompletionQueue {
+    mem: DmaBuffer,
+    ring: Ring,
+    qid: u16,
+    head: u32,
+    phase: bool,
+    rung_head: u32,
+    doorbell: Doorbell,
+}
+
+impl CompletionQueue {
+    /// Wraps zeroed queue memory of at least `size * 16` bytes. The first
+    /// pass of the controller writes phase 1.
+    pub(crate) fn new(mem: DmaBuffer, ring: Ring, qid: u16, doorbell: Doorbell) -> Self {
+        Self { mem, ring, qid, head: 0, phase: true, rung_head: 0, doorbell }
+    }
+
+    /// Queue identifier (0 = admin).
+    pub fn qid(&self) -> u16 {
+        self.qid
+    }
+
+    /// Entries in the ring.
+    pub fn size(&self) -> u32 {
+        self.ring.size()
+    }
+
+    /// The queue memory.
+    pub fn memory(&self) -> &DmaBuffer {
+        &self.mem
+    }
+
+    /// Next entry to consume.
+    pub fn head(&self) -> u32 {
+        self.head
+    }
+
+    /// Phase tag value that marks a new entry at `head`.
+    pub fn phase(&self) -> bool {
+        self.phase
+    }
+
+    /// Takes the entry at the head if the controller has posted it.
+    ///
+    /// The dword holding the phase tag (DW3) is loaded first with Acquire,
+    /// so the rest of the entry, which the controller writes before DW3, is
+    /// read after it.
+    #[inline]
+    pub fn pop(&mut self) -> Option<Cqe> {
+        let base = self.head as usize * CQE_SIZE;
+        let dw3 = self.mem.load_u32(base + 12, Ordering::Acquire).ok()?;
+        if (dw3 >> 16) & 1 != u32::from(self.phase) {
+            return None;
+        }
+        let dw0 = self.mem.load_u32(base, Ordering::Relaxed).ok()?;
+        let dw1 = self.mem.load_u32(base + 4, Ordering::Relaxed).ok()?;
+        let dw2 = self.mem.load_u32(base + 8, Ordering::Relaxed).ok()?;
+        self.head = self.ring.next(self.head);
+        if self.head == 0 {
+            self.phase = !self.phase;
+        }
+        Some(Cqe::from_dwords([dw0, dw1, dw2, dw3]))
+    }
+
+    /// Tells the controller, with one CQ head doorbell write, that every
+    /// entry popped so far may be reused; skipped if nothing was popped.
+    #[inline]
+    pub fn ring(&mut self) {
+        if self.head != self.rung_head {
+            self.doorbell.ring(self.head);
+            self.rung_head = self.head;
+        }
+    }
+
+    /// Resets indexes and clears the memory after a controller reset.
+    pub(crate) fn reset(&mut self) {
+        self.mem.fill(0);
+        self.head = 0;
+        self.rung_head = 0;
+        self.phase = true;
+    }
+}

@@ -1,0 +1,320 @@
+//! The CPU queue pair: one SQ, its CQ, the command-ID table and per-command
+//! PRP list pages.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use nvme_regs::registers::doorbell_offset;
+use nvme_regs::{Sqe, Status};
+
+use super::cid::{CidError, CidTable};
+use super::cq::{CompletionQueue, CQE_SIZE};
+use super::ring::Ring;
+use super::sq::{SubmissionQueue, SQE_SIZE};
+use crate::device::{DmaMapping, NvmeDevice};
+use crate::dma::{DmaBuffer, DmaError};
+use crate::mmio::MmioError;
+use crate::prp::{DmaListPages, NoListPages, PrpBuilder, PrpError};
+
+/// Shape of a queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueuePairConfig {
+    /// Queue identifier: 0 for the admin pair, 1.. for I/O pairs.
+    pub qid: u16,
+    /// SQ entries (QSIZE + 1), 2..=CAP.MQES + 1.
+    pub sq_entries: u32,
+    /// CQ entries (QSIZE + 1), 2..=CAP.MQES + 1.
+    pub cq_entries: u32,
+    /// Command IDs available, i.e. commands that may be outstanding at once
+    /// (1..=32768). May exceed `sq_entries - 1`: SQ slots free up when the
+    /// controller fetches a command (SQHD), not when it completes it.
+    pub max_outstanding: u16,
+    /// Largest data transfer of one command in bytes (from MDTS); sizes the
+    /// per-command PRP list pages.
+    pub max_transfer: usize,
+    /// Memory page size in bytes (`2^(12 + CC.MPS)`).
+    pub page_size: usize,
+    /// CAP.DSTRD, for the doorbell offsets.
+    pub dstrd: u8,
+}
+
+/// Errors creating a queue pair.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// Entries, outstanding count or page size out of range.
+    #[error("invalid queue pair shape: {0}")]
+    BadConfig(&'static str),
+    /// Allocating or mapping queue memory failed.
+    #[error("queue memory")]
+    Dma(#[from] DmaError),
+    /// A doorbell lies outside BAR0.
+    #[error("doorbell for queue {qid} is outside BAR0")]
+    Doorbell {
+        /// Queue identifier.
+        qid: u16,
+        /// The failed access.
+        #[source]
+        source: MmioError,
+    },
+}
+
+/// Why a command was not queued. Nothing was written to the SQ.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// No SQ slot or no command ID free: poll completions and retry.
+    #[error("queue {qid} is full")]
+    QueueFull {
+        /// Queue identifier.
+        qid: u16,
+    },
+    /// The data buffer cannot be described with PRPs.
+    #[error("data buffer")]
+    Prp(#[from] PrpError),
+}
+
+/// A finished command, as reported by the controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The caller's tag given at submission.
+    pub tag: u64,
+    /// Command identifier it ran under.
+    pub cid: u16,
+    /// NVMe status (success or SCT/SC/DNR).
+    pub status: Status,
+    /// Command-specific DW0 of the CQE.
+    pub dw0: u32,
+}
+
+/// Counters of one queue pair.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Commands written to the SQ.
+    pub submitted: u64,
+    /// Completions matched to an outstanding command.
+    pub completed: u64,
+    /// CQEs whose CID matched no outstanding command (duplicate, stale or
+    /// invented): counted and dropped, never completing another request.
+    pub protocol_errors: u64,
+    /// CQEs with an SQHD outside the ring or ahead of the tail (ignored).
+    pub bad_sqhd: u64,
+    /// CQEs naming another SQ than this pair's.
+    pub wrong_sqid: u64,
+}
+
+/// Data pointer input for [`QueuePair::submit`]: `len` bytes at byte
+/// `offset` of a mapped buffer.
+#[derive(Debug, Clone, Copy)]
+pub struct DataRef<'a> {
+    /// Device addresses of the buffer.
+    pub mapping: &'a DmaMapping,
+    /// Offset of the transfer in the buffer, bytes.
+    pub offset: usize,
+    /// Transfer length, bytes.
+    pub len: usize,
+}
+
+/// An SQ/CQ pair driven by one CPU thread at a time (`&mut self`).
+#[derive(Debug)]
+pub struct QueuePair {
+    sq: SubmissionQueue,
+    cq: CompletionQueue,
+    cids: CidTable<u64>,
+    prp: PrpBuilder,
+    lists: Option<DmaBuffer>,
+    lists_offset: usize,
+    list_pages_per_cmd: usize,
+    stats: QueueStats,
+}
+
+impl QueuePair {
+    /// Allocates zeroed SQ, CQ and PRP list memory for `device` and takes
+    /// the pair's doorbells from its BAR0. Creating the queues on the
+    /// controller (AQA/ASQ/ACQ or Create I/O CQ/SQ) is the controller's job.
+    pub fn new(device: &Arc<dyn NvmeDevice>, cfg: QueuePairConfig) -> Result<Self, QueueError> {
+        let sq_ring = Ring::new(cfg.sq_entries).ok_or(QueueError::BadConfig("SQ entries"))?;
+        let cq_ring = Ring::new(cfg.cq_entries).ok_or(QueueError::BadConfig("CQ entries"))?;
+        let cids = CidTable::new(cfg.max_outstanding)
+            .ok_or(QueueError::BadConfig("max_outstanding"))?;
+        let prp = PrpBuilder::new(cfg.page_size).map_err(|_| QueueError::BadConfig("page size"))?;
+        if cfg.max_transfer == 0 {
+            return Err(QueueError::BadConfig("max_transfer"));
+        }
+        let bar = device.bar0();
+        let db = |is_cq| {
+            bar.doorbell(doorbell_offset(cfg.qid, is_cq, cfg.dstrd))
+                .map_err(|source| QueueError::Doorbell { qid: cfg.qid, source })
+        };
+        let (sq_db, cq_db) = (db(false)?, db(true)?);
+        // Queue memory must be one physically contiguous range (PC = 1)
+        // aligned to the memory page size: over-allocate and align.
+        let sq_mem = DmaBuffer::new(device, cfg.sq_entries as usize * SQE_SIZE)?;
+        let cq_mem = DmaBuffer::new(device, cfg.cq_entries as usize * CQE_SIZE)?;
+        // Worst case: PRP1 one dword before a page boundary.
+        let list_pages_per_cmd =
+            prp.list_pages_needed(cfg.page_size as u64 - 4, cfg.max_transfer);
+        let (lists, lists_offset) = if list_pages_per_cmd == 0 {
+            (None, 0)
+        } else {
+            let bytes = list_pages_per_cmd * cfg.page_size * usize::from(cfg.max_outstanding);
+            let buf = DmaBuffer::new(device, bytes + cfg.page_size)?;
+            let base = buf.device_addr(0)?;
+            let ps = cfg.page_size as u64;
+            let offset = ((ps - base % ps) % ps) as usize;
+            (Some(buf), offset)
+        };
+        Ok(Self {
+            sq: SubmissionQueue::new(sq_mem, sq_ring, cfg.qid, sq_db),
+            cq: CompletionQueue::new(cq_mem, cq_ring, cfg.qid, cq_db),
+            cids,
+            prp,
+            lists,
+            lists_offset,
+            list_pages_per_cmd,
+            stats: QueueStats::default(),
+        })
+    }
+
+    /// Queue identifier.
+    pub fn qid(&self) -> u16 {
+        self.sq.qid()
+    }
+
+    /// The submission queue.
+    pub fn sq(&self) -> &SubmissionQueue {
+        &self.sq
+    }
+
+    /// The completion queue.
+    pub fn cq(&self) -> &CompletionQueue {
+        &self.cq
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> QueueStats {
+        self.stats
+    }
+
+    /// Commands submitted and not yet completed.
+    pub fn outstanding(&self) -> usize {
+        self.cids.outstanding()
+    }
+
+    /// `true` when one more command can be queued right now.
+    pub fn can_submit(&self) -> bool {
+        !self.sq.is_full() && !self.cids.is_full()
+    }
+
+    /// Queues `sqe` with a fresh CID and, when `data` is given, PRP1/PRP2
+    /// (and a PRP list in this command's list pages). `tag` comes back in
+    /// the [`Completion`]. The controller sees the command after
+    /// [`QueuePair::ring`].
+    pub fn submit(&mut self, mut sqe: Sqe, data: Option<DataRef<'_>>, tag: u64) -> Result<u16, SubmitError> {
+        if !self.can_submit() {
+            return Err(SubmitError::QueueFull { qid: self.qid() });
+        }
+        let Some(cid) = self.cids.alloc(tag) else {
+            return Err(SubmitError::QueueFull { qid: self.qid() });
+        };
+        if let Some(d) = data {
+            match self.build_prp(cid, d) {
+                Ok((p1, p2)) => sqe.set_prp(p1, p2),
+                Err(e) => {
+                    let _ = self.cids.release(cid);
+                    return Err(e.into());
+                }
+            }
+        }
+        sqe.set_cid(cid);
+        // Cannot fail: fullness was checked above.
+        let pushed = self.sq.push(&sqe);
+        debug_assert!(pushed);
+        self.stats.submitted += 1;
+        Ok(cid)
+    }
+
+    fn build_prp(&mut self, cid: u16, d: DataRef<'_>) -> Result<(u64, u64), PrpError> {
+        let page = self.prp.page_size();
+        let prp = match &self.lists {
+            Some(buf) => {
+                let slot = self.cids.slot_of(cid).unwrap_or(0);
+                let off = self.lists_offset + slot * self.list_pages_per_cmd * page;
+                let mut window = DmaListPages::new(buf, off, self.list_pages_per_cmd, page)
+                    .ok_or(PrpError::ListTooSmall { needed: self.list_pages_per_cmd, available: 0 })?;
+                self.prp.build(d.mapping, d.offset, d.len, &mut window)?
+            }
+            None => self.prp.build(d.mapping, d.offset, d.len, &mut NoListPages)?,
+        };
+        Ok((prp.prp1, prp.prp2))
+    }
+
+    /// Rings the SQ tail doorbell once for everything queued since the last
+    /// ring.
+    pub fn ring(&mut self) {
+        self.sq.ring();
+    }
+
+    /// Consumes the posted completions (at most one ring's worth, so a
+    /// device that never stops posting cannot hold the caller), calls `f`
+    /// for each that matches an outstanding command, then writes the CQ head
+    /// doorbell once. Returns how many CQEs were consumed.
+    pub fn poll(&mut self, mut f: impl FnMut(Completion)) -> usize {
+        let mut n = 0;
+        while n < self.cq.size() as usize {
+            let Some(cqe) = self.cq.pop() else { break };
+            n += 1;
+            if !self.sq.update_head(cqe.sqhd) {
+                self.stats.bad_sqhd += 1;
+            }
+            if cqe.sqid != self.sq.qid() {
+                self.stats.wrong_sqid += 1;
+            }
+            match self.cids.release(cqe.cid) {
+                Ok(tag) => {
+                    self.stats.completed += 1;
+                    f(Completion { tag, cid: cqe.cid, status: cqe.status(), dw0: cqe.dw0 });
+                }
+                Err(e) => {
+                    self.stats.protocol_errors += 1;
+                    let (CidError::Unknown { cid } | CidError::Stale { cid }) = e;
+                    tracing::warn!(qid = self.qid(), cid, error = %e, "completion dropped");
+                }
+            }
+        }
+        self.cq.ring();
+        n
+    }
+
+    /// Tags of the outstanding commands, oldest slot first.
+    pub fn outstanding_tags(&self) -> Vec<(u16, u64)> {
+        self.cids.iter().map(|(c, &t)| (c, t)).collect()
+    }
+
+    /// Forgets every outstanding command and resets the rings, after the
+    /// controller was reset (its queues no longer exist). Returns the
+    /// forgotten `(cid, tag)` pairs so the caller can fail them.
+    pub fn reset_after_controller_reset(&mut self) -> Vec<(u16, u64)> {
+        self.sq.reset();
+        self.cq.reset();
+        self.cids.drain()
+    }
+
+    /// A one-paragraph state dump for diagnosing a stalled queue.
+    pub fn dump(&self) -> String {
+        let mut s = String::new();
+        let _ = write!(
+            s,
+            "qid {}: SQ size {} head {} tail {}; CQ size {} head {} phase {}; outstanding {}; {:?}",
+            self.qid(),
+            self.sq.size(),
+            self.sq.head(),
+            self.sq.tail(),
+            self.cq.size(),
+            self.cq.head(),
+            u8::from(self.cq.phase()),
+            self.outstanding(),
+            self.stats
+        );
+        s
+    }
+}
+

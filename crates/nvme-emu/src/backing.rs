@@ -1,0 +1,221 @@
+//! Backing stores for namespace data: RAM, a sparse file, or nothing.
+//!
+//! Offsets here are byte offsets inside one namespace; the caller has
+//! already checked SLBA + NLB against NSZE, and every access is checked
+//! again here (a failed check is an Internal Error, never a panic).
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+
+use nvme_regs::status::{generic, media};
+use nvme_regs::Status;
+
+use crate::config::{BackingSpec, EmulatorConfig};
+use crate::dma::DmaView;
+use crate::prp::Segment;
+use crate::EmuError;
+
+/// Bounce buffer size for file I/O and zeroing, in bytes.
+const CHUNK: usize = 64 << 10;
+
+/// Why a media operation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MediaError {
+    /// A host data segment could not be accessed (DMA fault).
+    Dma,
+    /// A status to complete the command with.
+    Status(Status),
+}
+
+fn internal() -> MediaError {
+    MediaError::Status(Status::generic(generic::INTERNAL_ERROR).with_dnr(true))
+}
+
+fn read_error() -> MediaError {
+    MediaError::Status(Status::media(media::UNRECOVERED_READ_ERROR).with_dnr(true))
+}
+
+fn write_fault() -> MediaError {
+    MediaError::Status(Status::media(media::WRITE_FAULT).with_dnr(true))
+}
+
+/// A zero-initialised RAM area obtained with `alloc_zeroed`, so the OS
+/// commits pages lazily, and allocation failure is an error, not an abort.
+fn zeroed_vec(n: usize) -> Result<Vec<u8>, EmuError> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(n).map_err(|_| EmuError::OutOfMemory { bytes: n as u64 })?;
+    // SAFETY: non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        return Err(EmuError::OutOfMemory { bytes: n as u64 });
+    }
+    // SAFETY: `p` was allocated by the global allocator with the layout of
+    // `[u8; n]` (what Vec<u8> uses), is fully initialised (zeroed), and
+    // length == capacity == n.
+    Ok(unsafe { Vec::from_raw_parts(p, n, n) })
+}
+
+/// The store behind all namespaces of a controller.
+#[derive(Debug)]
+pub(crate) enum Backing {
+    Ram(Vec<Vec<u8>>),
+    Null,
+    File {
+        file: File,
+        /// Byte offset of each namespace in the file.
+        base: Vec<u64>,
+        /// Size of each namespace in bytes.
+        size: Vec<u64>,
+        bounce: Vec<u8>,
+    },
+}
+
+impl Backing {
+    pub(crate) fn new(config: &EmulatorConfig) -> Result<Self, EmuError> {
+        let sizes: Vec<u64> = config.namespaces.iter().map(|n| n.bytes().unwrap_or(0)).collect();
+        match &config.backing {
+            BackingSpec::Null => Ok(Backing::Null),
+            BackingSpec::Ram => {
+                let mut v = Vec::with_capacity(sizes.len());
+                for &s in &sizes {
+                    let n = usize::try_from(s).map_err(|_| EmuError::OutOfMemory { bytes: s })?;
+                    v.push(zeroed_vec(n)?);
+                }
+                Ok(Backing::Ram(v))
+            }
+            BackingSpec::File(path) => {
+                let io = |source| EmuError::Backing { path: path.clone(), source };
+                let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(io)?;
+                let mut base = Vec::with_capacity(sizes.len());
+                let mut total = 0u64;
+                for &s in &sizes {
+                    base.push(total);
+                    total += s; // validated: no overflow
+                }
+                file.set_len(total).map_err(io)?;
+                Ok(Backing::File { file, base, size: sizes, bounce: vec![0u8; CHUNK] })
+            }
+        }
+    }
+
+    /// True for the null store: no data moves, PRPs are not walked.
+    pub(crate) fn is_null(&self) -> bool {
+        matches!(self, Backing::Null)
+    }
+
+    /// Media -> host: copies namespace `ns` bytes from `offset` into the
+    /// host segments (whose lengths add up to the transfer).
+    pub(crate) fn read(&mut self, dma: &DmaView<'_>, ns: usize, offset: u64, segs: &[Segment]) -> Result<(), MediaError> {
+        match self {
+            Backing::Null => Ok(()),
+            Backing::Ram(v) => {
+                let data = v.get(ns).ok_or_else(internal)?;
+                let mut off = usize::try_from(offset).map_err(|_| internal())?;
+                for s in segs {
+                    let len = s.len as usize;
+                    let src = off.checked_add(len).and_then(|end| data.get(off..end)).ok_or_else(internal)?;
+                    dma.write(s.iova, src).map_err(|_| MediaError::Dma)?;
+                    off += len;
+                }
+                Ok(())
+            }
+            Backing::File { file, base, size, bounce } => {
+                let (b, sz) = (*base.get(ns).ok_or_else(internal)?, *size.get(ns).ok_or_else(internal)?);
+                let mut off = offset;
+                for s in segs {
+                    let mut done = 0u64;
+                    while done < u64::from(s.len) {
+                        let n = (u64::from(s.len) - done).min(CHUNK as u64) as usize;
+                        if off + n as u64 > sz {
+                            return Err(internal());
+                        }
+                        let buf = &mut bounce[..n];
+                        file.read_exact_at(buf, b + off).map_err(|e| {
+                            tracing::warn!(error = %e, "nvme-emu: backing file read failed");
+                            read_error()
+                        })?;
+                        dma.write(s.iova + done, buf).map_err(|_| MediaError::Dma)?;
+                        done += n as u64;
+                        off += n as u64;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Host -> media: copies the host segments into namespace `ns` at
+    /// `offset`.
+    pub(crate) fn write(&mut self, dma: &DmaView<'_>, ns: usize, offset: u64, segs: &[Segment]) -> Result<(), MediaError> {
+        match self {
+            Backing::Null => Ok(()),
+            Backing::Ram(v) => {
+                let data = v.get_mut(ns).ok_or_else(internal)?;
+                let mut off = usize::try_from(offset).map_err(|_| internal())?;
+                for s in segs {
+                    let len = s.len as usize;
+                    let dst = off.checked_add(len).and_then(|end| data.get_mut(off..end)).ok_or_else(internal)?;
+                    dma.read(s.iova, dst).map_err(|_| MediaError::Dma)?;
+                    off += len;
+                }
+                Ok(())
+            }
+            Backing::File { file, base, size, bounce } => {
+                let (b, sz) = (*base.get(ns).ok_or_else(internal)?, *size.get(ns).ok_or_else(internal)?);
+                let mut off = offset;
+                for s in segs {
+                    let mut done = 0u64;
+                    while done < u64::from(s.len) {
+                        let n = (u64::from(s.len) - done).min(CHUNK as u64) as usize;
+                        if off + n as u64 > sz {
+                            return Err(internal());
+                        }
+                        let buf = &mut bounce[..n];
+                        dma.read(s.iova + done, buf).map_err(|_| MediaError::Dma)?;
+                        file.write_all_at(buf, b + off).map_err(|e| {
+                            tracing::warn!(error = %e, "nvme-emu: backing file write failed");
+                            write_fault()
+                        })?;
+                        done += n as u64;
+                        off += n as u64;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Sets `len` bytes of namespace `ns` at `offset` to zero (Write Zeroes,
+    /// deallocation).
+    pub(crate) fn zero(&mut self, ns: usize, offset: u64, len: u64) -> Result<(), MediaError> {
+        match self {
+            Backing::Null => Ok(()),
+            Backing::Ram(v) => {
+                let data = v.get_mut(ns).ok_or_else(internal)?;
+                let off = usize::try_from(offset).map_err(|_| internal())?;
+                let len = usize::try_from(len).map_err(|_| internal())?;
+                off.checked_add(len).and_then(|end| data.get_mut(off..end)).ok_or_else(internal)?.fill(0);
+                Ok(())
+            }
+            Backing::File { file, base, size, bounce } => {
+                let (b, sz) = (*base.get(ns).ok_or_else(internal)?, *size.get(ns).ok_or_else(internal)?);
+                if offset.checked_add(len).is_none_or(|end| end > sz) {
+                    return Err(internal());
+                }
+                bounce.fill(0);
+                let mut done = 0u64;
+                while done < len {
+                    let n = (len - done).min(CHUNK as u64) as usize;
+                    file.write_all_at(&bounce[..n], b + offset + done).map_err(|e| {
+                        tracing::warn!(error = %e, "nvme-emu: backing file write failed");
+                        write_fault()
+                    })?;
+                    done += n as u64;
+                }
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! Emulator configuration: namespaces, backing store, queue limits, timing.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::EmuError;
+
+/// Largest register page the emulator allocates (doorbells included), in
+/// bytes. Bounds `io_queues` x `4 << dstrd`.
+pub const MAX_REGISTER_PAGE: usize = 16 << 20;
+
+/// Most namespaces one controller exposes (one Identify active namespace
+/// list, CNS 02h, holds 1024 NSIDs).
+pub const MAX_NAMESPACES: usize = 1024;
+
+/// One namespace (NVM Command Set 1.0, 4.1.5.1): `blocks` logical blocks of
+/// `block_size` bytes; NSZE = NCAP = NUSE = `blocks`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NamespaceSpec {
+    /// Size in logical blocks (NSZE), at least 1.
+    pub blocks: u64,
+    /// Logical block size in bytes: 512 (LBADS 9) or 4096 (LBADS 12).
+    pub block_size: u32,
+}
+
+impl NamespaceSpec {
+    /// A namespace of `blocks` blocks of `block_size` bytes.
+    pub fn new(blocks: u64, block_size: u32) -> Self {
+        Self { blocks, block_size }
+    }
+
+    /// Size in bytes, or `None` on overflow.
+    pub fn bytes(&self) -> Option<u64> {
+        self.blocks.checked_mul(u64::from(self.block_size))
+    }
+
+    /// LBADS (log2 of the block size), or `None` for an unsupported size.
+    pub fn lbads(&self) -> Option<u8> {
+        match self.block_size {
+            512 => Some(9),
+            4096 => Some(12),
+            _ => None,
+        }
+    }
+}
+
+/// Where namespace data lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackingSpec {
+    /// Zero-initialised RAM, one allocation per namespace (pages are
+    /// committed by the OS on first write).
+    Ram,
+    /// No storage: commands are validated and completed, but no data moves
+    /// in either direction and PRPs are not walked (command-rate
+    /// benchmarks; reads leave the host buffer untouched).
+    Null,
+    /// One sparse file for the controller, namespaces laid out back to back
+    /// in NSID order. Created if missing; resized to the total size.
+    File(PathBuf),
+}
+
+/// A single-channel media timing model (see [`crate::timing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimingModel {
+    /// Fixed latency added after the media channel has finished a command.
+    pub latency: Duration,
+    /// Media bandwidth in bytes per second; `None` = unlimited.
+    pub bandwidth_bytes_per_s: Option<u64>,
+    /// Media command rate in commands per second; `None` = unlimited.
+    pub iops: Option<u64>,
+}
+
+/// Configuration of one emulated controller (one controller, one
+/// subsystem).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmulatorConfig {
+    /// Name; the device reports `emu:<name>` and the thread is named
+    /// `nvme-emu-<name>`.
+    pub name: String,
+    /// Namespaces, NSIDs 1..=n in this order.
+    pub namespaces: Vec<NamespaceSpec>,
+    /// Backing store for all namespaces.
+    pub backing: BackingSpec,
+    /// CAP.MQES, zero-based maximum I/O queue entries (default 1023, i.e.
+    /// 1024 entries). At least 1.
+    pub mqes: u16,
+    /// CAP.DSTRD: doorbell stride is `4 << dstrd` bytes (default 0).
+    pub dstrd: u8,
+    /// Identify Controller MDTS: largest transfer is `2^mdts` pages of
+    /// 4 KiB (CAP.MPSMIN = 0); 0 = no limit. Default 5 (128 KiB).
+    pub mdts: u8,
+    /// I/O SQ/CQ pairs the controller grants (default 16), 1..=65535.
+    pub io_queues: u16,
+    /// Media timing; `None` = completions are posted as soon as the
+    /// command has been processed.
+    pub timing: Option<TimingModel>,
+    /// CAP.TO in 500 ms units (default 20 = 10 s).
+    pub cap_to_500ms: u8,
+    /// Identify Controller SN (ASCII, at most 20 bytes).
+    pub serial: String,
+    /// Identify Controller MN (ASCII, at most 40 bytes).
+    pub model: String,
+}
+
+impl EmulatorConfig {
+    /// A RAM-backed controller with the defaults listed on each field; the
+    /// serial number is `EMU-<name>` cut to 20 ASCII characters.
+    pub fn new(name: impl Into<String>, namespaces: Vec<NamespaceSpec>) -> Self {
+        let name = name.into();
+        let serial: String = format!("EMU-{name}")
+            .chars()
+            .map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '_' })
+            .take(20)
+            .collect();
+        Self {
+            name,
+            namespaces,
+            backing: BackingSpec::Ram,
+            mqes: 1023,
+            dstrd: 0,
+            mdts: 5,
+            io_queues: 16,
+            timing: None,
+            cap_to_500ms: 20,
+            serial,
+            model: "tutti nvme-emu".to_owned(),
+        }
+    }
+
+    /// Size of the register page in bytes: `0x1000 + 2 * (io_queues + 1) *
+    /// (4 << dstrd)` rounded up to 4 KiB.
+    pub fn register_page_len(&self) -> Option<usize> {
+        let stride = 4usize.checked_shl(u32::from(self.dstrd))?;
+        let doorbells = (usize::from(self.io_queues) + 1).checked_mul(2)?.checked_mul(stride)?;
+        0x1000usize.checked_add(doorbells)?.checked_next_multiple_of(0x1000)
+    }
+
+    /// Largest data transfer of one command in bytes (MDTS), `None` = no
+    /// limit.
+    pub fn max_transfer(&self) -> Option<u64> {
+        if self.mdts == 0 {
+            None
+        } else {
+            Some(4096u64 << self.mdts)
+        }
+    }
+
+    /// Checks every field; [`crate::Emulator::start`] calls this first.
+    pub fn validate(&self) -> Result<(), EmuError> {
+        let bad = |field: &'static str, value: u64, reason: &'static str| {
+            Err(EmuError::Config { field, value, reason })
+        };
+        if self.name.contains('\0') {
+            return bad("name", 0, "contains a NUL byte");
+        }
+        if self.namespaces.is_empty() {
+            return bad("namespaces", 0, "at least one namespace is required");
+        }
+        if self.namespaces.len() > MAX_NAMESPACES {
+            return bad("namespaces", self.namespaces.len() as u64, "at most 1024 namespaces");
+        }
+        let mut total: u64 = 0;
+        for ns in &self.namespaces {
+            if ns.lbads().is_none() {
+                return bad("block_size", u64::from(ns.block_size), "must be 512 or 4096");
+            }
+            if ns.blocks == 0 {
+                return bad("blocks", 0, "a namespace needs at least one block");
+            }
+            let Some(bytes) = ns.bytes() else {
+                return bad("blocks", ns.blocks, "namespace size overflows");
+            };
+            if self.backing == BackingSpec::Ram && bytes > isize::MAX as u64 {
+                return bad("blocks", ns.blocks, "namespace too large for RAM backing");
+            }
+            total = match total.checked_add(bytes) {
+                Some(t) if t <= i64::MAX as u64 => t,
+                _ => return bad("namespaces", ns.blocks, "total size overflows"),
+            };
+        }
+        if self.mqes == 0 {
+            return bad("mqes", 0, "queues need at least 2 entries (MQES >= 1)");
+        }
+        if self.dstrd > 15 {
+            return bad("dstrd", u64::from(self.dstrd), "CAP.DSTRD has 4 bits");
+        }
+        if self.mdts > 16 {
+            return bad("mdts", u64::from(self.mdts), "at most 16 (256 MiB)");
+        }
+        if self.io_queues == 0 {
+            return bad("io_queues", 0, "at least one I/O queue pair");
+        }
+        match self.register_page_len() {
+            Some(n) if n <= MAX_REGISTER_PAGE => {}
+            _ => return bad("io_queues", u64::from(self.io_queues), "register page too large for dstrd"),
+        }
+        if self.cap_to_500ms == 0 {
+            return bad("cap_to_500ms", 0, "CAP.TO must be at least 1");
+        }
+        if self.serial.len() > 20 || !self.serial.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            return bad("serial", self.serial.len() as u64, "at most 20 printable ASCII bytes");
+        }
+        if self.model.len() > 40 || !self.model.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            return bad("model", self.model.len() as u64, "at most 40 printable ASCII bytes");
+        }
+        if let Some(t) = &self.timing {
+            if t.bandwidth_bytes_per_s == Some(0) {
+                return bad("timing.bandwidth_bytes_per_s", 0, "must be positive");
+            }
+            if t.iops == Some(0) {
+                return bad("timing.iops", 0, "must be positive");
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate() {
+        let c = EmulatorConfig::new("a", vec![NamespaceSpec::new(1024, 4096)]);
+        c.validate().unwrap();
+        assert_eq!(c.serial, "EMU-a");
+        assert_eq!(c.register_page_len(), Some(0x2000));
+        assert_eq!(c.max_transfer(), Some(128 << 10));
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        let ok = EmulatorConfig::new("a", vec![NamespaceSpec::new(8, 512)]);
+        let mut c = ok.clone();
+        c.namespaces[0].block_size = 1024;
+        assert!(c.validate().is_err());
+        let mut c = ok.clone();
+        c.namespaces.clear();
+        assert!(c.validate().is_err());
+        let mut c = ok.clone();
+        c.mqes = 0;
+        assert!(c.validate().is_err());
+        let mut c = ok.clone();
+        c.io_queues = u16::MAX;
+        c.dstrd = 15;
+        assert!(c.validate().is_err());
+        let mut c = ok.clone();
+        c.serial = "x".repeat(21);
+        assert!(c.validate().is_err());
+        let mut c = ok;
+        c.timing = Some(TimingModel { latency: Duration::ZERO, bandwidth_bytes_per_s: Some(0), iops: None });
+        assert!(c.validate().is_err());
+    }
+}

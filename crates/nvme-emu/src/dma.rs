@@ -1,0 +1,262 @@
+//! The emulator's IOVA space: device addresses handed out by
+//! [`nvm_queue::NvmeDevice::dma_map`], and the only code that touches host
+//! memory on the controller's behalf.
+//!
+//! Device addresses start at [`IOVA_BASE`] (so that a driver handing the
+//! device a host pointer is caught, and tests see realistic 64-bit
+//! addresses), are page aligned, are never reused, and every mapping is
+//! followed by at least one unmapped guard page, so running off the end of
+//! a buffer is a fault rather than an access to the next buffer.
+//!
+//! The region table sits behind a [`RwLock`]. The controller thread holds
+//! the read side for a whole poll iteration ([`IovaSpace::view`]), which
+//! makes each lookup a plain search; [`IovaSpace::unmap`] takes the write
+//! side, so it waits until the batch that may be touching the range has
+//! ended, and after it returns the controller can no longer reach the
+//! memory.
+//!
+//! Mapped memory is shared with the driver's threads, so it is accessed
+//! only with `ptr::copy_nonoverlapping` and atomics, never through Rust
+//! references.
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{RwLock, RwLockReadGuard};
+
+use nvm_queue::{DeviceError, DmaMapping, HOST_PAGE_SIZE};
+
+/// First device address handed out.
+pub const IOVA_BASE: u64 = 0x1_0000_0000;
+
+const PAGE: u64 = HOST_PAGE_SIZE as u64;
+
+/// An access to device addresses that are not entirely inside one mapped
+/// region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DmaFault {
+    /// First device address of the access.
+    pub iova: u64,
+    /// Length of the access in bytes.
+    pub len: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Region {
+    /// Device address of the first byte.
+    iova: u64,
+    /// Exact mapped length in bytes (not rounded).
+    len: u64,
+    /// Host address of the first byte.
+    host: NonNull<u8>,
+}
+
+#[derive(Debug)]
+struct Regions {
+    /// Regions by start address.
+    map: BTreeMap<u64, Region>,
+    /// Next free device address (page aligned).
+    next: u64,
+}
+
+/// The table of DMA mappings of one emulated controller.
+#[derive(Debug)]
+pub(crate) struct IovaSpace {
+    regions: RwLock<Regions>,
+}
+
+// SAFETY: the host pointers in the table are only dereferenced through
+// copies and atomics while the read lock is held; `dma_map`'s contract keeps
+// the memory alive until `unmap`, which takes the write lock.
+unsafe impl Send for IovaSpace {}
+// SAFETY: as above; the table itself is protected by the RwLock.
+unsafe impl Sync for IovaSpace {}
+
+impl IovaSpace {
+    pub(crate) fn new() -> Self {
+        Self { regions: RwLock::new(Regions { map: BTreeMap::new(), next: IOVA_BASE }) }
+    }
+
+    /// Maps `len` bytes at `host` (page aligned, `len > 0`) and returns
+    /// their device addresses.
+    pub(crate) fn map(&self, host: NonNull<u8>, len: usize) -> Result<DmaMapping, DeviceError> {
+        let addr = host.as_ptr() as usize;
+        let bad = DeviceError::BadRange { addr, len };
+        if len == 0 || addr % HOST_PAGE_SIZE != 0 || addr.checked_add(len).is_none() {
+            return Err(bad);
+        }
+        let mut r = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        let iova = r.next;
+        let next = (len as u64)
+            .checked_next_multiple_of(PAGE)
+            .and_then(|l| l.checked_add(PAGE)) // guard page
+            .and_then(|l| iova.checked_add(l))
+            .ok_or(DeviceError::AddressSpaceExhausted { len })?;
+        r.next = next;
+        r.map.insert(iova, Region { iova, len: len as u64, host });
+        Ok(DmaMapping::contiguous(iova, len))
+    }
+
+    /// Removes the mapping starting at the mapping's first device address.
+    /// Waits for the controller's current batch to end.
+    pub(crate) fn unmap(&self, mapping: &DmaMapping) -> Result<(), DeviceError> {
+        let iova = mapping.pages().first().copied().unwrap_or(0);
+        let mut r = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        match r.map.get(&iova) {
+            Some(reg) if reg.len.div_ceil(PAGE) == mapping.pages().len() as u64 => {
+                r.map.remove(&iova);
+                Ok(())
+            }
+            _ => Err(DeviceError::NotMapped { iova }),
+        }
+    }
+
+    /// Locks the table for reading (one controller poll iteration).
+    pub(crate) fn view(&self) -> DmaView<'_> {
+        DmaView {
+            guard: self.regions.read().unwrap_or_else(|e| e.into_inner()),
+            last: Cell::new(None),
+        }
+    }
+}
+
+/// Read access to the region table for one poll iteration: checked copies
+/// to and from device addresses.
+pub(crate) struct DmaView<'a> {
+    guard: RwLockReadGuard<'a, Regions>,
+    /// One-entry lookup cache (consecutive accesses mostly hit one buffer).
+    last: Cell<Option<Region>>,
+}
+
+impl DmaView<'_> {
+    fn find(&self, iova: u64) -> Option<Region> {
+        if let Some(r) = self.last.get() {
+            if iova >= r.iova && iova - r.iova < r.len {
+                return Some(r);
+            }
+        }
+        let (_, r) = self.guard.map.range(..=iova).next_back()?;
+        if iova - r.iova < r.len {
+            self.last.set(Some(*r));
+            Some(*r)
+        } else {
+            None
+        }
+    }
+
+    /// Host address of `iova..iova + len` when the whole range lies in one
+    /// region.
+    fn resolve(&self, iova: u64, len: usize) -> Result<*mut u8, DmaFault> {
+        let fault = DmaFault { iova, len };
+        let r = self.find(iova).ok_or(fault)?;
+        let off = iova - r.iova;
+        match off.checked_add(len as u64) {
+            Some(end) if end <= r.len => {}
+            _ => return Err(fault),
+        }
+        // SAFETY: off + len <= r.len, so the pointer stays inside the
+        // mapped host range (which `dma_map`'s contract keeps allocated).
+        Ok(unsafe { r.host.as_ptr().add(off as usize) })
+    }
+
+    /// Checks that `iova..iova + len` lies in one mapped region.
+    pub(crate) fn check(&self, iova: u64, len: usize) -> Result<(), DmaFault> {
+        self.resolve(iova, len).map(|_| ())
+    }
+
+    /// Copies `dst.len()` bytes from device address `iova` into `dst`.
+    pub(crate) fn read(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaFault> {
+        let src = self.resolve(iova, dst.len())?;
+        // SAFETY: `src..src + dst.len()` is mapped host memory (resolve), the
+        // region cannot be unmapped while `self` holds the read lock, and
+        // `dst` is our own buffer, distinct from DMA memory.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Copies `src` to device address `iova`.
+    pub(crate) fn write(&self, iova: u64, src: &[u8]) -> Result<(), DmaFault> {
+        let dst = self.resolve(iova, src.len())?;
+        // SAFETY: as in `read`, with the direction reversed.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        Ok(())
+    }
+
+    /// Writes `len` zero bytes at `iova`.
+    pub(crate) fn zero(&self, iova: u64, len: usize) -> Result<(), DmaFault> {
+        let dst = self.resolve(iova, len)?;
+        // SAFETY: as in `write`.
+        unsafe { std::ptr::write_bytes(dst, 0, len) };
+        Ok(())
+    }
+
+    /// Atomic 32-bit load at a 4-byte-aligned device address.
+    #[allow(dead_code)]
+    pub(crate) fn load_u32(&self, iova: u64, order: Ordering) -> Result<u32, DmaFault> {
+        let p = self.resolve(iova, 4)?;
+        if p as usize % 4 != 0 {
+            return Err(DmaFault { iova, len: 4 });
+        }
+        // SAFETY: in a mapped region, 4-byte aligned (checked), accessed
+        // only atomically by the controller.
+        Ok(unsafe { AtomicU32::from_ptr(p.cast()) }.load(order))
+    }
+
+    /// Atomic 32-bit store at a 4-byte-aligned device address.
+    pub(crate) fn store_u32(&self, iova: u64, value: u32, order: Ordering) -> Result<(), DmaFault> {
+        let p = self.resolve(iova, 4)?;
+        if p as usize % 4 != 0 {
+            return Err(DmaFault { iova, len: 4 });
+        }
+        // SAFETY: as in `load_u32`.
+        unsafe { AtomicU32::from_ptr(p.cast()) }.store(value, order);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::alloc::{alloc_zeroed, dealloc, Layout};
+
+    #[test]
+    fn map_lookup_unmap() {
+        let layout = Layout::from_size_align(3 * 4096, 4096).unwrap();
+        // SAFETY: non-zero size.
+        let p = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
+        let space = IovaSpace::new();
+        let a = space.map(p, 4096).unwrap();
+        // SAFETY: in bounds of the allocation.
+        let p2 = unsafe { NonNull::new_unchecked(p.as_ptr().add(4096)) };
+        let b = space.map(p2, 2 * 4096 - 100).unwrap();
+        assert_eq!(a.pages(), &[IOVA_BASE]);
+        assert_eq!(b.pages()[0], IOVA_BASE + 2 * 4096, "guard page between mappings");
+        {
+            let v = space.view();
+            v.write(IOVA_BASE + 8, &[1, 2, 3]).unwrap();
+            let mut buf = [0u8; 3];
+            v.read(IOVA_BASE + 8, &mut buf).unwrap();
+            assert_eq!(buf, [1, 2, 3]);
+            assert!(v.read(IOVA_BASE + 4090, &mut [0u8; 8]).is_err(), "crosses into the guard");
+            assert!(v.check(IOVA_BASE + 4096, 1).is_err());
+            assert!(v.check(b.pages()[0] + 2 * 4096 - 101, 1).is_ok());
+            assert!(v.check(b.pages()[0] + 2 * 4096 - 100, 1).is_err(), "past exact length");
+            assert!(v.check(0, 1).is_err());
+            assert!(v.check(u64::MAX, 4).is_err());
+            v.store_u32(IOVA_BASE + 16, 7, Ordering::Release).unwrap();
+            assert_eq!(v.load_u32(IOVA_BASE + 16, Ordering::Acquire).unwrap(), 7);
+            assert!(v.load_u32(IOVA_BASE + 17, Ordering::Acquire).is_err());
+        }
+        assert!(space.map(p, 0).is_err());
+        // SAFETY: in bounds.
+        let unaligned = unsafe { NonNull::new_unchecked(p.as_ptr().add(8)) };
+        assert!(matches!(space.map(unaligned, 8), Err(DeviceError::BadRange { .. })));
+        space.unmap(&a).unwrap();
+        assert!(matches!(space.unmap(&a), Err(DeviceError::NotMapped { .. })));
+        assert!(space.view().check(IOVA_BASE, 1).is_err());
+        space.unmap(&b).unwrap();
+        // SAFETY: allocated above with this layout; no longer mapped.
+        unsafe { dealloc(p.as_ptr(), layout) };
+    }
+}
