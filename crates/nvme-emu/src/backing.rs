@@ -45,7 +45,8 @@ fn zeroed_vec(n: usize) -> Result<Vec<u8>, EmuError> {
     if n == 0 {
         return Ok(Vec::new());
     }
-    let layout = std::alloc::Layout::array::<u8>(n).map_err(|_| EmuError::OutOfMemory { bytes: n as u64 })?;
+    let layout = std::alloc::Layout::array::<u8>(n)
+        .map_err(|_| EmuError::OutOfMemory { bytes: n as u64 })?;
     // SAFETY: non-zero size.
     let p = unsafe { std::alloc::alloc_zeroed(layout) };
     if p.is_null() {
@@ -74,7 +75,11 @@ pub(crate) enum Backing {
 
 impl Backing {
     pub(crate) fn new(config: &EmulatorConfig) -> Result<Self, EmuError> {
-        let sizes: Vec<u64> = config.namespaces.iter().map(|n| n.bytes().unwrap_or(0)).collect();
+        let sizes: Vec<u64> = config
+            .namespaces
+            .iter()
+            .map(|n| n.bytes().unwrap_or(0))
+            .collect();
         match &config.backing {
             BackingSpec::Null => Ok(Backing::Null),
             BackingSpec::Ram => {
@@ -86,8 +91,17 @@ impl Backing {
                 Ok(Backing::Ram(v))
             }
             BackingSpec::File(path) => {
-                let io = |source| EmuError::Backing { path: path.clone(), source };
-                let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(io)?;
+                let io = |source| EmuError::Backing {
+                    path: path.clone(),
+                    source,
+                };
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(path)
+                    .map_err(io)?;
                 let mut base = Vec::with_capacity(sizes.len());
                 let mut total = 0u64;
                 for &s in &sizes {
@@ -95,7 +109,12 @@ impl Backing {
                     total += s; // validated: no overflow
                 }
                 file.set_len(total).map_err(io)?;
-                Ok(Backing::File { file, base, size: sizes, bounce: vec![0u8; CHUNK] })
+                Ok(Backing::File {
+                    file,
+                    base,
+                    size: sizes,
+                    bounce: vec![0u8; CHUNK],
+                })
             }
         }
     }
@@ -107,7 +126,13 @@ impl Backing {
 
     /// Media -> host: copies namespace `ns` bytes from `offset` into the
     /// host segments (whose lengths add up to the transfer).
-    pub(crate) fn read(&mut self, dma: &DmaView<'_>, ns: usize, offset: u64, segs: &[Segment]) -> Result<(), MediaError> {
+    pub(crate) fn read(
+        &mut self,
+        dma: &DmaView<'_>,
+        ns: usize,
+        offset: u64,
+        segs: &[Segment],
+    ) -> Result<(), MediaError> {
         match self {
             Backing::Null => Ok(()),
             Backing::Ram(v) => {
@@ -115,14 +140,25 @@ impl Backing {
                 let mut off = usize::try_from(offset).map_err(|_| internal())?;
                 for s in segs {
                     let len = s.len as usize;
-                    let src = off.checked_add(len).and_then(|end| data.get(off..end)).ok_or_else(internal)?;
+                    let src = off
+                        .checked_add(len)
+                        .and_then(|end| data.get(off..end))
+                        .ok_or_else(internal)?;
                     dma.write(s.iova, src).map_err(|_| MediaError::Dma)?;
                     off += len;
                 }
                 Ok(())
             }
-            Backing::File { file, base, size, bounce } => {
-                let (b, sz) = (*base.get(ns).ok_or_else(internal)?, *size.get(ns).ok_or_else(internal)?);
+            Backing::File {
+                file,
+                base,
+                size,
+                bounce,
+            } => {
+                let (b, sz) = (
+                    *base.get(ns).ok_or_else(internal)?,
+                    *size.get(ns).ok_or_else(internal)?,
+                );
                 let mut off = offset;
                 for s in segs {
                     let mut done = 0u64;
@@ -148,7 +184,13 @@ impl Backing {
 
     /// Host -> media: copies the host segments into namespace `ns` at
     /// `offset`.
-    pub(crate) fn write(&mut self, dma: &DmaView<'_>, ns: usize, offset: u64, segs: &[Segment]) -> Result<(), MediaError> {
+    pub(crate) fn write(
+        &mut self,
+        dma: &DmaView<'_>,
+        ns: usize,
+        offset: u64,
+        segs: &[Segment],
+    ) -> Result<(), MediaError> {
         match self {
             Backing::Null => Ok(()),
             Backing::Ram(v) => {
@@ -156,14 +198,25 @@ impl Backing {
                 let mut off = usize::try_from(offset).map_err(|_| internal())?;
                 for s in segs {
                     let len = s.len as usize;
-                    let dst = off.checked_add(len).and_then(|end| data.get_mut(off..end)).ok_or_else(internal)?;
+                    let dst = off
+                        .checked_add(len)
+                        .and_then(|end| data.get_mut(off..end))
+                        .ok_or_else(internal)?;
                     dma.read(s.iova, dst).map_err(|_| MediaError::Dma)?;
                     off += len;
                 }
                 Ok(())
             }
-            Backing::File { file, base, size, bounce } => {
-                let (b, sz) = (*base.get(ns).ok_or_else(internal)?, *size.get(ns).ok_or_else(internal)?);
+            Backing::File {
+                file,
+                base,
+                size,
+                bounce,
+            } => {
+                let (b, sz) = (
+                    *base.get(ns).ok_or_else(internal)?,
+                    *size.get(ns).ok_or_else(internal)?,
+                );
                 let mut off = offset;
                 for s in segs {
                     let mut done = 0u64;
@@ -196,11 +249,22 @@ impl Backing {
                 let data = v.get_mut(ns).ok_or_else(internal)?;
                 let off = usize::try_from(offset).map_err(|_| internal())?;
                 let len = usize::try_from(len).map_err(|_| internal())?;
-                off.checked_add(len).and_then(|end| data.get_mut(off..end)).ok_or_else(internal)?.fill(0);
+                off.checked_add(len)
+                    .and_then(|end| data.get_mut(off..end))
+                    .ok_or_else(internal)?
+                    .fill(0);
                 Ok(())
             }
-            Backing::File { file, base, size, bounce } => {
-                let (b, sz) = (*base.get(ns).ok_or_else(internal)?, *size.get(ns).ok_or_else(internal)?);
+            Backing::File {
+                file,
+                base,
+                size,
+                bounce,
+            } => {
+                let (b, sz) = (
+                    *base.get(ns).ok_or_else(internal)?,
+                    *size.get(ns).ok_or_else(internal)?,
+                );
                 if offset.checked_add(len).is_none_or(|end| end > sz) {
                     return Err(internal());
                 }
@@ -208,10 +272,11 @@ impl Backing {
                 let mut done = 0u64;
                 while done < len {
                     let n = (len - done).min(CHUNK as u64) as usize;
-                    file.write_all_at(&bounce[..n], b + offset + done).map_err(|e| {
-                        tracing::warn!(error = %e, "nvme-emu: backing file write failed");
-                        write_fault()
-                    })?;
+                    file.write_all_at(&bounce[..n], b + offset + done)
+                        .map_err(|e| {
+                            tracing::warn!(error = %e, "nvme-emu: backing file write failed");
+                            write_fault()
+                        })?;
                     done += n as u64;
                 }
                 Ok(())

@@ -75,7 +75,12 @@ unsafe impl Sync for IovaSpace {}
 
 impl IovaSpace {
     pub(crate) fn new() -> Self {
-        Self { regions: RwLock::new(Regions { map: BTreeMap::new(), next: IOVA_BASE }) }
+        Self {
+            regions: RwLock::new(Regions {
+                map: BTreeMap::new(),
+                next: IOVA_BASE,
+            }),
+        }
     }
 
     /// Maps `len` bytes at `host` (page aligned, `len > 0`) and returns
@@ -83,7 +88,7 @@ impl IovaSpace {
     pub(crate) fn map(&self, host: NonNull<u8>, len: usize) -> Result<DmaMapping, DeviceError> {
         let addr = host.as_ptr() as usize;
         let bad = DeviceError::BadRange { addr, len };
-        if len == 0 || addr % HOST_PAGE_SIZE != 0 || addr.checked_add(len).is_none() {
+        if len == 0 || addr & (HOST_PAGE_SIZE - 1) != 0 || addr.checked_add(len).is_none() {
             return Err(bad);
         }
         let mut r = self.regions.write().unwrap_or_else(|e| e.into_inner());
@@ -94,7 +99,14 @@ impl IovaSpace {
             .and_then(|l| iova.checked_add(l))
             .ok_or(DeviceError::AddressSpaceExhausted { len })?;
         r.next = next;
-        r.map.insert(iova, Region { iova, len: len as u64, host });
+        r.map.insert(
+            iova,
+            Region {
+                iova,
+                len: len as u64,
+                host,
+            },
+        );
         Ok(DmaMapping::contiguous(iova, len))
     }
 
@@ -167,6 +179,9 @@ impl DmaView<'_> {
 
     /// Copies `dst.len()` bytes from device address `iova` into `dst`.
     pub(crate) fn read(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaFault> {
+        if dst.is_empty() {
+            return Ok(());
+        }
         let src = self.resolve(iova, dst.len())?;
         // SAFETY: `src..src + dst.len()` is mapped host memory (resolve), the
         // region cannot be unmapped while `self` holds the read lock, and
@@ -177,6 +192,9 @@ impl DmaView<'_> {
 
     /// Copies `src` to device address `iova`.
     pub(crate) fn write(&self, iova: u64, src: &[u8]) -> Result<(), DmaFault> {
+        if src.is_empty() {
+            return Ok(());
+        }
         let dst = self.resolve(iova, src.len())?;
         // SAFETY: as in `read`, with the direction reversed.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
@@ -185,6 +203,9 @@ impl DmaView<'_> {
 
     /// Writes `len` zero bytes at `iova`.
     pub(crate) fn zero(&self, iova: u64, len: usize) -> Result<(), DmaFault> {
+        if len == 0 {
+            return Ok(());
+        }
         let dst = self.resolve(iova, len)?;
         // SAFETY: as in `write`.
         unsafe { std::ptr::write_bytes(dst, 0, len) };
@@ -195,7 +216,7 @@ impl DmaView<'_> {
     #[allow(dead_code)]
     pub(crate) fn load_u32(&self, iova: u64, order: Ordering) -> Result<u32, DmaFault> {
         let p = self.resolve(iova, 4)?;
-        if p as usize % 4 != 0 {
+        if p as usize & 3 != 0 {
             return Err(DmaFault { iova, len: 4 });
         }
         // SAFETY: in a mapped region, 4-byte aligned (checked), accessed
@@ -206,7 +227,7 @@ impl DmaView<'_> {
     /// Atomic 32-bit store at a 4-byte-aligned device address.
     pub(crate) fn store_u32(&self, iova: u64, value: u32, order: Ordering) -> Result<(), DmaFault> {
         let p = self.resolve(iova, 4)?;
-        if p as usize % 4 != 0 {
+        if p as usize & 3 != 0 {
             return Err(DmaFault { iova, len: 4 });
         }
         // SAFETY: as in `load_u32`.
@@ -231,18 +252,32 @@ mod tests {
         let p2 = unsafe { NonNull::new_unchecked(p.as_ptr().add(4096)) };
         let b = space.map(p2, 2 * 4096 - 100).unwrap();
         assert_eq!(a.pages(), &[IOVA_BASE]);
-        assert_eq!(b.pages()[0], IOVA_BASE + 2 * 4096, "guard page between mappings");
+        assert_eq!(
+            b.pages()[0],
+            IOVA_BASE + 2 * 4096,
+            "guard page between mappings"
+        );
         {
             let v = space.view();
             v.write(IOVA_BASE + 8, &[1, 2, 3]).unwrap();
             let mut buf = [0u8; 3];
             v.read(IOVA_BASE + 8, &mut buf).unwrap();
             assert_eq!(buf, [1, 2, 3]);
-            assert!(v.read(IOVA_BASE + 4090, &mut [0u8; 8]).is_err(), "crosses into the guard");
+            assert!(
+                v.read(IOVA_BASE + 4090, &mut [0u8; 8]).is_err(),
+                "crosses into the guard"
+            );
             assert!(v.check(IOVA_BASE + 4096, 1).is_err());
             assert!(v.check(b.pages()[0] + 2 * 4096 - 101, 1).is_ok());
-            assert!(v.check(b.pages()[0] + 2 * 4096 - 100, 1).is_err(), "past exact length");
+            assert!(
+                v.check(b.pages()[0] + 2 * 4096 - 100, 1).is_err(),
+                "past exact length"
+            );
             assert!(v.check(0, 1).is_err());
+            assert!(
+                v.zero(IOVA_BASE + 4096, 0).is_ok(),
+                "empty accesses touch nothing"
+            );
             assert!(v.check(u64::MAX, 4).is_err());
             v.store_u32(IOVA_BASE + 16, 7, Ordering::Release).unwrap();
             assert_eq!(v.load_u32(IOVA_BASE + 16, Ordering::Acquire).unwrap(), 7);
@@ -251,9 +286,15 @@ mod tests {
         assert!(space.map(p, 0).is_err());
         // SAFETY: in bounds.
         let unaligned = unsafe { NonNull::new_unchecked(p.as_ptr().add(8)) };
-        assert!(matches!(space.map(unaligned, 8), Err(DeviceError::BadRange { .. })));
+        assert!(matches!(
+            space.map(unaligned, 8),
+            Err(DeviceError::BadRange { .. })
+        ));
         space.unmap(&a).unwrap();
-        assert!(matches!(space.unmap(&a), Err(DeviceError::NotMapped { .. })));
+        assert!(matches!(
+            space.unmap(&a),
+            Err(DeviceError::NotMapped { .. })
+        ));
         assert!(space.view().check(IOVA_BASE, 1).is_err());
         space.unmap(&b).unwrap();
         // SAFETY: allocated above with this layout; no longer mapped.

@@ -56,7 +56,12 @@ impl RegisterPage {
                 return Err(EmuError::Mmio(e));
             }
         };
-        let page = Self { mmio, ptr, layout, dstrd: config.dstrd };
+        let page = Self {
+            mmio,
+            ptr,
+            layout,
+            dstrd: config.dstrd,
+        };
         page.write64(offset::CAP, Self::cap(config).0);
         page.write32(offset::VS, Vs::V1_4.0);
         page.set_csts(Csts(0));

@@ -1,5 +1,5 @@
 //! The 16-byte completion queue entry (NVMe Base 2.0, 4.2.1 "Common
-//! Completion Queue Entry", Figure 89 (PCIe layout); Base 1.4, 4.6).
+//! Completion Queue Entry", PCIe layout; Base 1.4, 4.6).
 
 use crate::status::Status;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
@@ -17,7 +17,9 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 /// first and DW3 last with Release ordering. That is the queue's business;
 /// this type is the layout only.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
 pub struct Cqe {
     /// DW0 (bytes 3:0): command-specific result (e.g. Set Features Number of
     /// Queues granted counts).

@@ -33,7 +33,7 @@ pub enum DecodeError {
     },
     /// LBADS of the selected LBA format is outside the range this crate
     /// accepts, 9..=16 (512 B to 64 KiB logical blocks). LBADS < 9 is not
-    /// supported by the specification (NVM Command Set 1.0, Figure 116).
+    /// supported by the specification (NVM Command Set 1.0, 4.1.5.1, LBA Format data structure).
     #[error("LBADS {lbads} is not a supported logical block size (2^9..=2^16 bytes)")]
     LbaDataSize {
         /// The raw LBADS value (log2 of the block size in bytes).

@@ -1,27 +1,27 @@
 //! Feature identifiers and feature values (NVMe Base 2.0, 5.27.1 "Feature
-//! Specific Information", Figure 317 "Feature Identifiers"; Base 1.4,
+//! Specific Information", table "Feature Identifiers"; Base 1.4,
 //! 5.21.1).
 //!
 //! The Set Features / Get Features command builders are
 //! [`crate::opcode::SetFeatures`] and [`crate::opcode::GetFeatures`].
 
 /// Feature identifiers, FID (CDW10 bits 7:0 of Set/Get Features; NVMe Base
-/// 2.0, 5.27.1, Figure 317).
+/// 2.0, 5.27.1).
 pub mod feature_id {
-    /// 01h: Arbitration (Base 2.0 5.27.1.1).
+    /// 01h: Arbitration (Base 2.0 5.27.1).
     pub const ARBITRATION: u8 = 0x01;
-    /// 02h: Power Management (Base 2.0 5.27.1.2).
+    /// 02h: Power Management (Base 2.0 5.27.1).
     pub const POWER_MANAGEMENT: u8 = 0x02;
-    /// 04h: Temperature Threshold (Base 2.0 5.27.1.3).
+    /// 04h: Temperature Threshold (Base 2.0 5.27.1).
     pub const TEMPERATURE_THRESHOLD: u8 = 0x04;
-    /// 06h: Volatile Write Cache (Base 2.0 5.27.1.4); CDW11 bit 0 WCE.
+    /// 06h: Volatile Write Cache (Base 2.0 5.27.1); CDW11 bit 0 WCE.
     pub const VOLATILE_WRITE_CACHE: u8 = 0x06;
-    /// 07h: Number of Queues (Base 2.0 5.27.1.5); see [`super::NumberOfQueues`].
+    /// 07h: Number of Queues (Base 2.0 5.27.1); see [`super::NumberOfQueues`].
     pub const NUMBER_OF_QUEUES: u8 = 0x07;
 }
 
 /// SEL values of Get Features (CDW10 bits 10:8; NVMe Base 2.0, 5.15,
-/// Figure 191).
+/// table "Select").
 pub mod select {
     /// 000b: current value.
     pub const CURRENT: u8 = 0b000;
@@ -33,7 +33,7 @@ pub mod select {
     pub const SUPPORTED_CAPABILITIES: u8 = 0b011;
 }
 
-/// Number of Queues feature (FID 07h; NVMe Base 2.0, 5.27.1.5), as granted
+/// Number of Queues feature (FID 07h; NVMe Base 2.0, 5.27.1, "Number of Queues"), as granted
 /// by the controller in completion DW0 (NSQA bits 15:0, NCQA bits 31:16,
 /// both zero-based on the wire).
 ///
@@ -76,12 +76,21 @@ mod tests {
     #[test]
     fn number_of_queues() {
         let n = NumberOfQueues::from_dw0(0x0003_0007);
-        assert_eq!(n, NumberOfQueues { sq_count: 8, cq_count: 4 });
+        assert_eq!(
+            n,
+            NumberOfQueues {
+                sq_count: 8,
+                cq_count: 4
+            }
+        );
         assert_eq!(n.to_dw0(), 0x0003_0007);
         let max = NumberOfQueues::from_dw0(u32::MAX);
         assert_eq!(max.sq_count, 65536);
         assert_eq!(max.to_dw0(), u32::MAX);
-        let bad = NumberOfQueues { sq_count: 0, cq_count: 1 << 20 };
+        let bad = NumberOfQueues {
+            sq_count: 0,
+            cq_count: 1 << 20,
+        };
         assert_eq!(bad.to_dw0(), 0xFFFF_0000);
     }
 }

@@ -1,6 +1,6 @@
 //! Identify data structures, 4096 bytes each: Identify Controller (NVMe Base
-//! 2.0, 5.17.2.1, Figure 275; Base 1.4, 5.15.2.2), Identify Namespace for
-//! the NVM command set (NVM Command Set 1.0, 4.1.5.1, Figure 114; Base 1.4,
+//! 2.0, 5.17.2.1; Base 1.4, 5.15), Identify Namespace for
+//! the NVM command set (NVM Command Set 1.0, 4.1.5.1; Base 1.4,
 //! 5.15.2.1) and the Active Namespace ID list (Base 2.0, 5.17.2.2).
 //!
 //! The structures have alignment 1 (multi-byte fields are
@@ -65,7 +65,7 @@ pub mod oncs_bits {
 }
 
 /// Identify Controller data structure (CNS 01h), 4096 bytes (NVMe Base 2.0,
-/// 5.17.2.1, Figure 275).
+/// 5.17.2.1).
 ///
 /// Fields are public and sit at their spec byte offsets (asserted at compile
 /// time); prefer the accessors, which decode units and strings.
@@ -348,7 +348,8 @@ impl IdentifyController {
         if self.mdts == 0 {
             return None;
         }
-        1u64.checked_shl(u32::from(self.mdts))?.checked_mul(min_page_size as u64)
+        1u64.checked_shl(u32::from(self.mdts))?
+            .checked_mul(min_page_size as u64)
     }
 
     /// An all-zero structure, for the emulator to fill with the setters.
@@ -439,10 +440,12 @@ impl IdentifyController {
     }
 }
 
-/// LBA Format data structure, LBAF (NVM Command Set 1.0, 4.1.5.1, Figure
-/// 116): 4 bytes.
+/// LBA Format data structure, LBAF (NVM Command Set 1.0, 4.1.5.1): 4
+/// bytes.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
 pub struct LbaFormat {
     /// MS, Metadata Size (bytes 1:0), bytes of metadata per logical block.
     pub ms: U16,
@@ -499,7 +502,7 @@ impl LbaFormat {
 }
 
 /// Identify Namespace data structure for the NVM command set (CNS 00h),
-/// 4096 bytes (NVM Command Set 1.0, 4.1.5.1, Figure 114).
+/// 4096 bytes (NVM Command Set 1.0, 4.1.5.1).
 ///
 /// Sizes (NSZE, NCAP, NUSE) are in logical blocks of the formatted LBA
 /// format ([`Self::block_size`]).
@@ -684,10 +687,11 @@ impl IdentifyNamespace {
     /// when the index is beyond NLBAF.
     pub fn formatted_lba_format(&self) -> Result<LbaFormat, DecodeError> {
         let index = self.formatted_lba_index();
-        self.lbaf(usize::from(index)).ok_or(DecodeError::LbaFormatIndex {
-            index,
-            nlbaf: self.nlbaf,
-        })
+        self.lbaf(usize::from(index))
+            .ok_or(DecodeError::LbaFormatIndex {
+                index,
+                nlbaf: self.nlbaf,
+            })
     }
 
     /// Logical block size of the formatted LBA format, in bytes (`2^LBADS`,
@@ -829,7 +833,11 @@ mod tests {
         let buf = vec![0u8; 4097];
         assert_eq!(
             IdentifyController::parse(&buf[..4095]).unwrap_err(),
-            DecodeError::WrongLength { what: "Identify Controller", expected: 4096, actual: 4095 }
+            DecodeError::WrongLength {
+                what: "Identify Controller",
+                expected: 4096,
+                actual: 4095
+            }
         );
         assert!(IdentifyController::parse(&buf).is_err());
         assert!(IdentifyController::parse(&[]).is_err());
@@ -953,7 +961,10 @@ mod tests {
         }
         n.set_lbaf(1, LbaFormat::new(0, 16, 0)).unwrap();
         n.set_nsze(u64::MAX);
-        assert!(matches!(n.size_bytes(), Err(DecodeError::InvalidValue { field: "NSZE", .. })));
+        assert!(matches!(
+            n.size_bytes(),
+            Err(DecodeError::InvalidValue { field: "NSZE", .. })
+        ));
     }
 
     #[test]

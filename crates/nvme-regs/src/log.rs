@@ -10,7 +10,7 @@ use zerocopy::little_endian::{U128, U16, U32, U64};
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 /// Log page identifiers, LID (Get Log Page CDW10 bits 7:0; NVMe Base 2.0,
-/// 5.16, Figure 202).
+/// 5.16).
 pub mod log_id {
     /// 01h: Error Information (Base 2.0 5.16.1.2); entries of
     /// [`super::ErrorLogEntry`].
@@ -23,7 +23,7 @@ pub mod log_id {
 }
 
 /// SMART / Health Information log page (LID 02h), 512 bytes (NVMe Base 2.0,
-/// 5.16.1.3, Figure 207).
+/// 5.16.1.3).
 ///
 /// The 128-bit counters are little-endian. "Data units" are thousands of
 /// 512-byte units (1 data unit = 512,000 bytes), rounded up.
@@ -273,7 +273,7 @@ impl SmartLog {
 }
 
 /// One Error Information log entry (LID 01h), 64 bytes (NVMe Base 2.0,
-/// 5.16.1.2, Figure 205). The page holds CAP-independent ELPE + 1 entries,
+/// 5.16.1.2). The page holds up to ELPE + 1 entries (Identify Controller),
 /// newest first; an entry with Error Count 0 is empty.
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
@@ -472,7 +472,11 @@ mod tests {
         assert_eq!(p.num_err_log_entries(), 14);
         assert_eq!(
             SmartLog::parse(&b[..511]),
-            Err(DecodeError::WrongLength { what: "SMART / Health log", expected: 512, actual: 511 })
+            Err(DecodeError::WrongLength {
+                what: "SMART / Health log",
+                expected: 512,
+                actual: 511
+            })
         );
         let big = vec![0u8; 513];
         assert!(SmartLog::parse(&big).is_err());
@@ -497,7 +501,10 @@ mod tests {
         assert_eq!(p.error_count(), 5);
         assert_eq!(p.sqid(), 1);
         assert_eq!(p.cid(), 0x42);
-        assert_eq!(p.status(), Status::generic(generic::LBA_OUT_OF_RANGE).with_dnr(true));
+        assert_eq!(
+            p.status(),
+            Status::generic(generic::LBA_OUT_OF_RANGE).with_dnr(true)
+        );
         assert_eq!(p.parameter_error_location(), 0xFFFF);
         assert_eq!(p.lba(), 0x1234);
         assert_eq!(p.nsid(), 1);

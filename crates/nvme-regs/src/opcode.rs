@@ -10,9 +10,9 @@
 //! Counts are taken 1-based and converted to the spec's zero-based encodings
 //! here, once ([`Nlb`], queue sizes, dword counts, range counts).
 //!
-//! References: admin commands NVMe Base 2.0, 5 (Figure 138 "Opcodes for
-//! Admin Commands"); I/O commands NVM Command Set 1.0, 3 (Figure 15 "Opcodes
-//! for NVM Commands"). For the emulator, [`Sqe::slba`], [`Sqe::nlb`] and
+//! References: admin commands NVMe Base 2.0, 5 (table "Opcodes for Admin
+//! Commands"); I/O commands NVM Command Set 1.0, 3 (table "Opcodes for NVM
+//! Commands"). For the emulator, [`Sqe::slba`], [`Sqe::nlb`] and
 //! [`CreateQueueFields::from_sqe`] decode the same fields with the same
 //! rules.
 
@@ -21,17 +21,17 @@ use crate::sqe::{Sqe, NSID_ALL};
 pub use crate::features::{feature_id, NumberOfQueues};
 pub use crate::log::log_id;
 
-/// Admin command opcodes (NVMe Base 2.0, 5, Figure 138).
+/// Admin command opcodes (NVMe Base 2.0, 5, "Opcodes for Admin Commands").
 pub mod admin_opcode {
-    /// 00h: Delete I/O Submission Queue (Base 2.0 5.7).
+    /// 00h: Delete I/O Submission Queue (Base 1.4 5.6).
     pub const DELETE_IO_SQ: u8 = 0x00;
-    /// 01h: Create I/O Submission Queue (Base 2.0 5.5).
+    /// 01h: Create I/O Submission Queue (Base 1.4 5.4).
     pub const CREATE_IO_SQ: u8 = 0x01;
     /// 02h: Get Log Page (Base 2.0 5.16).
     pub const GET_LOG_PAGE: u8 = 0x02;
-    /// 04h: Delete I/O Completion Queue (Base 2.0 5.6).
+    /// 04h: Delete I/O Completion Queue (Base 1.4 5.5).
     pub const DELETE_IO_CQ: u8 = 0x04;
-    /// 05h: Create I/O Completion Queue (Base 2.0 5.4).
+    /// 05h: Create I/O Completion Queue (Base 1.4 5.3).
     pub const CREATE_IO_CQ: u8 = 0x05;
     /// 06h: Identify (Base 2.0 5.17).
     pub const IDENTIFY: u8 = 0x06;
@@ -47,7 +47,8 @@ pub mod admin_opcode {
     pub const FORMAT_NVM: u8 = 0x80;
 }
 
-/// NVM command set I/O opcodes (NVM Command Set 1.0, 3, Figure 15).
+/// NVM command set I/O opcodes (NVM Command Set 1.0, 3, "Opcodes for NVM
+/// Commands").
 pub mod nvm_opcode {
     /// 00h: Flush (Base 2.0 7.1).
     pub const FLUSH: u8 = 0x00;
@@ -66,7 +67,7 @@ pub mod nvm_opcode {
 }
 
 /// NLB, Number of Logical Blocks of an I/O command (CDW12 bits 15:0; NVM
-/// Command Set 1.0, 3.3.4 Figure 40). Stored **zero-based**, as on the wire:
+/// Command Set 1.0, 3.3.4, Read command CDW12). Stored **zero-based**, as on the wire:
 /// a command moves `zero_based() + 1` logical blocks, 1..=65536.
 ///
 /// Construct it from a 1-based block count with [`Nlb::from_blocks`], so
@@ -119,7 +120,7 @@ const fn qsize_z(entries: u32) -> u32 {
 }
 
 /// CNS, Controller or Namespace Structure (Identify CDW10 bits 7:0; NVMe
-/// Base 2.0, 5.17.1, Figure 273).
+/// Base 2.0, 5.17.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Cns {
@@ -148,6 +149,7 @@ impl Cns {
 /// Identify (admin 06h; NVMe Base 2.0, 5.17): returns a 4096-byte data
 /// structure at PRP1. CDW10: CNS bits 7:0, CNTID bits 31:16.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a command builder does nothing until `build` is called and the SQE submitted"]
 pub struct Identify {
     cns: Cns,
     nsid: u32,
@@ -160,7 +162,11 @@ impl Identify {
 
     /// Identify with the given CNS; NSID 0, CNTID 0.
     pub const fn new(cns: Cns) -> Self {
-        Identify { cns, nsid: 0, cntid: 0 }
+        Identify {
+            cns,
+            nsid: 0,
+            cntid: 0,
+        }
     }
 
     /// NSID: the namespace for CNS 00h, or the NSID to list after for CNS
@@ -185,13 +191,15 @@ impl Identify {
     }
 }
 
-/// Create I/O Completion Queue (admin 05h; NVMe Base 2.0, 5.4). PRP1 = queue
+/// Create I/O Completion Queue (admin 05h; NVMe Base 2.0 "Create I/O Completion Queue
+/// command", Base 1.4 5.3). PRP1 = queue
 /// base (the queue sets it). CDW10: QSIZE bits 31:16 (zero-based), QID bits
 /// 15:0. CDW11: IV bits 31:16, IEN bit 1, PC bit 0.
 ///
 /// PC (physically contiguous) is always 1: this crate's queues are one
 /// contiguous DMA allocation, so no PRP list describes the queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a command builder does nothing until `build` is called and the SQE submitted"]
 pub struct CreateIoCq {
     qid: u16,
     entries: u32,
@@ -245,11 +253,13 @@ impl CreateIoCq {
     }
 }
 
-/// Create I/O Submission Queue (admin 01h; NVMe Base 2.0, 5.5). PRP1 = queue
+/// Create I/O Submission Queue (admin 01h; NVMe Base 2.0 "Create I/O Submission Queue
+/// command", Base 1.4 5.4). PRP1 = queue
 /// base (the queue sets it). CDW10: QSIZE bits 31:16 (zero-based), QID bits
 /// 15:0. CDW11: CQID bits 31:16, QPRIO bits 2:1, PC bit 0 (always 1, see
 /// [`CreateIoCq`]). The completion queue must exist first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a command builder does nothing until `build` is called and the SQE submitted"]
 pub struct CreateIoSq {
     qid: u16,
     entries: u32,
@@ -296,9 +306,10 @@ impl CreateIoSq {
     }
 }
 
-/// Delete I/O Submission Queue (admin 00h; NVMe Base 2.0, 5.7). CDW10: QID
+/// Delete I/O Submission Queue (admin 00h; Base 1.4 5.6). CDW10: QID
 /// bits 15:0. Delete an SQ before its CQ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a command builder does nothing until `build` is called and the SQE submitted"]
 pub struct DeleteIoSq {
     qid: u16,
 }
@@ -321,9 +332,10 @@ impl DeleteIoSq {
     }
 }
 
-/// Delete I/O Completion Queue (admin 04h; NVMe Base 2.0, 5.6). CDW10: QID
+/// Delete I/O Completion Queue (admin 04h; Base 1.4 5.5). CDW10: QID
 /// bits 15:0. Fails with Invalid Queue Deletion while an SQ still uses it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a command builder does nothing until `build` is called and the SQE submitted"]
 pub struct DeleteIoCq {
     qid: u16,
 }
@@ -350,6 +362,7 @@ impl DeleteIoCq {
 /// 31:16 of the command to abort. Best effort: completion DW0 bit 0 = 1 means
 /// the command was not aborted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a command builder does nothing until `build` is called and the SQE submitted"]
 pub struct Abort {
     sqid: u16,
     cid: u16,
@@ -376,6 +389,7 @@ impl Abort {
 /// Asynchronous Event Request (admin 0Ch; NVMe Base 2.0, 5.2): no fields;
 /// completes when the controller reports an event.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[must_use = "a command builder does nothing until `build` is called and the SQE submitted"]
 pub struct AsyncEventRequest {}
 
 impl AsyncEventRequest {
@@ -399,6 +413,7 @@ impl AsyncEventRequest {
 /// the zero-based number of dwords); CDW12/CDW13: LPOL/LPOU, the byte
 /// offset into the log page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a command builder does nothing until `build` is called and the SQE submitted"]
 pub struct GetLogPage {
     lid: u8,
     dwords: u32,
@@ -466,6 +481,7 @@ impl GetLogPage {
 /// Set Features (admin 09h; NVMe Base 2.0, 5.27). CDW10: FID bits 7:0, SV
 /// (save) bit 31; CDW11: feature specific value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a command builder does nothing until `build` is called and the SQE submitted"]
 pub struct SetFeatures {
     fid: u8,
     cdw11: u32,
@@ -478,10 +494,14 @@ impl SetFeatures {
 
     /// Sets feature `fid` ([`feature_id`]) to the raw CDW11 value `cdw11`.
     pub const fn new(fid: u8, cdw11: u32) -> Self {
-        SetFeatures { fid, cdw11, save: false }
+        SetFeatures {
+            fid,
+            cdw11,
+            save: false,
+        }
     }
 
-    /// Number of Queues (FID 07h; Base 2.0 5.27.1.5): requests `sq_count`
+    /// Number of Queues (FID 07h; Base 2.0 5.27.1): requests `sq_count`
     /// I/O SQs and `cq_count` I/O CQs, both **1-based** (admin queues not
     /// counted), encoded zero-based in NSQR (CDW11 bits 15:0) and NCQR (bits
     /// 31:16). Returns `None` if either count is 0. The granted counts come
@@ -494,7 +514,7 @@ impl SetFeatures {
         Some(SetFeatures::new(feature_id::NUMBER_OF_QUEUES, cdw11))
     }
 
-    /// Volatile Write Cache (FID 06h; Base 2.0 5.27.1.4): WCE, CDW11 bit 0.
+    /// Volatile Write Cache (FID 06h; Base 2.0 5.27.1): WCE, CDW11 bit 0.
     pub const fn volatile_write_cache(enable: bool) -> SetFeatures {
         SetFeatures::new(feature_id::VOLATILE_WRITE_CACHE, enable as u32)
     }
@@ -518,6 +538,7 @@ impl SetFeatures {
 /// Get Features (admin 0Ah; NVMe Base 2.0, 5.15). CDW10: FID bits 7:0, SEL
 /// bits 10:8. The value comes back in completion DW0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a command builder does nothing until `build` is called and the SQE submitted"]
 pub struct GetFeatures {
     fid: u8,
     select: u8,
@@ -530,7 +551,11 @@ impl GetFeatures {
 
     /// Reads feature `fid` ([`feature_id`]), current value (SEL 000b).
     pub const fn new(fid: u8) -> Self {
-        GetFeatures { fid, select: 0, cdw11: 0 }
+        GetFeatures {
+            fid,
+            select: 0,
+            cdw11: 0,
+        }
     }
 
     /// SEL, Select (CDW10 bits 10:8), masked to 3 bits; see
@@ -557,7 +582,7 @@ impl GetFeatures {
     }
 }
 
-/// CDW12 FUA bit (Force Unit Access), NVM Command Set 1.0 3.3.4 Figure 40.
+/// CDW12 FUA bit (Force Unit Access), NVM Command Set 1.0 3.3.4.
 const FUA: u32 = 1 << 30;
 /// CDW12 LR bit (Limited Retry).
 const LR: u32 = 1 << 31;
@@ -579,6 +604,7 @@ const fn rw_sqe(opcode: u8, nsid: u32, slba: u64, nlb: Nlb, flags: u32) -> Sqe {
 /// starting at logical block `slba` into the PRP-described buffer
 /// (`nlb.blocks() * block size` bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a command builder does nothing until `build` is called and the SQE submitted"]
 pub struct Read {
     nsid: u32,
     slba: u64,
@@ -632,6 +658,7 @@ impl Read {
 /// Write (NVM 01h; NVM Command Set 1.0, 3.3.6): writes `nlb` logical blocks
 /// starting at logical block `slba` from the PRP-described buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a command builder does nothing until `build` is called and the SQE submitted"]
 pub struct Write {
     nsid: u32,
     slba: u64,
@@ -687,6 +714,7 @@ impl Write {
 /// of namespace `nsid` (`FFFF_FFFFh` = all namespaces, if supported) to
 /// non-volatile media. No data transfer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a command builder does nothing until `build` is called and the SQE submitted"]
 pub struct Flush {
     nsid: u32,
 }
@@ -711,6 +739,7 @@ impl Flush {
 /// blocks at `slba` to zero, without a data transfer. CDW12: NLB bits 15:0
 /// (zero-based), DEAC bit 25, FUA bit 30.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a command builder does nothing until `build` is called and the SQE submitted"]
 pub struct WriteZeroes {
     nsid: u32,
     slba: u64,
@@ -767,6 +796,7 @@ impl WriteZeroes {
 /// buffer holds `ranges` [`DsmRange`] entries (16 bytes each). CDW10: NR bits
 /// 7:0 (zero-based range count); CDW11: IDR bit 0, IDW bit 1, AD bit 2.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a command builder does nothing until `build` is called and the SQE submitted"]
 pub struct DatasetManagement {
     nsid: u32,
     nr_z: u8,
@@ -831,8 +861,8 @@ impl DatasetManagement {
     }
 }
 
-/// One Dataset Management range (NVM Command Set 1.0, 3.3.3, Figure 39
-/// "Dataset Management – Range Definition"): 16 bytes, little-endian.
+/// One Dataset Management range (NVM Command Set 1.0, 3.3.3, "Dataset
+/// Management – Range Definition"): 16 bytes, little-endian.
 #[repr(C)]
 #[derive(
     Clone,
@@ -924,7 +954,7 @@ impl Sqe {
 
 /// The fields of Create I/O SQ (01h) and Create I/O CQ (05h), decoded with
 /// the same rules [`CreateIoSq`] and [`CreateIoCq`] encode them (NVMe Base
-/// 2.0, 5.4 and 5.5).
+/// 1.4, 5.3 and 5.4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CreateQueueFields {
     /// QID, queue identifier (CDW10 bits 15:0).
@@ -1013,7 +1043,10 @@ mod tests {
         assert_eq!(sqe.slba(), 0x1_2345_6789);
         assert_eq!(sqe.nlb().blocks(), 8);
         assert!(!sqe.fua() && !sqe.limited_retry());
-        let sqe = Read::new(1, 0, Nlb::ONE).fua(true).limited_retry(true).build();
+        let sqe = Read::new(1, 0, Nlb::ONE)
+            .fua(true)
+            .limited_retry(true)
+            .build();
         assert_eq!(sqe.cdw12, 0xC000_0000);
         assert!(sqe.fua() && sqe.limited_retry());
     }
@@ -1028,7 +1061,9 @@ mod tests {
         assert_eq!(sqe.nlb().blocks(), 65536);
         let f = Flush::new(1).build();
         assert_eq!(f, Sqe::new(nvm_opcode::FLUSH, 1));
-        let z = WriteZeroes::new(1, 10, Nlb::from_blocks(2).unwrap()).deallocate(true).build();
+        let z = WriteZeroes::new(1, 10, Nlb::from_blocks(2).unwrap())
+            .deallocate(true)
+            .build();
         assert_eq!(z.opcode(), 0x08);
         assert_eq!(z.cdw12, 1 | 1 << 25);
         assert!(z.deac() && !z.fua());
@@ -1040,7 +1075,10 @@ mod tests {
     fn dataset_management() {
         assert_eq!(DatasetManagement::new(1, 0), None);
         assert_eq!(DatasetManagement::new(1, 257), None);
-        let d = DatasetManagement::new(1, 256).unwrap().deallocate(true).build();
+        let d = DatasetManagement::new(1, 256)
+            .unwrap()
+            .deallocate(true)
+            .build();
         assert_eq!(d.opcode(), 0x09);
         assert_eq!(d.cdw10, 0xFF);
         assert_eq!(d.cdw11, 1 << 2);
@@ -1070,9 +1108,20 @@ mod tests {
         let f = CreateQueueFields::from_sqe(&cq);
         assert_eq!(
             f,
-            CreateQueueFields { qid: 3, entries: 64, cqid: 0, qprio: 0, pc: true, ien: false, iv: 0 }
+            CreateQueueFields {
+                qid: 3,
+                entries: 64,
+                cqid: 0,
+                qprio: 0,
+                pc: true,
+                ien: false,
+                iv: 0
+            }
         );
-        let cq = CreateIoCq::new(1, 65536).interrupt_vector(5).interrupts_enabled(true).build();
+        let cq = CreateIoCq::new(1, 65536)
+            .interrupt_vector(5)
+            .interrupts_enabled(true)
+            .build();
         assert_eq!(cq.cdw10, 0xFFFF_0001);
         assert_eq!(cq.cdw11, 5 << 16 | 0b11);
         let f = CreateQueueFields::from_sqe(&cq);
@@ -1089,7 +1138,15 @@ mod tests {
         let f = CreateQueueFields::from_sqe(&sq);
         assert_eq!(
             f,
-            CreateQueueFields { qid: 2, entries: 1024, cqid: 7, qprio: 3, pc: true, ien: false, iv: 0 }
+            CreateQueueFields {
+                qid: 2,
+                entries: 1024,
+                cqid: 7,
+                qprio: 3,
+                pc: true,
+                ien: false,
+                iv: 0
+            }
         );
         let d = DeleteIoSq::new(9).build();
         assert_eq!((d.opcode(), d.cdw10), (0x00, 9));
@@ -1119,7 +1176,10 @@ mod tests {
         assert_eq!(s.cdw11, 0xFFFE);
         let s = SetFeatures::volatile_write_cache(true).save(true).build();
         assert_eq!((s.cdw10, s.cdw11), (0x8000_0006, 1));
-        let g = GetFeatures::new(feature_id::ARBITRATION).select(0xFF).cdw11(9).build();
+        let g = GetFeatures::new(feature_id::ARBITRATION)
+            .select(0xFF)
+            .cdw11(9)
+            .build();
         assert_eq!((g.opcode(), g.cdw10, g.cdw11), (0x0A, 0x701, 9));
     }
 
@@ -1142,7 +1202,10 @@ mod tests {
         assert_eq!((s.cdw12, s.cdw13), (0x40, 1));
         assert_eq!(s.log_page_dwords(), 0x12_3457);
         assert_eq!(s.log_page_offset(), 0x1_0000_0040);
-        assert_eq!(GetLogPage::new(1, u32::MAX).build().log_page_dwords(), u32::MAX as u64);
+        assert_eq!(
+            GetLogPage::new(1, u32::MAX).build().log_page_dwords(),
+            u32::MAX as u64
+        );
         assert_eq!(GetLogPage::new(1, 0).build().log_page_dwords(), 1);
     }
 

@@ -14,8 +14,7 @@
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// Byte offsets of the controller registers from the start of BAR0
-/// (NVMe Base 2.0, 3.1.4, Figure 35 "Offset in memory-mapped controller
-/// register space").
+/// (NVMe Base 2.0, 3.1.4; Base 1.4, 3.1).
 pub mod offset {
     /// CAP, Controller Capabilities (64-bit, read-only). Base 2.0 3.1.4.1.
     pub const CAP: usize = 0x00;
@@ -41,8 +40,8 @@ pub mod offset {
     pub const CMBLOC: usize = 0x38;
     /// CMBSZ, Controller Memory Buffer Size (32-bit, optional). Base 2.0 3.1.4.12.
     pub const CMBSZ: usize = 0x3C;
-    /// Offset of the first doorbell (SQ0TDBL). Base 2.0 3.1.4.23 (PCIe
-    /// transport: Base 1.4 3.1.24). See [`super::doorbell_offset`].
+    /// Offset of the first doorbell (SQ0TDBL). PCIe transport only
+    /// (NVMe over PCIe Transport 1.0; Base 1.4 3.1.24). See [`super::doorbell_offset`].
     pub const DOORBELL_BASE: usize = 0x1000;
 }
 
@@ -51,7 +50,7 @@ pub mod offset {
 pub const NSSR_RESET_VALUE: u32 = 0x4E56_4D65;
 
 /// The first 64 bytes of BAR0, laid out at the offsets of [`offset`]
-/// (NVMe Base 2.0, 3.1.4, Figure 35).
+/// (NVMe Base 2.0, 3.1.4).
 ///
 /// This is a description of the layout (and the backing store the emulator
 /// may use for its register page); a driver must not read or write it as a
@@ -59,7 +58,9 @@ pub const NSSR_RESET_VALUE: u32 = 0x4E56_4D65;
 /// 32-bit loads and stores, and the 64-bit registers (CAP, ASQ, ACQ) as two
 /// 32-bit halves, low half first.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
 pub struct ControllerRegisters {
     /// CAP, Controller Capabilities, at 00h. See [`Cap`].
     pub cap: u64,
@@ -108,7 +109,8 @@ const _: () = {
 };
 
 /// Byte offset from the start of BAR0 of a queue's doorbell (NVMe Base 2.0,
-/// 3.1.4.23 / 3.1.4.24 SQyTDBL and CQyHDBL; Base 1.4 3.1.24 / 3.1.25):
+/// SQyTDBL / CQyHDBL, PCIe transport (NVMe over PCIe Transport 1.0;
+/// Base 1.4 3.1.24 / 3.1.25):
 /// `1000h + (2 * qid + is_cq) * (4 << CAP.DSTRD)`.
 ///
 /// `qid` is the queue identifier (0 = admin); `dstrd` is the raw CAP.DSTRD
@@ -123,13 +125,13 @@ pub const fn doorbell_offset(qid: u16, is_cq: bool, dstrd: u8) -> usize {
 }
 
 /// Byte offset of SQyTDBL (Submission Queue y Tail Doorbell) in BAR0; see
-/// [`doorbell_offset`]. NVMe Base 2.0, 3.1.4.23.
+/// [`doorbell_offset`]. Base 1.4 3.1.24.
 pub const fn sq_tail_doorbell(qid: u16, dstrd: u8) -> usize {
     doorbell_offset(qid, false, dstrd)
 }
 
 /// Byte offset of CQyHDBL (Completion Queue y Head Doorbell) in BAR0; see
-/// [`doorbell_offset`]. NVMe Base 2.0, 3.1.4.24.
+/// [`doorbell_offset`]. Base 1.4 3.1.25.
 pub const fn cq_head_doorbell(qid: u16, dstrd: u8) -> usize {
     doorbell_offset(qid, true, dstrd)
 }
@@ -161,6 +163,7 @@ const fn set_bits32(v: u32, lo: u32, width: u32, field: u32) -> u32 {
 /// [`Cap::from_halves`]. An all-ones value means the device is gone
 /// ([`Cap::is_all_ones`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Hash)]
+#[must_use]
 pub struct Cap(pub u64);
 
 impl Cap {
@@ -343,6 +346,7 @@ impl Cap {
 /// VS, Version (offset 08h), NVMe Base 2.0, 3.1.4.2: MJR 31:16, MNR 15:8,
 /// TER 7:0.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Hash, PartialOrd, Ord)]
+#[must_use]
 pub struct Vs(pub u32);
 
 impl Vs {
@@ -404,6 +408,7 @@ impl ShutdownNotification {
 /// Enabling a controller for the NVM command set with 64-byte SQEs and
 /// 16-byte CQEs: `Cc(0).with_iosqes(6).with_iocqes(4).with_mps(..).with_en(true)`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Hash)]
+#[must_use]
 pub struct Cc(pub u32);
 
 impl Cc {
@@ -525,6 +530,7 @@ impl ShutdownStatus {
 /// An all-ones read means the device is gone ([`Csts::is_all_ones`]); check
 /// that before trusting any field.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Hash)]
+#[must_use]
 pub struct Csts(pub u32);
 
 impl Csts {
@@ -579,6 +585,7 @@ impl Csts {
 /// bits 11:0 and ACQS bits 27:16, both **zero-based** entry counts (the
 /// spec requires at least 1, i.e. 2 entries; at most 4096 entries).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Hash)]
+#[must_use]
 pub struct Aqa(pub u32);
 
 impl Aqa {
@@ -692,7 +699,10 @@ mod tests {
         assert_eq!(cc.iocqes(), 4);
         assert_eq!(cc.page_size(), 4096);
         assert_eq!(cc.shn(), ShutdownNotification::None);
-        let cc = cc.with_shn(ShutdownNotification::Normal).with_mps(1).with_ams(0b001);
+        let cc = cc
+            .with_shn(ShutdownNotification::Normal)
+            .with_mps(1)
+            .with_ams(0b001);
         assert_eq!(cc.shn(), ShutdownNotification::Normal);
         assert_eq!((cc.0 >> 14) & 3, 1);
         assert_eq!(cc.mps(), 1);

@@ -1,5 +1,5 @@
 //! The 64-byte submission queue entry (NVMe Base 2.0, 4.2 "Submission Queue
-//! Entry", Figure 88 "Common Command Format"; Base 1.4, 4.2).
+//! Entry", "Common Command Format"; Base 1.4, 4.2).
 //!
 //! Commands are built with the builders of [`crate::opcode`]; the queue then
 //! fills in the command identifier ([`Sqe::set_cid`]) and the data pointer
@@ -12,12 +12,14 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 pub const NSID_ALL: u32 = 0xFFFF_FFFF;
 
 /// A submission queue entry: 64 bytes, 16 dwords, little-endian (NVMe Base
-/// 2.0, 4.2, Figure 88).
+/// 2.0, 4.2).
 ///
 /// Fields are named after the spec's dwords; command-specific meanings are
 /// documented by the builders in [`crate::opcode`].
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
 pub struct Sqe {
     /// CDW0 (bytes 3:0): OPC bits 7:0, FUSE bits 9:8, PSDT bits 15:14
     /// (00b = PRPs), CID bits 31:16.

@@ -1,5 +1,5 @@
 //! The completion status field (NVMe Base 2.0, 4.2.3 "Status Field
-//! Definition", Figures 92-101; Base 1.4, 4.6.1).
+//! Definition"; Base 1.4, 4.6.1).
 //!
 //! In a completion queue entry the status field occupies DW3 bits 31:17, next
 //! to the phase tag in bit 16. Seen as the `u16` at byte offset 14 of the CQE
@@ -16,7 +16,7 @@
 
 use core::fmt;
 
-/// A decoded completion status (NVMe Base 2.0, 4.2.3, Figure 92).
+/// A decoded completion status (NVMe Base 2.0, 4.2.3).
 ///
 /// Fields are public; values wider than their spec field (`sct` > 7, `crd`
 /// > 3) are masked by [`Status::to_field`].
@@ -42,7 +42,7 @@ impl Default for Status {
     }
 }
 
-/// SCT, Status Code Type (NVMe Base 2.0, 4.2.3, Figure 93).
+/// SCT, Status Code Type (NVMe Base 2.0, 4.2.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StatusCodeType {
     /// 0h: Generic Command Status ([`generic`]).
@@ -91,7 +91,7 @@ impl From<StatusCodeType> for u8 {
     }
 }
 
-/// Raw SCT values (NVMe Base 2.0, 4.2.3, Figure 93).
+/// Raw SCT values (NVMe Base 2.0, 4.2.3).
 pub mod sct {
     /// 0h: Generic Command Status.
     pub const GENERIC: u8 = 0;
@@ -105,8 +105,8 @@ pub mod sct {
     pub const VENDOR_SPECIFIC: u8 = 7;
 }
 
-/// Status codes of SCT 0h, Generic Command Status (NVMe Base 2.0, 4.2.3.1,
-/// Figure 94 (admin and common) and NVM Command Set 1.0, Figure 17 (80h..)).
+/// Status codes of SCT 0h, Generic Command Status (NVMe Base 2.0, 4.2.3.1;
+/// for 80h.., NVM Command Set 1.0 "Status Information").
 pub mod generic {
     /// 00h: Successful Completion.
     pub const SUCCESS: u8 = 0x00;
@@ -148,8 +148,8 @@ pub mod generic {
     pub const FORMAT_IN_PROGRESS: u8 = 0x84;
 }
 
-/// Status codes of SCT 1h, Command Specific Status (NVMe Base 2.0, 4.2.3.2,
-/// Figure 95; 80h.. from NVM Command Set 1.0, Figure 18).
+/// Status codes of SCT 1h, Command Specific Status (NVMe Base 2.0, 4.2.3.2;
+/// 80h.. from NVM Command Set 1.0 "Status Information").
 pub mod command_specific {
     /// 00h: Completion Queue Invalid (Create I/O SQ names a CQ that does not
     /// exist).
@@ -186,7 +186,7 @@ pub mod command_specific {
 }
 
 /// Status codes of SCT 2h, Media and Data Integrity Errors (NVMe Base 2.0,
-/// 4.2.3.3, Figure 96; NVM Command Set 1.0, Figure 19).
+/// 4.2.3.3; NVM Command Set 1.0 "Status Information").
 pub mod media {
     /// 80h: Write Fault.
     pub const WRITE_FAULT: u8 = 0x80;
@@ -206,8 +206,8 @@ pub mod media {
     pub const DEALLOCATED_OR_UNWRITTEN: u8 = 0x87;
 }
 
-/// Status codes of SCT 3h, Path Related Status (NVMe Base 2.0, 4.2.3.4,
-/// Figure 97).
+/// Status codes of SCT 3h, Path Related Status (NVMe Base 2.0, 4.2.3.4;
+/// "Path Related Status Values").
 pub mod path {
     /// 00h: Internal Path Error.
     pub const INTERNAL_PATH_ERROR: u8 = 0x00;
@@ -274,7 +274,10 @@ impl Status {
 
     /// Sets CRD (Command Retry Delay), masked to 2 bits.
     pub const fn with_crd(self, crd: u8) -> Status {
-        Status { crd: crd & 3, ..self }
+        Status {
+            crd: crd & 3,
+            ..self
+        }
     }
 
     /// True for Successful Completion (SCT 0h and SC 00h; CRD, M and DNR are
@@ -351,9 +354,13 @@ impl Status {
                 command_specific::INVALID_QUEUE_DELETION => "Invalid Queue Deletion",
                 command_specific::FEATURE_NOT_SAVEABLE => "Feature Identifier Not Saveable",
                 command_specific::FEATURE_NOT_CHANGEABLE => "Feature Not Changeable",
-                command_specific::FEATURE_NOT_NAMESPACE_SPECIFIC => "Feature Not Namespace Specific",
+                command_specific::FEATURE_NOT_NAMESPACE_SPECIFIC => {
+                    "Feature Not Namespace Specific"
+                }
                 command_specific::CONFLICTING_ATTRIBUTES => "Conflicting Attributes",
-                command_specific::INVALID_PROTECTION_INFORMATION => "Invalid Protection Information",
+                command_specific::INVALID_PROTECTION_INFORMATION => {
+                    "Invalid Protection Information"
+                }
                 command_specific::WRITE_TO_READ_ONLY_RANGE => "Attempted Write to Read Only Range",
                 _ => return None,
             },
@@ -428,7 +435,10 @@ mod tests {
     fn field_bits() {
         let st = Status::generic(generic::LBA_OUT_OF_RANGE).with_dnr(true);
         assert_eq!(st.to_field(false), 0x80 << 1 | 1 << 15);
-        let st = Status::new(7, 0xFF).with_crd(3).with_more(true).with_dnr(true);
+        let st = Status::new(7, 0xFF)
+            .with_crd(3)
+            .with_more(true)
+            .with_dnr(true);
         assert_eq!(st.to_field(true), 0xFFFF);
         assert_eq!(Status::from_field(0xFFFF), st);
         assert_eq!(Status::from_field(1), Status::SUCCESS);
@@ -443,8 +453,14 @@ mod tests {
     #[test]
     fn sct_kind() {
         assert_eq!(Status::generic(0).sct_kind(), StatusCodeType::Generic);
-        assert_eq!(Status::command_specific(0).sct_kind(), StatusCodeType::CommandSpecific);
-        assert_eq!(Status::media(0x80).sct_kind(), StatusCodeType::MediaAndDataIntegrity);
+        assert_eq!(
+            Status::command_specific(0).sct_kind(),
+            StatusCodeType::CommandSpecific
+        );
+        assert_eq!(
+            Status::media(0x80).sct_kind(),
+            StatusCodeType::MediaAndDataIntegrity
+        );
         assert_eq!(Status::path(0).sct_kind(), StatusCodeType::PathRelated);
         assert_eq!(Status::new(7, 0).sct_kind(), StatusCodeType::VendorSpecific);
         assert_eq!(Status::new(5, 0).sct_kind(), StatusCodeType::Reserved(5));
@@ -458,17 +474,28 @@ mod tests {
     fn display() {
         let st = Status::generic(generic::LBA_OUT_OF_RANGE).with_dnr(true);
         assert_eq!(format!("{st}"), "LBA Out of Range (SCT 0h, SC 80h, DNR)");
-        assert_eq!(format!("{}", Status::new(3, 0x12)), "unknown (SCT 3h, SC 12h)");
+        assert_eq!(
+            format!("{}", Status::new(3, 0x12)),
+            "unknown (SCT 3h, SC 12h)"
+        );
         assert_eq!(
             format!("{}", Status::SUCCESS),
             "Successful Completion (SCT 0h, SC 00h)"
         );
         assert_eq!(
-            format!("{}", Status::generic(generic::INVALID_OPCODE).with_crd(1).with_more(true)),
+            format!(
+                "{}",
+                Status::generic(generic::INVALID_OPCODE)
+                    .with_crd(1)
+                    .with_more(true)
+            ),
             "Invalid Command Opcode (SCT 0h, SC 01h, CRD 1, M)"
         );
         assert_eq!(
-            format!("{}", Status::command_specific(command_specific::INVALID_QUEUE_IDENTIFIER)),
+            format!(
+                "{}",
+                Status::command_specific(command_specific::INVALID_QUEUE_IDENTIFIER)
+            ),
             "Invalid Queue Identifier (SCT 1h, SC 01h)"
         );
         assert_eq!(

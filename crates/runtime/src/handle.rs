@@ -303,6 +303,16 @@ impl<T> HandleTable<T> {
         Ok(value)
     }
 
+    /// The live value in slot `slot`, with its full handle, for internal
+    /// routing where only the slot travels (e.g. inside an NVMe command tag);
+    /// the caller checks the generation bits it carried.
+    pub(crate) fn get_mut_by_slot(&mut self, slot: u32) -> Option<(RawHandle, &mut T)> {
+        let runtime = self.runtime;
+        let s = self.slots.get_mut(slot as usize)?;
+        let generation = s.generation;
+        s.value.as_mut().map(|v| (RawHandle { runtime, slot, generation }, v))
+    }
+
     /// Number of live values.
     pub(crate) fn len(&self) -> usize {
         self.len

@@ -1,10 +1,51 @@
 //! tutti: kernel-bypass NVMe I/O runtime for LLM KV-cache offload.
 //!
-//! The public API is `open`, `open_batch`, `register_memory`, `submit`,
-//! `wait`, `close` and `shutdown` on a runtime assembled from a [`config::Config`]
-//! (drives, resolvers, datapaths and stores). Every object the runtime hands
-//! out is named by an opaque, generation-checked handle ([`handle`]).
-//! See `docs/architecture.md` for the contracts between the crates.
+//! The API is [`Runtime::open`] / [`Runtime::open_batch`],
+//! [`Runtime::register_memory`], [`Runtime::submit`], [`Runtime::wait`],
+//! [`Runtime::close`] and [`Runtime::shutdown`] on a runtime assembled from
+//! a [`Config`]: drives (resources), resolvers (URI key -> byte extent),
+//! datapaths (byte requests -> NVMe commands) and stores joining one
+//! resolver to one datapath. Every object the runtime hands out is named by
+//! an opaque, generation-checked handle ([`TargetHandle`], [`MemoryHandle`],
+//! [`OpHandle`]); a stale, foreign or forged handle is an error.
+//!
+//! Units: bytes everywhere in this API. Logical blocks exist only below it
+//! (`nvm-queue`).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tutti::{Config, Request, Runtime};
+//!
+//! let rt = Runtime::from_config(Config::builtin_striped_ram(4, 256 << 20, 1 << 20))?;
+//! let target = rt.open("tutti://kv/7")?;
+//! let mut buf = vec![0u8; 1 << 20];
+//! // SAFETY: `buf` outlives the registration and is not touched while I/O runs.
+//! let mem = unsafe { rt.register_memory(buf.as_mut_ptr(), buf.len())? };
+//! let sub = rt.submit(&[Request::write(target, 0, 1 << 20, mem, 0)]);
+//! let statuses = rt.wait(sub.op().expect("accepted"), Duration::from_secs(5))?;
+//! assert!(statuses.iter().all(|s| s.is_success()));
+//! rt.unregister_memory(mem)?;
+//! # Ok::<(), tutti::Error>(())
+//! ```
 
+// Unsafe is allowed for one purpose: `Runtime::register_memory` carries the
+// contract of handing caller memory to devices for DMA (forwarded to
+// `NvmeDevice::dma_map`). Everything else in this crate is safe code.
+#![allow(unsafe_code)]
+
+mod binding;
 pub mod config;
+mod datapath;
+mod drive;
+mod error;
 pub mod handle;
+mod request;
+mod resolver;
+mod runtime;
+
+pub use config::Config;
+pub use error::{Error, RequestError, RequestStatus};
+pub use handle::{HandleError, MemoryHandle, OpHandle, TargetHandle};
+pub use nvme_regs::Status as NvmeStatus;
+pub use request::{Direction, Request, Submission};
+pub use runtime::{error_chain, Runtime, RuntimeStats, ShutdownReport, StoreInfo, URI_SCHEME};

@@ -1,64 +1,103 @@
-//! `tutti-bench`: KV-cache offload benchmark (placeholder entry point; the
-//! replay against the `tutti` runtime is wired in separately).
+//! `tutti-bench`: the KV-cache replay (the project's main job) and the
+//! driver benchmarks.
+//!
+//! - `replay`: replays a Mooncake-format KV-cache trace through the tutti
+//!   runtime's public API, verifying every loaded byte.
+//! - `rate`: commands per second of one submitting thread against one
+//!   emulated controller with no data movement.
+//! - `stripe`: striped read bandwidth over 1 to 4 emulated drives with the
+//!   timing model on.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
-use tutti_bench::trace::{read_trace, TraceStats};
-use tutti_bench::{preset, synthetic_trace};
+use clap::{Args, Parser, Subcommand};
 
-/// Command-line arguments.
+mod bench;
+mod replay;
+
+/// KV-cache offload benchmark for tutti.
 #[derive(Debug, Parser)]
-#[command(
-    name = "tutti-bench",
-    version,
-    about = "KV-cache offload benchmark for tutti"
-)]
-struct Args {
-    /// Mooncake JSONL trace to replay (default: the synthetic workload).
+#[command(name = "tutti-bench", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Replay a KV-cache trace through the runtime (default: built-in
+    /// synthetic trace on four emulated RAM drives, striped).
+    Replay(ReplayArgs),
+    /// Commands per second of one submitting thread, one emulated
+    /// controller, no data movement (null backing).
+    Rate(bench::RateArgs),
+    /// Striped read bandwidth over 1, 2, 3 and 4 emulated drives with the
+    /// timing model on.
+    Stripe(bench::StripeArgs),
+}
+
+/// Options of `replay`.
+#[derive(Debug, Args, Default)]
+pub struct ReplayArgs {
+    /// Mooncake JSONL trace to replay; default: a built-in synthetic trace.
     #[arg(long)]
-    trace: Option<PathBuf>,
-    /// Replay at most this many requests.
+    pub trace: Option<PathBuf>,
+    /// Replay only the first N requests.
     #[arg(long)]
-    limit: Option<usize>,
-    /// Requests of the synthetic workload (when no --trace is given).
-    #[arg(long, default_value_t = tutti_bench::synthetic::DEFAULT_REQUESTS)]
-    requests: usize,
-    /// Seed of the synthetic workload.
+    pub requests: Option<usize>,
+    /// Model whose KV geometry sizes a block (see --list-models).
+    #[arg(long, default_value = "qwen2.5-7b")]
+    pub model: String,
+    /// Tokens per KV block. Trace blocks are 512 tokens; a smaller value
+    /// scales every block's bytes down so a run fits a small machine.
+    #[arg(long, default_value_t = 16)]
+    pub block_tokens: u32,
+    /// Emulated drives in the built-in configuration (1 to 4).
+    #[arg(long, default_value_t = 4)]
+    pub drives: usize,
+    /// Capacity of each emulated drive, MiB (the store holds
+    /// drives x capacity; fewer slots than distinct blocks means eviction).
+    #[arg(long, default_value_t = 256)]
+    pub drive_mib: u64,
+    /// Runtime configuration (YAML) instead of the built-in one; its store
+    /// named by --store must use a `slab` resolver.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Store to use from --config.
+    #[arg(long, default_value = "kv")]
+    pub store: String,
+    /// Seed of the synthetic trace.
     #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Model preset giving the KV block size.
-    #[arg(long, default_value = "llama-3.1-8b")]
-    model: String,
+    pub seed: u64,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// List the model presets and exit.
+    #[arg(long)]
+    pub list_models: bool,
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    let Some(model) = preset(&args.model) else {
-        eprintln!("tutti-bench: unknown model preset {:?}", args.model);
-        return ExitCode::from(2);
+    let cli = Cli::parse();
+    let result = match cli.command.unwrap_or(Command::Replay(ReplayArgs {
+        model: "qwen2.5-7b".into(),
+        block_tokens: 16,
+        drives: 4,
+        drive_mib: 256,
+        store: "kv".into(),
+        seed: 1,
+        ..ReplayArgs::default()
+    })) {
+        Command::Replay(a) => replay::run(&a),
+        Command::Rate(a) => bench::rate(&a),
+        Command::Stripe(a) => bench::stripe(&a),
     };
-    let requests = match &args.trace {
-        Some(path) => match read_trace(path, args.limit) {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("tutti-bench: {e}");
-                return ExitCode::FAILURE;
-            }
-        },
-        None => synthetic_trace(args.limit.unwrap_or(args.requests), args.seed),
-    };
-    let stats = TraceStats::from_requests(&requests);
-    println!(
-        "{} requests, {} blocks ({} unique, ideal hit ratio {:.2} %), {} bytes per block ({})",
-        stats.requests,
-        stats.total_blocks,
-        stats.unique_blocks,
-        stats.ideal_hit_ratio * 100.0,
-        model.block_bytes(tutti_bench::trace::BLOCK_TOKENS),
-        model.name
-    );
-    eprintln!("tutti-bench: the runtime replay is not wired in yet");
-    ExitCode::SUCCESS
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tutti-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

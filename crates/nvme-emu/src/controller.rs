@@ -1,0 +1,643 @@
+//! The controller thread: the CC state machine (NVMe Base 2.0, 3.5
+//! "Controller Initialization" and 3.6 "Shutdown"), doorbell polling,
+//! command fetch and completion posting.
+//!
+//! One poll iteration: read CC and act on EN/SHN changes; if enabled, lock
+//! the IOVA table for reading, read every CQ head doorbell and post waiting
+//! completions, post due completions of the timing model, then fetch and
+//! execute up to [`BATCH`] commands from each SQ (admin first), reading each
+//! tail doorbell once. The thread spins while it finds work and backs off
+//! (spin, yield, then sleeps of 50 us, growing to 1 ms after 50 ms
+//! without work) when idle.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nvme_regs::registers::offset;
+use nvme_regs::{Aqa, Cc, Csts, ShutdownNotification, ShutdownStatus, Sqe, Status};
+
+use crate::backing::Backing;
+use crate::config::{EmulatorConfig, NamespaceSpec};
+use crate::dma::{DmaFault, DmaView, IovaSpace};
+use crate::prp::Segment;
+use crate::queues::{CompQueue, Completion, SubQueue};
+use crate::regs::{RegisterPage, MPSMAX, MPSMIN};
+use crate::timing::Timing;
+
+/// Most SQEs fetched from one SQ per poll iteration.
+pub(crate) const BATCH: u32 = 256;
+/// Idle time spent spinning before yielding.
+const SPIN: Duration = Duration::from_micros(30);
+/// Idle time spent yielding before sleeping.
+const YIELD: Duration = Duration::from_micros(100);
+/// Sleep of a briefly idle controller.
+const SLEEP: Duration = Duration::from_micros(50);
+/// Idle time after which the controller sleeps 200 us at a time.
+const DEEP_IDLE: Duration = Duration::from_millis(5);
+/// Idle time after which the controller sleeps 1 ms at a time.
+const DEEPER_IDLE: Duration = Duration::from_millis(50);
+
+/// State shared between the [`crate::Emulator`] handle and its thread.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub regs: RegisterPage,
+    pub iova: IovaSpace,
+    pub stats: StatsAtomics,
+    pub stop: AtomicBool,
+}
+
+/// Counters behind [`crate::EmuStats`].
+#[derive(Debug, Default)]
+pub(crate) struct StatsAtomics {
+    pub commands: AtomicU64,
+    pub admin_commands: AtomicU64,
+    pub media_bytes_read: AtomicU64,
+    pub media_bytes_written: AtomicU64,
+    pub doorbell_violations: AtomicU64,
+    pub dma_faults: AtomicU64,
+}
+
+/// Hot counters, accumulated by the thread and added to [`StatsAtomics`]
+/// once per poll iteration.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct LocalStats {
+    pub commands: u64,
+    pub media_bytes_read: u64,
+    pub media_bytes_written: u64,
+    pub host_reads: u64,
+    pub host_writes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
+    /// CC.EN = 0 (or waiting for it after a reset).
+    Disabled,
+    /// CSTS.RDY = 1, processing commands.
+    Enabled,
+    /// CSTS.CFS = 1: a failed enable or an unrecoverable fault; waits for
+    /// CC.EN = 0.
+    Fatal,
+    /// CSTS.SHST = complete; waits for CC.EN = 0.
+    ShutDown,
+}
+
+/// What a command produced.
+pub(crate) enum Outcome {
+    /// Post a completion now (or when the timing model says, if
+    /// `media_bytes` is `Some`).
+    Complete {
+        status: Status,
+        dw0: u32,
+        media_bytes: Option<u64>,
+    },
+    /// No completion (Asynchronous Event Request).
+    Deferred,
+}
+
+impl Outcome {
+    pub(crate) fn status(status: Status) -> Self {
+        Outcome::Complete {
+            status,
+            dw0: 0,
+            media_bytes: None,
+        }
+    }
+    pub(crate) fn ok(dw0: u32) -> Self {
+        Outcome::Complete {
+            status: Status::SUCCESS,
+            dw0,
+            media_bytes: None,
+        }
+    }
+}
+
+/// An unrecoverable error: queue memory could not be accessed.
+#[derive(Debug)]
+struct Fatal;
+
+impl From<DmaFault> for Fatal {
+    fn from(_: DmaFault) -> Self {
+        Fatal
+    }
+}
+
+/// The controller's private state, owned by its thread.
+pub(crate) struct Controller {
+    pub config: EmulatorConfig,
+    pub state: State,
+    pub csts: Csts,
+    /// Memory page size from CC.MPS at enable, in bytes.
+    pub page: u64,
+    pub sqs: Vec<Option<SubQueue>>,
+    pub cqs: Vec<Option<CompQueue>>,
+    /// QIDs of existing I/O SQs / CQs (admin excluded), in creation order.
+    pub active_sqs: Vec<u16>,
+    pub active_cqs: Vec<u16>,
+    pub backing: Backing,
+    pub timing: Option<Timing>,
+    pub segs: Vec<Segment>,
+    pub scratch: Vec<u8>,
+    pub identify_ctrl: Vec<u8>,
+    /// Granted I/O SQ / CQ counts (1-based, Set Features Number of Queues).
+    pub granted_sqs: u16,
+    pub granted_cqs: u16,
+    /// An I/O queue was created since the last reset (Number of Queues can
+    /// no longer be set).
+    pub io_queue_created: bool,
+    pub aer_outstanding: u32,
+    pub local: LocalStats,
+    /// Host read/write command totals (SMART log).
+    pub totals: LocalStats,
+    pub max_transfer: Option<u64>,
+}
+
+impl Controller {
+    pub(crate) fn new(config: EmulatorConfig, backing: Backing) -> Self {
+        let n = usize::from(config.io_queues) + 1;
+        let identify_ctrl = crate::admin::identify_controller(&config);
+        Self {
+            timing: config.timing.map(Timing::new),
+            max_transfer: config.max_transfer(),
+            granted_sqs: config.io_queues,
+            granted_cqs: config.io_queues,
+            config,
+            state: State::Disabled,
+            csts: Csts(0),
+            page: 4096,
+            sqs: (0..n).map(|_| None).collect(),
+            cqs: (0..n).map(|_| None).collect(),
+            active_sqs: Vec::new(),
+            active_cqs: Vec::new(),
+            backing,
+            segs: Vec::with_capacity(64),
+            scratch: vec![0u8; 4096],
+            identify_ctrl,
+            io_queue_created: false,
+            aer_outstanding: 0,
+            local: LocalStats::default(),
+            totals: LocalStats::default(),
+        }
+    }
+
+    /// Namespace `nsid` (1-based) as (index, spec).
+    pub(crate) fn namespace(&self, nsid: u32) -> Option<(usize, NamespaceSpec)> {
+        let i = usize::try_from(nsid).ok()?.checked_sub(1)?;
+        self.config.namespaces.get(i).map(|ns| (i, *ns))
+    }
+
+    fn set_csts(&mut self, sh: &Shared, csts: Csts) {
+        self.csts = csts;
+        sh.regs.set_csts(csts);
+    }
+
+    /// Controller reset (CC.EN 1 -> 0): drops every queue, scheduled and
+    /// pending completion, and clears CSTS (RDY, CFS, SHST).
+    fn reset(&mut self, sh: &Shared) {
+        for q in &mut self.sqs {
+            *q = None;
+        }
+        for q in &mut self.cqs {
+            *q = None;
+        }
+        self.active_sqs.clear();
+        self.active_cqs.clear();
+        if let Some(t) = &mut self.timing {
+            t.reset();
+        }
+        self.granted_sqs = self.config.io_queues;
+        self.granted_cqs = self.config.io_queues;
+        self.io_queue_created = false;
+        self.aer_outstanding = 0;
+        sh.regs.clear_all_doorbells();
+        self.state = State::Disabled;
+        self.set_csts(sh, Csts(0));
+    }
+
+    /// CC.EN 0 -> 1: validates CC and the admin queue registers, then sets
+    /// up the admin queue pair and CSTS.RDY, or CSTS.CFS on invalid values.
+    fn enable(&mut self, sh: &Shared, cc: Cc) {
+        let aqa = Aqa(sh.regs.aqa());
+        let asq = sh.regs.read64(offset::ASQ);
+        let acq = sh.regs.read64(offset::ACQ);
+        let mps_ok = (MPSMIN..=MPSMAX).contains(&cc.mps());
+        let page = 1u64 << (12 + u32::from(cc.mps().min(MPSMAX)));
+        let valid = cc.iosqes() == 6
+            && cc.iocqes() == 4
+            && cc.css() == Cc::CSS_NVM
+            && mps_ok
+            && aqa.asqs_z() >= 1
+            && aqa.acqs_z() >= 1
+            && asq & (page - 1) == 0
+            && acq & (page - 1) == 0;
+        if !valid {
+            tracing::debug!(
+                cc = cc.0,
+                aqa = aqa.0,
+                asq,
+                acq,
+                "nvme-emu: invalid enable, setting CSTS.CFS"
+            );
+            self.state = State::Fatal;
+            self.set_csts(sh, Csts(0).with_cfs(true));
+            return;
+        }
+        self.page = page;
+        sh.regs.clear_all_doorbells();
+        let mut cq = CompQueue::new(acq, u32::from(aqa.acqs_z()) + 1);
+        cq.sq_count = 1;
+        self.cqs[0] = Some(cq);
+        self.sqs[0] = Some(SubQueue::new(asq, u32::from(aqa.asqs_z()) + 1, 0));
+        self.state = State::Enabled;
+        self.set_csts(sh, Csts(0).with_rdy(true));
+    }
+
+    /// CC.SHN while enabled: stop fetching; for a normal shutdown post
+    /// every scheduled and waiting completion that fits in its CQ (the rest
+    /// are dropped), for an abrupt one drop them; then CSTS.SHST = 10b.
+    fn shutdown(&mut self, sh: &Shared, shn: ShutdownNotification) {
+        if shn == ShutdownNotification::Normal {
+            let dma = sh.iova.view();
+            if let Some(t) = &mut self.timing {
+                while let Some(s) = t.heap.pop() {
+                    if let Some(cq) = self
+                        .cqs
+                        .get_mut(usize::from(s.cqid))
+                        .and_then(Option::as_mut)
+                    {
+                        cq.in_flight = cq.in_flight.saturating_sub(1);
+                        cq.pending.push_back(s.completion);
+                    }
+                }
+            }
+            let cqids: Vec<u16> = std::iter::once(0)
+                .chain(self.active_cqs.iter().copied())
+                .collect();
+            for cqid in cqids {
+                if self.post_pending(sh, &dma, cqid).is_err() {
+                    break;
+                }
+            }
+            drop(dma);
+            self.flush_stats(sh);
+        }
+        self.state = State::ShutDown;
+        self.set_csts(sh, self.csts.with_shst(ShutdownStatus::Complete));
+    }
+
+    /// Moves a fatal controller to CSTS.CFS = 1.
+    fn fatal(&mut self, sh: &Shared) {
+        tracing::warn!("nvme-emu: queue memory not accessible, setting CSTS.CFS");
+        sh.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
+        self.state = State::Fatal;
+        self.set_csts(sh, self.csts.with_cfs(true));
+    }
+
+    fn handle_cc(&mut self, sh: &Shared) {
+        let cc = sh.regs.cc();
+        match self.state {
+            State::Disabled if cc.en() => self.enable(sh, cc),
+            State::Enabled if !cc.en() => self.reset(sh),
+            State::Enabled => {
+                if let s @ (ShutdownNotification::Normal | ShutdownNotification::Abrupt) = cc.shn()
+                {
+                    self.shutdown(sh, s);
+                }
+            }
+            State::Fatal | State::ShutDown if !cc.en() => self.reset(sh),
+            _ => {}
+        }
+    }
+
+    pub(crate) fn flush_stats(&mut self, sh: &Shared) {
+        let l = std::mem::take(&mut self.local);
+        if l.commands != 0 {
+            sh.stats.commands.fetch_add(l.commands, Ordering::Relaxed);
+        }
+        if l.media_bytes_read != 0 {
+            sh.stats
+                .media_bytes_read
+                .fetch_add(l.media_bytes_read, Ordering::Relaxed);
+        }
+        if l.media_bytes_written != 0 {
+            sh.stats
+                .media_bytes_written
+                .fetch_add(l.media_bytes_written, Ordering::Relaxed);
+        }
+        self.totals.host_reads += l.host_reads;
+        self.totals.host_writes += l.host_writes;
+    }
+
+    /// One poll iteration. Returns whether any work was done and the next
+    /// due time of the timing model.
+    pub(crate) fn poll(&mut self, sh: &Shared, now: Instant) -> (bool, Option<Instant>) {
+        self.handle_cc(sh);
+        if self.state != State::Enabled {
+            return (false, None);
+        }
+        let dma = sh.iova.view();
+        let r = self.poll_enabled(sh, &dma, now);
+        drop(dma);
+        self.flush_stats(sh);
+        match r {
+            Ok(work) => (work, self.timing.as_ref().and_then(Timing::next_due)),
+            Err(Fatal) => {
+                self.fatal(sh);
+                (true, None)
+            }
+        }
+    }
+
+    fn poll_enabled(
+        &mut self,
+        sh: &Shared,
+        dma: &DmaView<'_>,
+        now: Instant,
+    ) -> Result<bool, Fatal> {
+        let mut work = false;
+        // CQ head doorbells, then completions that were waiting for room.
+        for i in 0..=self.active_cqs.len() {
+            let cqid = if i == 0 { 0 } else { self.active_cqs[i - 1] };
+            let raw = sh.regs.doorbell(cqid, true);
+            let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) else {
+                continue;
+            };
+            if raw != cq.last_db && !cq.doorbell(raw) {
+                sh.stats.doorbell_violations.fetch_add(1, Ordering::Relaxed);
+            }
+            if !cq.pending.is_empty() {
+                work |= self.post_pending(sh, dma, cqid)?;
+            }
+        }
+        // Due completions of the timing model.
+        for _ in 0..4096 {
+            let Some(s) = self.timing.as_mut().and_then(|t| t.pop_due(now)) else {
+                break;
+            };
+            work = true;
+            if let Some(cq) = self
+                .cqs
+                .get_mut(usize::from(s.cqid))
+                .and_then(Option::as_mut)
+            {
+                cq.in_flight = cq.in_flight.saturating_sub(1);
+            }
+            self.complete_now(sh, dma, s.cqid, s.completion)?;
+        }
+        // Admin SQ first, then I/O SQs.
+        work |= self.drain_sq(sh, dma, 0, now)?;
+        if self.state != State::Enabled {
+            return Ok(work);
+        }
+        for i in 0..self.active_sqs.len() {
+            let Some(&qid) = self.active_sqs.get(i) else {
+                break;
+            };
+            work |= self.drain_sq(sh, dma, qid, now)?;
+        }
+        Ok(work)
+    }
+
+    /// Reads SQ `qid`'s tail doorbell and executes up to [`BATCH`] commands.
+    fn drain_sq(
+        &mut self,
+        sh: &Shared,
+        dma: &DmaView<'_>,
+        qid: u16,
+        now: Instant,
+    ) -> Result<bool, Fatal> {
+        let raw = sh.regs.doorbell(qid, false);
+        {
+            let Some(sq) = self.sqs.get_mut(usize::from(qid)).and_then(Option::as_mut) else {
+                return Ok(false);
+            };
+            if raw != sq.last_db && !sq.doorbell(raw) {
+                sh.stats.doorbell_violations.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let mut n = 0;
+        while n < BATCH {
+            let Some(sq) = self.sqs.get_mut(usize::from(qid)).and_then(Option::as_mut) else {
+                break;
+            };
+            if sq.is_empty() {
+                break;
+            }
+            let cqid = sq.cqid;
+            // A CQ with as many completions waiting as it has entries stalls
+            // its SQs (bounds memory against a host that never consumes).
+            match self.cqs.get(usize::from(cqid)).and_then(Option::as_ref) {
+                Some(cq) if cq.backlog() < cq.size => {}
+                _ => break,
+            }
+            let sqe = sq.fetch(dma)?;
+            n += 1;
+            let outcome = if qid == 0 {
+                self.admin(sh, dma, &sqe)
+            } else {
+                self.io(sh, dma, &sqe)
+            };
+            if let Outcome::Complete {
+                status,
+                dw0,
+                media_bytes,
+            } = outcome
+            {
+                let c = Completion {
+                    dw0,
+                    sqid: qid,
+                    cid: sqe.cid(),
+                    status,
+                };
+                match (&mut self.timing, media_bytes) {
+                    (Some(t), Some(bytes)) if qid != 0 => {
+                        let due = t.schedule(now, bytes);
+                        t.push(due, cqid, c);
+                        if let Some(cq) =
+                            self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut)
+                        {
+                            cq.in_flight += 1;
+                        }
+                    }
+                    _ => self.complete_now(sh, dma, cqid, c)?,
+                }
+            }
+            if self.state != State::Enabled {
+                break;
+            }
+        }
+        Ok(n > 0)
+    }
+
+    /// Posts `c` to CQ `cqid` now, or queues it behind earlier waiting
+    /// completions when the CQ is full. A missing CQ drops it.
+    fn complete_now(
+        &mut self,
+        sh: &Shared,
+        dma: &DmaView<'_>,
+        cqid: u16,
+        c: Completion,
+    ) -> Result<(), Fatal> {
+        let sqhd = self.sqhd(c.sqid);
+        let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        if cq.pending.is_empty() && !cq.is_full() {
+            cq.post(dma, &c, sqhd)?;
+            self.count_posted(sh, &c);
+        } else {
+            cq.pending.push_back(c);
+        }
+        Ok(())
+    }
+
+    /// Posts waiting completions of CQ `cqid` while it has room.
+    fn post_pending(&mut self, sh: &Shared, dma: &DmaView<'_>, cqid: u16) -> Result<bool, Fatal> {
+        let mut posted = false;
+        while let Some(cq) = self.cqs.get(usize::from(cqid)).and_then(Option::as_ref) {
+            if cq.is_full() {
+                break;
+            }
+            let Some(&c) = cq.pending.front() else { break };
+            let sqhd = self.sqhd(c.sqid);
+            let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) else {
+                break;
+            };
+            cq.post(dma, &c, sqhd)?;
+            cq.pending.pop_front();
+            self.count_posted(sh, &c);
+            posted = true;
+        }
+        Ok(posted)
+    }
+
+    fn count_posted(&mut self, sh: &Shared, c: &Completion) {
+        self.local.commands += 1;
+        if c.sqid == 0 {
+            sh.stats.admin_commands.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// SQHD for a CQE of SQ `sqid`: its current head (entries before it
+    /// may be reused), or 0 for a deleted SQ.
+    fn sqhd(&self, sqid: u16) -> u16 {
+        self.sqs
+            .get(usize::from(sqid))
+            .and_then(Option::as_ref)
+            .map_or(0, |s| s.head as u16)
+    }
+
+    /// Counts a DMA fault on a data transfer.
+    pub(crate) fn data_fault(&self, sh: &Shared) {
+        sh.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reads a command's data (PRP1/PRP2, `len` bytes) into `self.scratch`
+    /// (resized to `len`).
+    pub(crate) fn read_data(
+        &mut self,
+        sh: &Shared,
+        dma: &DmaView<'_>,
+        sqe: &Sqe,
+        len: usize,
+    ) -> Result<(), Status> {
+        self.walk(sh, dma, sqe, len as u64)?;
+        self.scratch.resize(len.max(4096), 0);
+        let mut off = 0usize;
+        for s in &self.segs {
+            let l = s.len as usize;
+            let Some(dst) = self.scratch.get_mut(off..off + l) else {
+                break;
+            };
+            if dma.read(s.iova, dst).is_err() {
+                self.data_fault(sh);
+                return Err(crate::prp::PrpError::Fault(DmaFault {
+                    iova: s.iova,
+                    len: l,
+                })
+                .status());
+            }
+            off += l;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` followed by zeroes up to `len` bytes to the command's
+    /// data buffer (Identify, Get Log Page).
+    pub(crate) fn write_data(
+        &mut self,
+        sh: &Shared,
+        dma: &DmaView<'_>,
+        sqe: &Sqe,
+        data: &[u8],
+        len: usize,
+    ) -> Result<(), Status> {
+        self.walk(sh, dma, sqe, len as u64)?;
+        let mut off = 0usize;
+        for s in &self.segs {
+            let l = s.len as usize;
+            let from_data = data.len().saturating_sub(off).min(l);
+            let r = dma
+                .write(s.iova, data.get(off..off + from_data).unwrap_or(&[]))
+                .and_then(|()| dma.zero(s.iova + from_data as u64, l - from_data));
+            if r.is_err() {
+                self.data_fault(sh);
+                return Err(crate::prp::PrpError::Fault(DmaFault {
+                    iova: s.iova,
+                    len: l,
+                })
+                .status());
+            }
+            off += l;
+        }
+        Ok(())
+    }
+
+    /// Walks the command's PRPs for `len` bytes into `self.segs`.
+    pub(crate) fn walk(
+        &mut self,
+        sh: &Shared,
+        dma: &DmaView<'_>,
+        sqe: &Sqe,
+        len: u64,
+    ) -> Result<(), Status> {
+        crate::prp::walk(dma, sqe.prp1, sqe.prp2, len, self.page, &mut self.segs).map_err(|e| {
+            if matches!(e, crate::prp::PrpError::Fault(_)) {
+                self.data_fault(sh);
+            }
+            e.status()
+        })
+    }
+}
+
+/// The controller thread's body: poll until `stop`, backing off when idle.
+pub(crate) fn run(shared: Arc<Shared>, mut ctrl: Controller) {
+    let mut idle_since = Instant::now();
+    while !shared.stop.load(Ordering::Acquire) {
+        let now = Instant::now();
+        let (work, next_due) = ctrl.poll(&shared, now);
+        if work {
+            idle_since = now;
+            continue;
+        }
+        let idle = now.saturating_duration_since(idle_since);
+        let until_due = next_due.map(|d| d.saturating_duration_since(now));
+        if idle < SPIN || until_due.is_some_and(|d| d < Duration::from_micros(5)) {
+            std::hint::spin_loop();
+        } else if idle < YIELD || until_due.is_some_and(|d| d < Duration::from_micros(20)) {
+            std::thread::yield_now();
+        } else {
+            // Deeper sleeps the longer the controller has been idle, so idle
+            // emulators cost little CPU on small machines; the first command
+            // after a long idle period waits at most one such sleep.
+            let nap = if idle < DEEP_IDLE {
+                SLEEP
+            } else if idle < DEEPER_IDLE {
+                SLEEP * 4
+            } else {
+                SLEEP * 20
+            };
+            std::thread::sleep(until_due.map_or(nap, |d| d.min(nap)));
+        }
+    }
+}

@@ -1,0 +1,249 @@
+// Unsafe code is allowed in this crate because the emulator plays the
+// device: it reads and writes host memory that the driver mapped for DMA,
+// through raw pointers kept in its IOVA table (`dma.rs`), and it allocates
+// its register page and RAM store by hand (`regs.rs`, `backing.rs`). Every
+// block states the invariant that makes it sound.
+#![allow(unsafe_code)]
+
+//! A software NVMe controller that serves [`nvm_queue::NvmeDevice`].
+//!
+//! Follows the *NVM Express Base Specification 2.0* (PCIe transport, with
+//! 1.4 section numbers where noted) and the *NVM Command Set 1.0*. The
+//! driver talks to it exactly as to a real controller: 32-bit register and
+//! doorbell writes to the page behind [`NvmeDevice::bar0`], SQEs and PRP
+//! lists in DMA memory mapped through [`NvmeDevice::dma_map`], CQEs with a
+//! phase tag.
+//!
+//! # What it implements
+//!
+//! * Register page (CAP, VS 1.4.0, CC, CSTS, AQA, ASQ, ACQ, doorbells with
+//!   CAP.DSTRD stride) and the CC state machine: enable with validation
+//!   (CSTS.CFS on invalid values), controller reset (CC.EN 1 -> 0), normal
+//!   and abrupt shutdown (CSTS.SHST).
+//! * Queues: admin and up to `io_queues` I/O SQ/CQ pairs, physically
+//!   contiguous (CAP.CQR = 1), invalid doorbell writes counted and ignored,
+//!   CQ-full back-pressure, CQEs written body first and phase dword last.
+//! * Admin: Identify (CNS 00h, 01h, 02h), Create/Delete I/O SQ and CQ, Get
+//!   Log Page (Error Information, SMART / Health), Set/Get Features (Number
+//!   of Queues; Get Volatile Write Cache), Abort, Asynchronous Event
+//!   Request (accepted, see below).
+//! * NVM: Read, Write, Flush, Write Zeroes (DEAC accepted), Dataset
+//!   Management (deallocate zeroes the ranges).
+//! * PRP walking with the specification's checks (PRP Offset Invalid, Data
+//!   Transfer Error for anything outside a mapped region), MDTS.
+//! * Backing stores: RAM, sparse file, null ([`BackingSpec`]); an optional
+//!   single-channel timing model ([`TimingModel`]).
+//!
+//! # What it does not implement
+//!
+//! * Interrupts: no MSI-X, MSI or pin interrupts; IEN/IV of Create I/O CQ
+//!   are ignored. Drivers poll.
+//! * SGLs (PSDT != 0 is Invalid Field), metadata and protection
+//!   information (MPTR is ignored, LBA formats have MS = 0), fused
+//!   operations (FUSE != 0 is Invalid Field).
+//! * CMB, PMR, boot partitions, NVM subsystem reset (NSSR writes are
+//!   ignored), reservations, namespace management and attachment, Format
+//!   NVM, firmware commands, Compare, Write Uncorrectable, Verify, and
+//!   everything else not listed above (Invalid Command Opcode).
+//! * Multiple controllers per subsystem, multiple I/O command sets.
+//! * Features other than Number of Queues and Volatile Write Cache
+//!   (Invalid Field); no feature is saveable.
+//! * Abort never aborts: commands run when fetched, so it completes with
+//!   DW0 bit 0 = 1 ("command not aborted").
+//! * Asynchronous events: AERs are accepted (up to AERL + 1 = 4
+//!   outstanding, then AER Limit Exceeded) and never completed; invalid
+//!   doorbell writes, which the specification reports as an asynchronous
+//!   event, are only counted in [`EmuStats::doorbell_violations`].
+//! * Error Information log entries are always zero (no error is logged).
+//! * Weighted round robin / urgent priorities: SQs are served round robin.
+//! * A volatile write cache (VWC = 0): a completed write is in the store;
+//!   Flush succeeds immediately and the file store is not `fsync`ed.
+//!
+//! A fault on queue memory (an SQ entry or CQ slot outside every mapped
+//! region) is unrecoverable: the controller sets CSTS.CFS and waits for a
+//! reset.
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use nvm_queue::{DeviceError, DmaMapping, Mmio, NvmeDevice};
+
+mod admin;
+mod backing;
+pub mod config;
+mod controller;
+mod dma;
+mod nvm;
+mod prp;
+mod queues;
+mod regs;
+mod timing;
+
+pub use admin::{CONTROLLER_ID, VENDOR_ID};
+pub use config::{BackingSpec, EmulatorConfig, NamespaceSpec, TimingModel};
+pub use dma::IOVA_BASE;
+
+use controller::{Controller, Shared, StatsAtomics};
+
+/// Errors starting an emulator.
+#[derive(Debug, thiserror::Error)]
+pub enum EmuError {
+    /// A configuration field is out of range.
+    #[error("invalid emulator config: {field} = {value}: {reason}")]
+    Config {
+        /// The field of [`EmulatorConfig`].
+        field: &'static str,
+        /// The offending value (or a count / length standing for it).
+        value: u64,
+        /// What is required.
+        reason: &'static str,
+    },
+    /// Allocating the register page or a RAM namespace failed.
+    #[error("allocating {bytes} bytes failed")]
+    OutOfMemory {
+        /// Size of the failed allocation.
+        bytes: u64,
+    },
+    /// Opening or sizing the backing file failed.
+    #[error("backing file {path:?}")]
+    Backing {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The register page could not be wrapped as an MMIO window.
+    #[error("register page")]
+    Mmio(#[source] nvm_queue::MmioError),
+    /// The controller thread could not be spawned.
+    #[error("spawning the controller thread")]
+    Spawn(#[source] std::io::Error),
+}
+
+/// A snapshot of an emulator's counters.
+///
+/// The hot counters (`commands`, `media_bytes_*`) are published by the
+/// controller thread once per poll iteration, so they may trail the CQEs
+/// the host has already seen by a few microseconds; the others are updated
+/// before the corresponding CQE is posted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EmuStats {
+    /// Completions posted (admin and I/O).
+    pub commands: u64,
+    /// Admin completions posted.
+    pub admin_commands: u64,
+    /// Bytes read from the media by successful Read commands (also counted
+    /// for the null store).
+    pub media_bytes_read: u64,
+    /// Bytes written to the media by successful Write commands.
+    pub media_bytes_written: u64,
+    /// Invalid doorbell writes seen and ignored (value outside the queue,
+    /// or a CQ head beyond the posted entries).
+    pub doorbell_violations: u64,
+    /// Accesses to device addresses outside every mapped region (data,
+    /// PRP lists, queue memory).
+    pub dma_faults: u64,
+}
+
+/// A running software NVMe controller. Dropping it stops and joins the
+/// controller thread.
+pub struct Emulator {
+    shared: Arc<Shared>,
+    config: EmulatorConfig,
+    name: String,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl fmt::Debug for Emulator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Emulator")
+            .field("name", &self.name)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Emulator {
+    /// Validates `config`, allocates the register page and the backing
+    /// store, and spawns the controller thread `nvme-emu-<name>`.
+    pub fn start(config: EmulatorConfig) -> Result<Arc<Emulator>, EmuError> {
+        config.validate()?;
+        let regs = regs::RegisterPage::new(&config)?;
+        let backing = backing::Backing::new(&config)?;
+        let shared = Arc::new(Shared {
+            regs,
+            iova: dma::IovaSpace::new(),
+            stats: StatsAtomics::default(),
+            stop: AtomicBool::new(false),
+        });
+        let ctrl = Controller::new(config.clone(), backing);
+        let thread_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("nvme-emu-{}", config.name))
+            .spawn(move || controller::run(thread_shared, ctrl))
+            .map_err(EmuError::Spawn)?;
+        Ok(Arc::new(Emulator {
+            name: format!("emu:{}", config.name),
+            shared,
+            config,
+            thread: Some(thread),
+        }))
+    }
+
+    /// The counters now.
+    pub fn stats(&self) -> EmuStats {
+        let s = &self.shared.stats;
+        let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        EmuStats {
+            commands: l(&s.commands),
+            admin_commands: l(&s.admin_commands),
+            media_bytes_read: l(&s.media_bytes_read),
+            media_bytes_written: l(&s.media_bytes_written),
+            doorbell_violations: l(&s.doorbell_violations),
+            dma_faults: l(&s.dma_faults),
+        }
+    }
+
+    /// The configuration it was started with.
+    pub fn config(&self) -> &EmulatorConfig {
+        &self.config
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                tracing::error!(name = %self.name, "nvme-emu controller thread panicked");
+            }
+        }
+    }
+}
+
+impl NvmeDevice for Emulator {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn bar0(&self) -> &Mmio {
+        self.shared.regs.mmio()
+    }
+
+    /// Maps `host..host + len` (4 KiB-aligned `host`, `len > 0`) at fresh
+    /// device addresses from [`IOVA_BASE`] up, followed by an unmapped
+    /// guard page.
+    unsafe fn dma_map(&self, host: NonNull<u8>, len: usize) -> Result<DmaMapping, DeviceError> {
+        self.shared.iova.map(host, len)
+    }
+
+    /// Removes a mapping; waits until the controller thread's current poll
+    /// iteration (which may be touching it) has ended.
+    fn dma_unmap(&self, mapping: &DmaMapping) -> Result<(), DeviceError> {
+        self.shared.iova.unmap(mapping)
+    }
+}

@@ -1,0 +1,116 @@
+//! A drive owned by the runtime: its device (emulated now, vfio-pci later),
+//! its controller and the I/O queue pairs its datapath uses.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use nvm_queue::{Controller, ControllerOptions, NamespaceInfo, NvmeDevice, QueuePair};
+use nvme_emu::{BackingSpec, Emulator, EmulatorConfig, NamespaceSpec, TimingModel};
+
+use crate::config::{Backing, DriveConfig, EmulatedDriveConfig};
+use crate::error::Error;
+
+/// How a datapath wants a drive set up.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DriveUse {
+    pub nsid: u32,
+    pub queues: u16,
+    pub queue_depth: u32,
+}
+
+/// One drive: device, controller, namespace in use, I/O queue pairs.
+#[derive(Debug)]
+pub(crate) struct Drive {
+    pub name: String,
+    /// Index in the runtime's drive list (memory regions keep one DMA
+    /// mapping per drive, by this index).
+    pub index: usize,
+    pub device: Arc<dyn NvmeDevice>,
+    pub controller: Mutex<Controller>,
+    pub queues: Vec<Mutex<QueuePair>>,
+    next_queue: AtomicUsize,
+    pub ns: NamespaceInfo,
+    pub max_transfer: usize,
+}
+
+fn emulator_config(name: &str, cfg: &EmulatedDriveConfig) -> EmulatorConfig {
+    let namespaces = cfg
+        .namespaces
+        .iter()
+        .map(|n| NamespaceSpec::new(n.capacity.0 / u64::from(n.block_size), n.block_size))
+        .collect();
+    let mut e = EmulatorConfig::new(name, namespaces);
+    e.backing = match &cfg.backing {
+        Backing::Ram => BackingSpec::Ram,
+        Backing::Null => BackingSpec::Null,
+        Backing::File(p) => BackingSpec::File(p.clone()),
+    };
+    e.mqes = cfg.mqes;
+    e.dstrd = cfg.dstrd;
+    e.mdts = cfg.mdts;
+    e.io_queues = cfg.io_queues;
+    e.timing = cfg.timing.map(|t| TimingModel {
+        latency: Duration::from_micros(t.latency_us),
+        bandwidth_bytes_per_s: t.bandwidth_mb_s.map(|b| b.saturating_mul(1_000_000)),
+        iops: t.iops,
+    });
+    e
+}
+
+impl Drive {
+    /// Starts the drive's device, brings its controller up and creates the
+    /// I/O queue pairs `usage` asks for.
+    pub fn start(index: usize, name: &str, cfg: &DriveConfig, usage: Option<DriveUse>) -> Result<Self, Error> {
+        let device: Arc<dyn NvmeDevice> = match cfg {
+            DriveConfig::Emulated(e) => Emulator::start(emulator_config(name, e))
+                .map_err(|source| Error::Emulator { drive: name.to_owned(), source })?,
+        };
+        let ctrl_err = |source| Error::Controller { drive: name.to_owned(), source };
+        let queues_wanted = usage.map_or(1, |u| u.queues.max(1));
+        let mut controller = Controller::init(
+            device.clone(),
+            ControllerOptions { io_queues: queues_wanted, ..ControllerOptions::default() },
+        )
+        .map_err(ctrl_err)?;
+        let nsid = usage.map_or(1, |u| u.nsid);
+        let ns = *controller
+            .namespace(nsid)
+            .ok_or_else(|| Error::NoNamespace { drive: name.to_owned(), nsid })?;
+        let mut queues = Vec::new();
+        if let Some(u) = usage {
+            let depth = u.queue_depth;
+            let outstanding = depth.clamp(1, 32768) as u16;
+            for qid in 1..=u.queues {
+                let qp = controller.create_io_queue_pair(qid, depth, outstanding).map_err(ctrl_err)?;
+                queues.push(Mutex::new(qp));
+            }
+        }
+        let max_transfer = controller.max_transfer();
+        Ok(Self {
+            name: name.to_owned(),
+            index,
+            device,
+            controller: Mutex::new(controller),
+            queues,
+            next_queue: AtomicUsize::new(0),
+            ns,
+            max_transfer,
+        })
+    }
+
+    /// A queue pair for the next request, round robin, locked.
+    pub fn pick_queue(&self) -> Option<MutexGuard<'_, QueuePair>> {
+        let n = self.queues.len();
+        if n == 0 {
+            return None;
+        }
+        let start = self.next_queue.fetch_add(1, Ordering::Relaxed);
+        for i in 0..n {
+            if let Ok(g) = self.queues[(start + i) % n].try_lock() {
+                return Some(g);
+            }
+        }
+        self.queues[start % n].lock().ok()
+    }
+}

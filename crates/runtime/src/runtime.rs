@@ -1,0 +1,811 @@
+//! The runtime: assembly from a [`Config`], and the public API
+//! (`open`, `open_batch`, `register_memory`, `submit`, `wait`, `close`,
+//! `shutdown`).
+//!
+//! CPU execution mode: `submit` turns each request into per-drive pieces
+//! (the datapath's layout), each piece into commands no larger than MDTS
+//! ([`nvm_queue::plan_io`]), writes their SQEs and rings each queue's
+//! doorbell once per piece; `wait` polls the completion queues of the
+//! operation's drives and routes every completion, by the tag it carries,
+//! to its request.
+//!
+//! Lock order: a queue pair's lock, then the operations table. Nothing
+//! takes a queue lock while holding the operations table.
+
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+use nvm_queue::{
+    plan_io, Completion, DataRef, DmaMapping, IoOp, NvmeDevice, QueuePair, SubmitError, HOST_PAGE_SIZE,
+};
+
+use crate::binding::{Extent, Resolver};
+use crate::config::{Config, DataPathConfig, ResolverConfig};
+use crate::datapath::{DataPath, LocalNvme, StripedLocalNvme};
+use crate::drive::{Drive, DriveUse};
+use crate::error::{Error, RequestError, RequestStatus};
+use crate::handle::{next_runtime_id, HandleError, HandleKind, HandleTable, MemoryHandle, OpHandle, RawHandle, TargetHandle};
+use crate::request::{Direction, Request, Submission};
+use crate::resolver::Slab;
+
+/// URI scheme of targets: `tutti://<store>/<key>`.
+pub const URI_SCHEME: &str = "tutti://";
+
+/// How long `submit` keeps retrying a full queue (polling completions in
+/// between) before failing the rest of a request with
+/// [`RequestStatus::SubmitFailed`].
+pub const SUBMIT_RETRY_BOUND: Duration = Duration::from_secs(5);
+
+/// Requests per [`Runtime::submit`] call (the request index travels in 24
+/// bits of each command's tag).
+pub const MAX_BATCH: usize = 1 << 24;
+
+#[derive(Debug)]
+struct Store {
+    name: String,
+    resolver: Box<dyn Resolver>,
+    datapath: usize,
+    slot_size: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Target {
+    store: usize,
+    extent: Extent,
+}
+
+/// A registered host memory range and its DMA mapping on every drive.
+#[derive(Debug)]
+struct Region {
+    /// Bytes from the page-aligned start of the mapping to the caller's
+    /// pointer.
+    lead: usize,
+    /// The caller's length.
+    len: usize,
+    /// One mapping per drive, by drive index.
+    mappings: Vec<DmaMapping>,
+    devices: Vec<Arc<dyn NvmeDevice>>,
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        for (dev, m) in self.devices.iter().zip(&self.mappings) {
+            if let Err(e) = dev.dma_unmap(m) {
+                tracing::error!(device = dev.name(), error = %e, "DMA unmap failed");
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ReqState {
+    /// Commands of this request not yet completed (or abandoned).
+    remaining: u32,
+    /// First failure seen, or the final status once `remaining` is 0.
+    status: Option<RequestStatus>,
+    done: bool,
+}
+
+#[derive(Debug)]
+struct OpState {
+    reqs: Vec<ReqState>,
+    /// Requests not final yet.
+    unfinished: usize,
+    /// Commands submitted and not completed.
+    outstanding: u64,
+    /// Waited on with a deadline that passed: the handle is dead, the entry
+    /// lives on until its outstanding commands complete (their memory
+    /// stays mapped meanwhile).
+    retired: bool,
+    datapaths: Vec<usize>,
+    _regions: Vec<Arc<Region>>,
+}
+
+/// Counters of a runtime.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RuntimeStats {
+    /// Commands written to submission queues.
+    pub commands_submitted: u64,
+    /// Completions matched to a command.
+    pub commands_completed: u64,
+    /// CQEs with an unknown or stale command ID (dropped, counted).
+    pub protocol_errors: u64,
+    /// Completions that arrived for an operation no longer waited on.
+    pub late_completions: u64,
+}
+
+/// Facts about a store, for sizing a workload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreInfo {
+    /// Store name.
+    pub name: String,
+    /// Bytes in the store's datapath space.
+    pub capacity: u64,
+    /// Logical block size requests must be aligned to, bytes.
+    pub block_size: u32,
+    /// Slot size for a `slab` resolver, bytes.
+    pub slot_size: Option<u64>,
+    /// Number of slots for a `slab` resolver.
+    pub slots: Option<u64>,
+    /// Drives of its datapath, in layout order.
+    pub drives: Vec<String>,
+}
+
+/// What [`Runtime::shutdown`] found.
+#[derive(Debug, Default)]
+pub struct ShutdownReport {
+    /// Operations still not final when the drain bound passed.
+    pub ops_in_flight: usize,
+    /// Commands still outstanding on the drives.
+    pub commands_in_flight: u64,
+    /// Per drive, the result of deleting its queues and CC.SHN shutdown.
+    pub drives: Vec<(String, Result<(), String>)>,
+}
+
+/// The tutti runtime. `Send + Sync`: share it by reference or `Arc`.
+#[derive(Debug)]
+pub struct Runtime {
+    drives: Vec<Arc<Drive>>,
+    datapaths: Vec<Arc<dyn DataPath>>,
+    stores: Vec<Store>,
+    store_index: HashMap<String, usize>,
+    targets: RwLock<HandleTable<Target>>,
+    memory: RwLock<HandleTable<Arc<Region>>>,
+    ops: Mutex<HandleTable<OpState>>,
+    shutting_down: AtomicBool,
+    shut_down: AtomicBool,
+    late_completions: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Tag layout: op slot (24 bits) | op generation low 16 bits | request index (24 bits).
+fn make_tag(op: RawHandle, req: usize) -> u64 {
+    (u64::from(op.slot & 0xFF_FFFF) << 40) | (u64::from(op.generation & 0xFFFF) << 24) | req as u64
+}
+
+fn split_tag(tag: u64) -> (u32, u32, usize) {
+    ((tag >> 40) as u32, ((tag >> 24) & 0xFFFF) as u32, (tag & 0xFF_FFFF) as usize)
+}
+
+impl Runtime {
+    /// Assembles a runtime: validates `config`, starts every drive, brings
+    /// up its controller and queues, builds the resolvers and datapaths, and
+    /// checks that each store's resolver and datapath agree on their
+    /// binding.
+    pub fn from_config(config: Config) -> Result<Self, Error> {
+        config.validate()?;
+        // Which datapath uses which drive, and how.
+        let mut usage: HashMap<&str, DriveUse> = HashMap::new();
+        for dp in config.datapaths.values() {
+            match dp {
+                DataPathConfig::LocalNvme(l) => {
+                    usage.insert(&l.drive, DriveUse { nsid: l.nsid, queues: l.queues, queue_depth: l.queue_depth });
+                }
+                DataPathConfig::StripedLocalNvme(s) => {
+                    for d in &s.drives {
+                        usage.insert(d, DriveUse { nsid: s.nsid, queues: s.queues_per_drive, queue_depth: s.queue_depth });
+                    }
+                }
+            }
+        }
+        let mut drives = Vec::new();
+        let mut drive_index = HashMap::new();
+        for (i, (name, cfg)) in config.drives.iter().enumerate() {
+            let d = Drive::start(i, name, cfg, usage.get(name.as_str()).copied())?;
+            drive_index.insert(name.clone(), i);
+            drives.push(Arc::new(d));
+        }
+        let get_drive = |name: &String| drives[drive_index[name]].clone();
+        let mut datapaths: Vec<Arc<dyn DataPath>> = Vec::new();
+        let mut dp_index = HashMap::new();
+        for (name, cfg) in &config.datapaths {
+            let dp: Arc<dyn DataPath> = match cfg {
+                DataPathConfig::LocalNvme(l) => Arc::new(LocalNvme::new(name, get_drive(&l.drive))),
+                DataPathConfig::StripedLocalNvme(s) => {
+                    let ds = s.drives.iter().map(get_drive).collect();
+                    Arc::new(StripedLocalNvme::new(name, ds, s.stripe_unit.0).ok_or_else(|| {
+                        Error::Uri { uri: name.clone(), reason: "empty stripe".into() }
+                    })?)
+                }
+            };
+            dp_index.insert(name.clone(), datapaths.len());
+            datapaths.push(dp);
+        }
+        let mut stores = Vec::new();
+        let mut store_index = HashMap::new();
+        for (name, sc) in &config.stores {
+            let (resolver, slot_size): (Box<dyn Resolver>, Option<u64>) = match &config.resolvers[&sc.resolver] {
+                ResolverConfig::Slab(s) => (
+                    Box::new(Slab::new(s.slot_size.0).ok_or_else(|| Error::Uri {
+                        uri: name.clone(),
+                        reason: "slot size 0".into(),
+                    })?),
+                    Some(s.slot_size.0),
+                ),
+            };
+            let datapath = dp_index[&sc.datapath];
+            check_binding(name, &sc.resolver, &*resolver, &*datapaths[datapath])?;
+            store_index.insert(name.clone(), stores.len());
+            stores.push(Store { name: name.clone(), resolver, datapath, slot_size });
+        }
+        let id = next_runtime_id();
+        Ok(Self {
+            drives,
+            datapaths,
+            stores,
+            store_index,
+            targets: RwLock::new(HandleTable::new(id, HandleKind::Target)),
+            memory: RwLock::new(HandleTable::new(id, HandleKind::Memory)),
+            ops: Mutex::new(HandleTable::new(id, HandleKind::Operation)),
+            shutting_down: AtomicBool::new(false),
+            shut_down: AtomicBool::new(false),
+            late_completions: AtomicU64::new(0),
+        })
+    }
+
+    /// Facts about store `name`.
+    pub fn store_info(&self, name: &str) -> Option<StoreInfo> {
+        let s = &self.stores[*self.store_index.get(name)?];
+        let dp = &self.datapaths[s.datapath];
+        Some(StoreInfo {
+            name: s.name.clone(),
+            capacity: dp.capacity(),
+            block_size: dp.block_size(),
+            slot_size: s.slot_size,
+            slots: s.slot_size.map(|z| dp.capacity() / z),
+            drives: dp.drives().iter().map(|d| d.name.clone()).collect(),
+        })
+    }
+
+    /// Opens `tutti://<store>/<key>` and returns a handle naming the byte
+    /// extent the store's resolver gives `key` (for `slab`, the slot
+    /// number).
+    ///
+    /// Errors: [`Error::Uri`] for a malformed URI, an unknown store, or a key
+    /// the resolver refuses; [`Error::ShuttingDown`].
+    pub fn open(&self, uri: &str) -> Result<TargetHandle, Error> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(Error::ShuttingDown);
+        }
+        let bad = |reason: String| Error::Uri { uri: uri.to_owned(), reason };
+        let rest = uri
+            .strip_prefix(URI_SCHEME)
+            .ok_or_else(|| bad(format!("expected the scheme {URI_SCHEME}")))?;
+        let (store, key) = rest.split_once('/').ok_or_else(|| bad("expected <store>/<key>".into()))?;
+        let si = *self.store_index.get(store).ok_or_else(|| bad(format!("no store named {store:?}")))?;
+        let s = &self.stores[si];
+        let extent = s.resolver.resolve(key, self.datapaths[s.datapath].capacity()).map_err(bad)?;
+        let mut t = self.targets.write().unwrap_or_else(|p| p.into_inner());
+        Ok(TargetHandle(t.insert(Target { store: si, extent })))
+    }
+
+    /// Opens several URIs; one result per URI, in order.
+    pub fn open_batch(&self, uris: &[&str]) -> Vec<Result<TargetHandle, Error>> {
+        uris.iter().map(|u| self.open(u)).collect()
+    }
+
+    /// Size in bytes of an opened target.
+    pub fn target_len(&self, target: TargetHandle) -> Result<u64, Error> {
+        let t = self.targets.read().unwrap_or_else(|p| p.into_inner());
+        Ok(t.get(target.0)?.extent.len)
+    }
+
+    /// Closes a target; the handle (and every copy) is stale afterwards.
+    /// Operations already submitted on it run to completion.
+    pub fn close(&self, target: TargetHandle) -> Result<(), Error> {
+        let mut t = self.targets.write().unwrap_or_else(|p| p.into_inner());
+        t.remove(target.0)?;
+        Ok(())
+    }
+
+    /// Registers `len` bytes of host memory at `ptr` for I/O: maps the pages
+    /// covering it for DMA on every drive, once. Requests then name it by
+    /// the returned handle and an offset, and allocate nothing.
+    ///
+    /// # Safety
+    ///
+    /// Until [`Runtime::unregister_memory`] succeeds for the handle (or the
+    /// runtime is dropped), the memory must stay allocated, and while an
+    /// operation that reads into it is in flight (submitted and not yet
+    /// returned by [`Runtime::wait`] as final) the caller must not read or
+    /// write it, nor write memory a write operation is reading. After a
+    /// [`RequestStatus::Timeout`], the drive may still write it until
+    /// `unregister_memory` succeeds.
+    pub unsafe fn register_memory(&self, ptr: *mut u8, len: usize) -> Result<MemoryHandle, Error> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(Error::ShuttingDown);
+        }
+        let bad = |reason: &str| Error::Memory { reason: reason.into(), source: None };
+        if ptr.is_null() || len == 0 {
+            return Err(bad("null pointer or zero length"));
+        }
+        let addr = ptr as usize;
+        let base_addr = addr & !(HOST_PAGE_SIZE - 1);
+        let lead = addr - base_addr;
+        let end = addr
+            .checked_add(len)
+            .and_then(|e| e.checked_next_multiple_of(HOST_PAGE_SIZE))
+            .ok_or_else(|| bad("range wraps the address space"))?;
+        let base = NonNull::new(base_addr as *mut u8).ok_or_else(|| bad("null page"))?;
+        let mut mappings = Vec::with_capacity(self.drives.len());
+        let mut devices = Vec::with_capacity(self.drives.len());
+        for d in &self.drives {
+            // SAFETY: forwarded from this function's contract: the caller
+            // keeps the memory alive until unregister succeeds, and the
+            // runtime keeps the mapping until no command can touch it.
+            match unsafe { d.device.dma_map(base, end - base_addr) } {
+                Ok(m) => {
+                    mappings.push(m);
+                    devices.push(d.device.clone());
+                }
+                Err(e) => {
+                    // Undo the mappings made so far (Region's Drop).
+                    drop(Region { lead, len, mappings, devices });
+                    return Err(Error::Memory { reason: format!("mapping for drive {:?}", d.name), source: Some(e) });
+                }
+            }
+        }
+        let region = Arc::new(Region { lead, len, mappings, devices });
+        let mut m = self.memory.write().unwrap_or_else(|p| p.into_inner());
+        Ok(MemoryHandle(m.insert(region)))
+    }
+
+    /// Unregisters memory; refused with [`Error::MemoryBusy`] while an
+    /// operation (including one that timed out and whose commands are still
+    /// outstanding) uses it.
+    pub fn unregister_memory(&self, memory: MemoryHandle) -> Result<(), Error> {
+        let mut m = self.memory.write().unwrap_or_else(|p| p.into_inner());
+        let users = Arc::strong_count(m.get(memory.0)?) - 1;
+        if users > 0 {
+            return Err(Error::MemoryBusy { ops: users });
+        }
+        drop(m.remove(memory.0)?);
+        Ok(())
+    }
+
+    /// Submits a batch. Each request is validated (handles, range inside
+    /// the target, block alignment, memory range) and then queued; the
+    /// result carries one state per request, in order, and an operation
+    /// handle to [`Runtime::wait`] on when at least one was accepted.
+    pub fn submit(&self, requests: &[Request]) -> Submission {
+        if self.shutting_down.load(Ordering::Acquire) || requests.len() > MAX_BATCH {
+            let e = if requests.len() > MAX_BATCH {
+                RequestError::OutOfRange { offset: 0, len: requests.len() as u64, target_len: MAX_BATCH as u64 }
+            } else {
+                RequestError::ShuttingDown
+            };
+            return Submission { op: None, states: requests.iter().map(|_| Err(e.clone())).collect() };
+        }
+        // 1. Validate and plan (count commands) under the read locks.
+        let mut plans: Vec<Option<(usize, Extent, Arc<Region>, u32)>> = Vec::with_capacity(requests.len());
+        let mut states = Vec::with_capacity(requests.len());
+        {
+            let targets = self.targets.read().unwrap_or_else(|p| p.into_inner());
+            let memory = self.memory.read().unwrap_or_else(|p| p.into_inner());
+            for r in requests {
+                match self.validate(&targets, &memory, r) {
+                    Ok(p) => {
+                        plans.push(Some(p));
+                        states.push(Ok(()));
+                    }
+                    Err(e) => {
+                        plans.push(None);
+                        states.push(Err(e));
+                    }
+                }
+            }
+        }
+        if plans.iter().all(Option::is_none) {
+            return Submission { op: None, states };
+        }
+        // 2. Register the operation with every request's command count.
+        let mut dps: Vec<usize> = plans.iter().flatten().map(|p| p.0).collect();
+        dps.sort_unstable();
+        dps.dedup();
+        let mut regions: Vec<Arc<Region>> = Vec::new();
+        for p in plans.iter().flatten() {
+            if !regions.iter().any(|r| Arc::ptr_eq(r, &p.2)) {
+                regions.push(p.2.clone());
+            }
+        }
+        let reqs: Vec<ReqState> = plans
+            .iter()
+            .zip(&states)
+            .map(|(p, s)| match (p, s) {
+                (Some(p), _) => ReqState { remaining: p.3, status: None, done: false },
+                (None, Err(e)) => ReqState { remaining: 0, status: Some(RequestStatus::NotAccepted(e.clone())), done: true },
+                (None, Ok(())) => unreachable!("unplanned requests carry their error"),
+            })
+            .collect();
+        let unfinished = reqs.iter().filter(|r| !r.done).count();
+        let total: u64 = reqs.iter().map(|r| u64::from(r.remaining)).sum();
+        let op = lock(&self.ops).insert(OpState {
+            reqs,
+            unfinished,
+            outstanding: total,
+            retired: false,
+            datapaths: dps,
+            _regions: regions,
+        });
+        // 3. Queue the commands.
+        for (i, (r, p)) in requests.iter().zip(&plans).enumerate() {
+            if let Some((dpi, extent, region, _)) = p {
+                self.queue_request(op, i, r, *dpi, *extent, region);
+            }
+        }
+        Submission { op: Some(OpHandle(op)), states }
+    }
+
+    fn validate(
+        &self,
+        targets: &HandleTable<Target>,
+        memory: &HandleTable<Arc<Region>>,
+        r: &Request,
+    ) -> Result<(usize, Extent, Arc<Region>, u32), RequestError> {
+        let t = *targets.get(r.target.0).map_err(RequestError::Target)?;
+        let region = memory.get(r.memory.0).map_err(RequestError::Memory)?.clone();
+        if r.len == 0 {
+            return Err(RequestError::ZeroLength);
+        }
+        match r.offset.checked_add(r.len) {
+            Some(end) if end <= t.extent.len => {}
+            _ => return Err(RequestError::OutOfRange { offset: r.offset, len: r.len, target_len: t.extent.len }),
+        }
+        let dpi = self.stores[t.store].datapath;
+        let dp = &self.datapaths[dpi];
+        let bs = u64::from(dp.block_size());
+        if r.offset % bs != 0 || r.len % bs != 0 {
+            return Err(RequestError::Unaligned { offset: r.offset, len: r.len, block_size: dp.block_size() });
+        }
+        let mem_bad = RequestError::MemoryRange { offset: r.memory_offset, len: r.len, region_len: region.len as u64 };
+        match r.memory_offset.checked_add(r.len) {
+            Some(end) if end <= region.len as u64 && (region.lead as u64 + r.memory_offset) % 4 == 0 => {}
+            _ => return Err(mem_bad),
+        }
+        // Count commands; a drive-level refusal (should not happen after the
+        // checks above) refuses the request here, before anything is sent.
+        let mut commands = 0u64;
+        let mut err = None;
+        dp.for_each_piece(t.extent.offset + r.offset, r.len, &mut |p| {
+            let d = &dp.drives()[p.drive];
+            match plan_io(&d.ns, p.drive_offset, p.len, d.max_transfer) {
+                Ok(plan) => commands += plan.commands() as u64,
+                Err(_) => err = Some(RequestError::Unaligned { offset: r.offset, len: r.len, block_size: d.ns.block_size }),
+            }
+        });
+        if let Some(e) = err {
+            return Err(e);
+        }
+        let commands = u32::try_from(commands)
+            .map_err(|_| RequestError::OutOfRange { offset: r.offset, len: r.len, target_len: t.extent.len })?;
+        Ok((dpi, t.extent, region, commands))
+    }
+
+    fn queue_request(&self, op: RawHandle, index: usize, r: &Request, dpi: usize, extent: Extent, region: &Region) {
+        let dp = &self.datapaths[dpi];
+        let tag = make_tag(op, index);
+        let io = match r.direction {
+            Direction::Read => IoOp::Read,
+            Direction::Write => IoOp::Write,
+        };
+        let mut unsent = 0u32;
+        let mut reason = None;
+        dp.for_each_piece(extent.offset + r.offset, r.len, &mut |p| {
+            let d = &dp.drives()[p.drive];
+            let Ok(plan) = plan_io(&d.ns, p.drive_offset, p.len, d.max_transfer) else {
+                return; // counted at validation; cannot fail here
+            };
+            let Some(mut qp) = d.pick_queue() else {
+                unsent += plan.commands() as u32;
+                reason.get_or_insert_with(|| format!("drive {:?} has no I/O queue", d.name));
+                return;
+            };
+            let mapping = &region.mappings[d.index];
+            let mem_base = region.lead + r.memory_offset as usize + p.request_offset as usize;
+            let mut remaining = plan.commands() as u32;
+            for chunk in plan {
+                let data = DataRef { mapping, offset: mem_base + chunk.offset, len: chunk.len };
+                let sqe = io.sqe(d.ns.nsid, &chunk);
+                match self.submit_with_retry(&mut qp, d, sqe, data, tag) {
+                    Ok(()) => remaining -= 1,
+                    Err(e) => {
+                        reason.get_or_insert_with(|| format!("drive {:?}: {e}", d.name));
+                        break;
+                    }
+                }
+            }
+            qp.ring();
+            unsent += remaining;
+        });
+        if unsent > 0 {
+            let mut ops = lock(&self.ops);
+            if let Ok(st) = ops.get_mut(op) {
+                st.outstanding -= u64::from(unsent);
+                let status = RequestStatus::SubmitFailed { reason: reason.unwrap_or_default() };
+                finish_commands(st, index, unsent, Some(status));
+            }
+        }
+    }
+
+    fn submit_with_retry(
+        &self,
+        qp: &mut QueuePair,
+        d: &Drive,
+        sqe: nvme_regs::Sqe,
+        data: DataRef<'_>,
+        tag: u64,
+    ) -> Result<(), SubmitError> {
+        let mut deadline = None;
+        loop {
+            match qp.submit(sqe, Some(data), tag) {
+                Ok(_) => return Ok(()),
+                Err(SubmitError::QueueFull { qid }) => {
+                    // Publish what is queued, reap completions, retry.
+                    qp.ring();
+                    self.poll_queue(qp, d);
+                    let dl = *deadline.get_or_insert_with(|| Instant::now() + SUBMIT_RETRY_BOUND);
+                    if Instant::now() >= dl {
+                        return Err(SubmitError::QueueFull { qid });
+                    }
+                    std::hint::spin_loop();
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Reaps one queue pair's completions and routes them. Returns the
+    /// number consumed.
+    fn poll_queue(&self, qp: &mut QueuePair, d: &Drive) -> usize {
+        let mut ops = lock(&self.ops);
+        qp.poll(|c| self.route(&mut ops, d, c))
+    }
+
+    fn route(&self, ops: &mut HandleTable<OpState>, d: &Drive, c: Completion) {
+        let (slot, gen16, index) = split_tag(c.tag);
+        let Some((h, st)) = ops.get_mut_by_slot(slot) else {
+            self.late_completions.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if h.generation & 0xFFFF != gen16 || index >= st.reqs.len() {
+            self.late_completions.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        st.outstanding = st.outstanding.saturating_sub(1);
+        let failure = (!c.status.is_success()).then(|| RequestStatus::Nvme { drive: d.name.clone(), status: c.status });
+        finish_commands(st, index, 1, failure);
+        if st.retired && st.outstanding == 0 {
+            let _ = ops.remove(h);
+        }
+    }
+
+    /// Polls every queue of the given datapaths that no other thread is
+    /// polling. Returns completions consumed.
+    fn poll_datapaths(&self, dps: &[usize]) -> usize {
+        let mut n = 0;
+        for &dpi in dps {
+            for d in self.datapaths[dpi].drives() {
+                for q in &d.queues {
+                    if let Ok(mut qp) = q.try_lock() {
+                        n += self.poll_queue(&mut qp, d);
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    /// Waits until every request of `op` is final or `timeout` passes, and
+    /// returns one status per request of the batch, in submission order.
+    /// Requests not final at the deadline are [`RequestStatus::Timeout`].
+    /// Either way the handle is consumed: a second wait is a stale-handle
+    /// error.
+    pub fn wait(&self, op: OpHandle, timeout: Duration) -> Result<Vec<RequestStatus>, Error> {
+        let deadline = Instant::now().checked_add(timeout);
+        let dps = {
+            let ops = lock(&self.ops);
+            let st = ops.get(op.0)?;
+            if st.retired {
+                return Err(HandleError::Stale { kind: HandleKind::Operation, slot: op.0.slot, generation: op.0.generation }.into());
+            }
+            st.datapaths.clone()
+        };
+        let mut idle = 0u32;
+        loop {
+            {
+                let mut ops = lock(&self.ops);
+                let st = ops.get_mut(op.0)?;
+                let expired = deadline.is_some_and(|d| Instant::now() >= d);
+                if st.unfinished == 0 || expired {
+                    let statuses = st
+                        .reqs
+                        .iter_mut()
+                        .map(|r| if r.done { r.status.take().unwrap_or(RequestStatus::Success) } else { RequestStatus::Timeout })
+                        .collect();
+                    if st.outstanding == 0 {
+                        ops.remove(op.0)?;
+                    } else {
+                        st.retired = true;
+                    }
+                    return Ok(statuses);
+                }
+            }
+            if self.poll_datapaths(&dps) > 0 {
+                idle = 0;
+            } else {
+                idle += 1;
+                if idle > 256 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+
+    /// Counters summed over every queue pair.
+    pub fn stats(&self) -> RuntimeStats {
+        let mut s = RuntimeStats { late_completions: self.late_completions.load(Ordering::Relaxed), ..Default::default() };
+        for d in &self.drives {
+            for q in &d.queues {
+                let qs = lock(q).stats();
+                s.commands_submitted += qs.submitted;
+                s.commands_completed += qs.completed;
+                s.protocol_errors += qs.protocol_errors;
+            }
+        }
+        s
+    }
+
+    /// Names of the drives, in configuration order.
+    pub fn drive_names(&self) -> Vec<String> {
+        self.drives.iter().map(|d| d.name.clone()).collect()
+    }
+
+    /// Stops accepting work, drains in-flight operations for up to `drain`
+    /// (polling their completions), then deletes every I/O queue (SQs before
+    /// CQs) and shuts each controller down (CC.SHN). Reports what was still
+    /// in flight and how each drive's shutdown went.
+    pub fn shutdown(&self, drain: Duration) -> ShutdownReport {
+        self.shutting_down.store(true, Ordering::Release);
+        if self.shut_down.swap(true, Ordering::AcqRel) {
+            return ShutdownReport::default();
+        }
+        let all: Vec<usize> = (0..self.datapaths.len()).collect();
+        let deadline = Instant::now() + drain;
+        let mut report = ShutdownReport::default();
+        loop {
+            let (pending, cmds) = {
+                let ops = lock(&self.ops);
+                ops.iter().fold((0, 0), |(p, c), (_, st)| (p + usize::from(st.unfinished > 0), c + st.outstanding))
+            };
+            report.ops_in_flight = pending;
+            report.commands_in_flight = cmds;
+            if cmds == 0 || Instant::now() >= deadline {
+                break;
+            }
+            if self.poll_datapaths(&all) == 0 {
+                std::thread::yield_now();
+            }
+        }
+        for d in &self.drives {
+            let r = lock(&d.controller).shutdown().map_err(|e| error_chain(&e));
+            report.drives.push((d.name.clone(), r));
+        }
+        report
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if !self.shut_down.load(Ordering::Acquire) {
+            let r = self.shutdown(Duration::from_secs(1));
+            if r.commands_in_flight > 0 {
+                tracing::warn!(commands = r.commands_in_flight, "runtime dropped with commands in flight");
+            }
+        }
+    }
+}
+
+/// Marks `n` commands of request `index` finished, recording `failure` if it
+/// is the first; finalises the request when none remain.
+fn finish_commands(st: &mut OpState, index: usize, n: u32, failure: Option<RequestStatus>) {
+    let Some(r) = st.reqs.get_mut(index) else { return };
+    if r.done {
+        return;
+    }
+    if let Some(f) = failure {
+        r.status.get_or_insert(f);
+    }
+    r.remaining = r.remaining.saturating_sub(n);
+    if r.remaining == 0 {
+        r.done = true;
+        st.unfinished -= 1;
+    }
+}
+
+fn check_binding(store: &str, resolver_name: &str, resolver: &dyn Resolver, dp: &dyn DataPath) -> Result<(), Error> {
+    let (p, c) = (resolver.binding(), dp.binding());
+    if p != c {
+        return Err(Error::BindingMismatch {
+            store: store.to_owned(),
+            resolver: resolver_name.to_owned(),
+            datapath: dp.name().to_owned(),
+            produced: p.to_string(),
+            consumed: c.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// An error and its sources, joined with ": ".
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(x) = src {
+        s.push_str(": ");
+        s.push_str(&x.to_string());
+        src = x.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::binding::Binding;
+    use crate::datapath::Piece;
+
+    #[derive(Debug)]
+    struct OtherResolver;
+    impl Resolver for OtherResolver {
+        fn binding(&self) -> Binding {
+            Binding::of::<Extent>(2)
+        }
+        fn resolve(&self, _: &str, _: u64) -> Result<Extent, String> {
+            Err("unused".into())
+        }
+    }
+
+    #[derive(Debug)]
+    struct FakePath;
+    impl DataPath for FakePath {
+        fn name(&self) -> &str {
+            "fake"
+        }
+        fn binding(&self) -> Binding {
+            Binding::of::<Extent>(crate::binding::EXTENT_V1)
+        }
+        fn capacity(&self) -> u64 {
+            0
+        }
+        fn block_size(&self) -> u32 {
+            512
+        }
+        fn drives(&self) -> &[Arc<Drive>] {
+            &[]
+        }
+        fn for_each_piece(&self, _: u64, _: u64, _: &mut dyn FnMut(Piece)) {}
+    }
+
+    #[test]
+    fn mismatched_binding_version_is_refused() {
+        let e = check_binding("kv", "r", &OtherResolver, &FakePath).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, Error::BindingMismatch { .. }));
+        assert!(msg.contains("@2") && msg.contains("@1"), "{msg}");
+        check_binding("kv", "slab", &Slab::new(4096).unwrap(), &FakePath).unwrap();
+    }
+
+    #[test]
+    fn tags_round_trip() {
+        let h = RawHandle { runtime: 1, slot: 0xAB_CDEF, generation: 0x1234_5678 };
+        assert_eq!(split_tag(make_tag(h, 0xFF_FFFF)), (0xAB_CDEF, 0x5678, 0xFF_FFFF));
+    }
+}

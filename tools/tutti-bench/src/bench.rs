@@ -1,0 +1,215 @@
+//! `tutti-bench rate` and `tutti-bench stripe`: the driver benchmarks whose
+//! numbers go into docs/benchmarks.md.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use nvm_queue::{Controller, ControllerOptions, DataRef, DmaBuffer, IoChunk, IoOp, NvmeDevice, SubmitError};
+use nvme_emu::{BackingSpec, Emulator, EmulatorConfig, NamespaceSpec};
+use nvme_regs::Nlb;
+use serde::Serialize;
+use tutti::config::{DriveConfig, TimingConfig};
+use tutti::{error_chain, Config, Request, Runtime};
+
+fn err(e: impl std::error::Error) -> String {
+    error_chain(&e)
+}
+
+/// Options of `rate`.
+#[derive(Debug, Args)]
+pub struct RateArgs {
+    /// Commands to complete.
+    #[arg(long, default_value_t = 5_000_000)]
+    pub commands: u64,
+    /// I/O queue entries (CAP.MQES + 1 of the emulator is 1024).
+    #[arg(long, default_value_t = 1024)]
+    pub queue_depth: u32,
+    /// Commands written per doorbell write.
+    #[arg(long, default_value_t = 64)]
+    pub batch: u32,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct RateResult {
+    commands: u64,
+    seconds: f64,
+    commands_per_second: f64,
+    queue_depth: u32,
+    batch: u32,
+    protocol_errors: u64,
+}
+
+/// One thread submits 4 KiB reads (SQE + PRP1 per command) to one emulated
+/// controller with null backing and reaps their completions, keeping the
+/// queue full; reports completed commands per second.
+pub fn rate(a: &RateArgs) -> Result<(), String> {
+    let mut cfg = EmulatorConfig::new("rate", vec![NamespaceSpec::new(1 << 20, 4096)]);
+    cfg.backing = BackingSpec::Null;
+    cfg.io_queues = 1;
+    let dev: Arc<dyn NvmeDevice> = Emulator::start(cfg).map_err(err)?;
+    let mut ctrl = Controller::init(dev.clone(), ControllerOptions { io_queues: 1, ..Default::default() })
+        .map_err(err)?;
+    let depth = a.queue_depth.clamp(2, ctrl.cap().max_queue_entries());
+    let mut qp = ctrl.create_io_queue_pair(1, depth, (depth - 1) as u16).map_err(err)?;
+    let buf = DmaBuffer::new(&dev, 4096).map_err(err)?;
+    let mapping = buf.mapping().clone();
+    let data = DataRef { mapping: &mapping, offset: 0, len: 4096 };
+    let nlb = Nlb::from_blocks(1).ok_or("nlb")?;
+    let batch = a.batch.max(1);
+    let (mut submitted, mut completed, mut failed) = (0u64, 0u64, 0u64);
+    let start = Instant::now();
+    while completed < a.commands {
+        let mut n = 0;
+        while n < batch && submitted < a.commands {
+            let chunk = IoChunk { slba: submitted % (1 << 20), nlb, offset: 0, len: 4096 };
+            match qp.submit(IoOp::Read.sqe(1, &chunk), Some(data), submitted) {
+                Ok(_) => {
+                    submitted += 1;
+                    n += 1;
+                }
+                Err(SubmitError::QueueFull { .. }) => break,
+                Err(e) => return Err(err(e)),
+            }
+        }
+        qp.ring();
+        qp.poll(|c| {
+            completed += 1;
+            failed += u64::from(!c.status.is_success());
+        });
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if failed > 0 {
+        return Err(format!("{failed} commands failed"));
+    }
+    let r = RateResult {
+        commands: completed,
+        seconds: secs,
+        commands_per_second: completed as f64 / secs,
+        queue_depth: depth,
+        batch,
+        protocol_errors: qp.stats().protocol_errors,
+    };
+    ctrl.delete_io_queue_pair(1).map_err(err)?;
+    ctrl.shutdown().map_err(err)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+    } else {
+        println!(
+            "{} commands in {:.3} s: {:.2} M commands/s (one submitting thread, queue depth {}, {} per doorbell, null backing)",
+            r.commands,
+            r.seconds,
+            r.commands_per_second / 1e6,
+            r.queue_depth,
+            r.batch
+        );
+    }
+    Ok(())
+}
+
+/// Options of `stripe`.
+#[derive(Debug, Args)]
+pub struct StripeArgs {
+    /// Per-drive media bandwidth of the timing model, MB/s.
+    #[arg(long, default_value_t = 500)]
+    pub drive_mb_s: u64,
+    /// Per-command latency of the timing model, microseconds.
+    #[arg(long, default_value_t = 80)]
+    pub latency_us: u64,
+    /// Request size, KiB (one slot of the store).
+    #[arg(long, default_value_t = 1024)]
+    pub request_kib: u64,
+    /// Requests per batch (all in flight together).
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+    /// Seconds of reads per drive count.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// Largest drive count to measure (1..=4).
+    #[arg(long, default_value_t = 4)]
+    pub max_drives: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct StripePoint {
+    drives: usize,
+    bytes: u64,
+    seconds: f64,
+    gb_s: f64,
+    speedup_vs_one: f64,
+}
+
+/// Reads `batch` requests of `request_kib` at a time through the runtime,
+/// over 1..=max_drives RAM-backed emulated drives (striped, 128 KiB unit;
+/// local_nvme for one drive) with the timing model on.
+pub fn stripe(a: &StripeArgs) -> Result<(), String> {
+    let req = a.request_kib << 10;
+    if req == 0 || req % 4096 != 0 {
+        return Err("--request-kib must be a non-zero multiple of 4".into());
+    }
+    let mut points: Vec<StripePoint> = Vec::new();
+    for n in 1..=a.max_drives.clamp(1, 4) {
+        let slots = a.batch.max(1) as u64;
+        // Enough capacity per drive for every slot, rounded to whole units.
+        let per_drive = (slots * req).div_ceil(n as u64).next_multiple_of(128 << 10) + (1 << 20);
+        let mut cfg = Config::builtin_striped_ram(n, per_drive, req);
+        for d in cfg.drives.values_mut() {
+            let DriveConfig::Emulated(e) = d else { continue };
+            e.timing = Some(TimingConfig {
+                latency_us: a.latency_us,
+                bandwidth_mb_s: Some(a.drive_mb_s),
+                iops: None,
+            });
+            e.mdts = 5;
+        }
+        let rt = Runtime::from_config(cfg).map_err(err)?;
+        let targets: Vec<_> = (0..slots)
+            .map(|i| rt.open(&format!("tutti://kv/{i}")))
+            .collect::<Result<_, _>>()
+            .map_err(err)?;
+        let mut buf = vec![0u64; (slots * req / 8) as usize];
+        // SAFETY: `buf` outlives the registration (unregistered below) and
+        // is not touched while reads are in flight.
+        #[allow(unsafe_code)]
+        let mem = unsafe { rt.register_memory(buf.as_mut_ptr().cast(), buf.len() * 8) }.map_err(err)?;
+        let reqs: Vec<Request> =
+            targets.iter().enumerate().map(|(i, &t)| Request::read(t, 0, req, mem, i as u64 * req)).collect();
+        let mut bytes = 0u64;
+        let start = Instant::now();
+        while start.elapsed().as_secs_f64() < a.seconds {
+            let sub = rt.submit(&reqs);
+            let op = sub.op().ok_or("batch refused")?;
+            let st = rt.wait(op, Duration::from_secs(60)).map_err(err)?;
+            if let Some(bad) = st.iter().find(|s| !s.is_success()) {
+                return Err(format!("read failed: {bad:?}"));
+            }
+            bytes += req * slots;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        rt.unregister_memory(mem).map_err(err)?;
+        let _ = rt.shutdown(Duration::from_secs(5));
+        drop(rt);
+        drop(buf);
+        let gb_s = bytes as f64 / secs / 1e9;
+        let base = points.first().map_or(gb_s, |p| p.gb_s);
+        points.push(StripePoint { drives: n, bytes, seconds: secs, gb_s, speedup_vs_one: gb_s / base });
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&points).unwrap_or_default());
+    } else {
+        println!(
+            "striped reads, {} KiB requests x {} in flight, timing model {} MB/s + {} us per drive:",
+            a.request_kib, a.batch, a.drive_mb_s, a.latency_us
+        );
+        for p in &points {
+            println!("  {} drive(s): {:6.3} GB/s  ({:.2}x one drive)", p.drives, p.gb_s, p.speedup_vs_one);
+        }
+    }
+    Ok(())
+}
