@@ -59,7 +59,9 @@ pub enum BackingSpec {
     File(PathBuf),
 }
 
-/// A single-channel media timing model (see [`crate::timing`]).
+/// A single-channel media timing model: a command occupies the one media
+/// channel for `bytes / bandwidth` or `1 / iops` seconds, whichever is longer,
+/// starting when the channel is free; its CQE is posted `latency` after that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimingModel {
     /// Fixed latency added after the media channel has finished a command.

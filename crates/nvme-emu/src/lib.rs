@@ -59,6 +59,21 @@
 //! * A volatile write cache (VWC = 0): a completed write is in the store;
 //!   Flush succeeds immediately and the file store is not `fsync`ed.
 //!
+//! # Behaviour worth knowing
+//!
+//! * Commands execute when fetched (data moves then); with a
+//!   [`TimingModel`] only the CQE waits. Delete I/O SQ therefore never
+//!   aborts anything: completions still scheduled for that SQ are posted
+//!   to its CQ (SQHD 0 once the SQ is gone), none with "Aborted due to SQ
+//!   Deletion".
+//! * Write Zeroes and Dataset Management deallocation zero the blocks in
+//!   the store: deallocated blocks read as zeroes (DLFEAT = 001b, DEAC
+//!   supported).
+//! * SQHD in a CQE is the SQ head when the CQE is written.
+//! * The controller thread spins while busy and backs off when idle
+//!   (yield, then sleeps of 50 us growing to 1 ms after 50 ms idle), so the
+//!   first command after a long idle period may wait up to about 1 ms.
+//!
 //! A fault on queue memory (an SQ entry or CQ slot outside every mapped
 //! region) is unrecoverable: the controller sets CSTS.CFS and waits for a
 //! reset.

@@ -33,6 +33,11 @@ impl CompletionQueue {
         Self { mem, ring, qid, head: 0, phase: true, rung_head: 0, doorbell }
     }
 
+    /// Byte offset in BAR0 of this queue's CQ head doorbell.
+    pub fn doorbell_offset(&self) -> usize {
+        self.doorbell.offset()
+    }
+
     /// Queue identifier (0 = admin).
     pub fn qid(&self) -> u16 {
         self.qid

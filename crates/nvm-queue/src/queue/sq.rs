@@ -35,6 +35,11 @@ impl SubmissionQueue {
         Self { mem, ring, qid, tail: 0, head: 0, rung_tail: 0, doorbell }
     }
 
+    /// Byte offset in BAR0 of this queue's SQ tail doorbell.
+    pub fn doorbell_offset(&self) -> usize {
+        self.doorbell.offset()
+    }
+
     /// Queue identifier (0 = admin).
     pub fn qid(&self) -> u16 {
         self.qid
