@@ -10,7 +10,15 @@ use tutti_tests::rig;
 
 /// Submits `op` for `len` bytes at byte `offset` of namespace 1 with data at
 /// `buf[buf_off..]`, split by MDTS, and waits for every command.
-fn io(qp: &mut QueuePair, op: IoOp, ns: &nvm_queue::NamespaceInfo, max: usize, offset: u64, len: u64, buf: &DmaBuffer, buf_off: usize) -> Vec<Completion> {
+fn io(
+    qp: &mut QueuePair,
+    op: IoOp,
+    (ns, max): (&nvm_queue::NamespaceInfo, usize),
+    offset: u64,
+    len: u64,
+    buf: &DmaBuffer,
+    buf_off: usize,
+) -> Vec<Completion> {
     let plan = plan_io(ns, offset, len, max).unwrap();
     let mapping = buf.mapping().clone();
     let mut n = 0;
@@ -42,7 +50,7 @@ fn two_entry_queue_wraps_a_thousand_times_with_the_right_phase() {
         assert_eq!(qp.cq().phase(), expect_phase, "round trip {k}");
         assert_eq!(qp.cq().head(), (k % 2) as u32);
         buf.write_bytes(0, &k.to_le_bytes()).unwrap();
-        let c = io(&mut qp, IoOp::Write, &ns, r.ctrl.max_transfer(), (k % 16) * 4096, 4096, &buf, 0);
+        let c = io(&mut qp, IoOp::Write, (&ns, r.ctrl.max_transfer()), (k % 16) * 4096, 4096, &buf, 0);
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].status, Status::SUCCESS);
         // One slot always stays empty: the SQ never holds two commands.
@@ -53,7 +61,7 @@ fn two_entry_queue_wraps_a_thousand_times_with_the_right_phase() {
     assert_eq!(qp.stats().completed, 2000);
     assert_eq!(qp.stats().protocol_errors, 0);
     let buf2 = DmaBuffer::new(&r.dev, 4096).unwrap();
-    io(&mut qp, IoOp::Read, &ns, r.ctrl.max_transfer(), 15 * 4096, 4096, &buf2, 0);
+    io(&mut qp, IoOp::Read, (&ns, r.ctrl.max_transfer()), 15 * 4096, 4096, &buf2, 0);
     let mut got = [0u8; 8];
     buf2.read_bytes(0, &mut got).unwrap();
     assert_eq!(u64::from_le_bytes(got), 1999, "last write to LBA 15 was round trip 1999");
@@ -75,9 +83,9 @@ fn doorbell_stride_two_puts_queue_three_at_0x1060_and_0x1070() {
     assert_eq!(q3.cq().doorbell_offset(), 0x1070);
     let buf = DmaBuffer::new(&r.dev, 8192).unwrap();
     buf.write_bytes(0, b"stride").unwrap();
-    let c = io(q3, IoOp::Write, &ns, r.ctrl.max_transfer(), 0, 4096, &buf, 0);
+    let c = io(q3, IoOp::Write, (&ns, r.ctrl.max_transfer()), 0, 4096, &buf, 0);
     assert!(c[0].status.is_success());
-    let c = io(q3, IoOp::Read, &ns, r.ctrl.max_transfer(), 0, 4096, &buf, 4096);
+    let c = io(q3, IoOp::Read, (&ns, r.ctrl.max_transfer()), 0, 4096, &buf, 4096);
     assert!(c[0].status.is_success());
     let mut got = [0u8; 6];
     buf.read_bytes(4096, &mut got).unwrap();
@@ -96,14 +104,14 @@ fn request_larger_than_mdts_is_split_and_reassembled() {
     let pattern: Vec<u8> = (0..72 << 10).map(|i: u32| (i % 251) as u8).collect();
     src.write_bytes(0, &pattern).unwrap();
     let before = r.emu.stats().commands;
-    let c = io(&mut qp, IoOp::Write, &ns, r.ctrl.max_transfer(), 4096 * 5, 72 << 10, &src, 0);
+    let c = io(&mut qp, IoOp::Write, (&ns, r.ctrl.max_transfer()), 4096 * 5, 72 << 10, &src, 0);
     assert_eq!(c.len(), 9);
     assert!(c.iter().all(|c| c.status.is_success()));
     assert_eq!(r.emu.stats().commands - before, 9);
     // Read the same range back as one unsplit plan on a fresh buffer, at an
     // in-page offset, so every 8 KiB command spans three pages (PRP list).
     let dst = DmaBuffer::new(&r.dev, 80 << 10).unwrap();
-    let c = io(&mut qp, IoOp::Read, &ns, r.ctrl.max_transfer(), 4096 * 5, 72 << 10, &dst, 512);
+    let c = io(&mut qp, IoOp::Read, (&ns, r.ctrl.max_transfer()), 4096 * 5, 72 << 10, &dst, 512);
     assert_eq!(c.len(), 9);
     let mut got = vec![0u8; 72 << 10];
     dst.read_bytes(512, &mut got).unwrap();
@@ -119,9 +127,9 @@ fn prp_list_transfer_with_in_page_offset_round_trips() {
     let buf = DmaBuffer::new(&r.dev, 64 << 10).unwrap();
     let data: Vec<u8> = (0..12288u32).map(|i| (i * 7 % 256) as u8).collect();
     buf.write_bytes(0x200, &data).unwrap();
-    let c = io(&mut qp, IoOp::Write, &ns, r.ctrl.max_transfer(), 12288, 12288, &buf, 0x200);
+    let c = io(&mut qp, IoOp::Write, (&ns, r.ctrl.max_transfer()), 12288, 12288, &buf, 0x200);
     assert!(c[0].status.is_success());
-    let c = io(&mut qp, IoOp::Read, &ns, r.ctrl.max_transfer(), 12288, 12288, &buf, 32 << 10);
+    let c = io(&mut qp, IoOp::Read, (&ns, r.ctrl.max_transfer()), 12288, 12288, &buf, 32 << 10);
     assert!(c[0].status.is_success());
     let mut got = vec![0u8; 12288];
     buf.read_bytes(32 << 10, &mut got).unwrap();
@@ -146,7 +154,10 @@ fn lba_out_of_range_from_the_drive_reaches_the_command() {
     let big = nvm_queue::NamespaceInfo { blocks: ns.blocks * 2, ..ns };
     let mut qp = r.ctrl.create_io_queue_pair(1, 16, 15).unwrap();
     let buf = DmaBuffer::new(&r.dev, 4096).unwrap();
-    let c = io(&mut qp, IoOp::Read, &big, r.ctrl.max_transfer(), ns.capacity_bytes(), 4096, &buf, 0);
-    assert_eq!(c[0].status, Status::generic(nvme_regs::status::generic::LBA_OUT_OF_RANGE).with_dnr(c[0].status.dnr));
+    let c = io(&mut qp, IoOp::Read, (&big, r.ctrl.max_transfer()), ns.capacity_bytes(), 4096, &buf, 0);
+    assert_eq!(
+        c[0].status,
+        Status::generic(nvme_regs::status::generic::LBA_OUT_OF_RANGE).with_dnr(c[0].status.dnr)
+    );
     assert_eq!((c[0].status.sct, c[0].status.sc), (0, 0x80));
 }

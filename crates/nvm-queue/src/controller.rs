@@ -5,13 +5,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nvme_regs::opcode::{
-    Cns, CreateIoCq, CreateIoSq, DeleteIoCq, DeleteIoSq, Identify, SetFeatures,
-};
+use nvme_regs::opcode::{Cns, CreateIoCq, CreateIoSq, DeleteIoCq, DeleteIoSq, Identify, SetFeatures};
 use nvme_regs::registers::offset;
 use nvme_regs::{
-    identify, Aqa, Cap, Cc, Csts, DecodeError, IdentifyController, IdentifyNamespace,
-    NumberOfQueues, ShutdownNotification, ShutdownStatus, Sqe, Status,
+    identify, Aqa, Cap, Cc, Csts, DecodeError, IdentifyController, IdentifyNamespace, NumberOfQueues,
+    ShutdownNotification, ShutdownStatus, Sqe, Status,
 };
 
 use crate::device::NvmeDevice;
@@ -181,9 +179,7 @@ impl Controller {
         }
         let ready_timeout = Duration::from_millis(cap.timeout_ms()).max(MIN_READY_TIMEOUT);
         let page_size = opts.page_size.unwrap_or(cap.min_page_size());
-        if !page_size.is_power_of_two()
-            || page_size < cap.min_page_size()
-            || page_size > cap.max_page_size()
+        if !page_size.is_power_of_two() || page_size < cap.min_page_size() || page_size > cap.max_page_size()
         {
             return Err(ControllerError::Unsupported(format!(
                 "memory page size {page_size} outside CAP.MPSMIN..MPSMAX ({}..={})",
@@ -404,7 +400,8 @@ impl Controller {
         let len = out.len().min(4096);
         self.scratch.fill(0);
         let mapping = self.scratch.mapping().clone();
-        let c = self.admin_submit(sqe, Some(DataRef { mapping: &mapping, offset: 0, len: len.max(4) }), name)?;
+        let c =
+            self.admin_submit(sqe, Some(DataRef { mapping: &mapping, offset: 0, len: len.max(4) }), name)?;
         self.scratch.read_bytes(0, &mut out[..len])?;
         Ok(c)
     }
@@ -433,7 +430,7 @@ impl Controller {
                 return Ok(c);
             }
             spins += 1;
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
                 let csts = self.csts()?;
                 if csts.cfs() {
                     return Err(ControllerError::Fatal { during: name });

@@ -104,10 +104,11 @@ impl DmaBuffer {
 
     /// Device address of byte `offset`, or an error past the end.
     pub fn device_addr(&self, offset: usize) -> Result<u64, DmaError> {
-        self.mapping
-            .addr(offset)
-            .filter(|_| offset < self.len)
-            .ok_or(DmaError::OutOfBounds { offset, len: 0, size: self.len })
+        self.mapping.addr(offset).filter(|_| offset < self.len).ok_or(DmaError::OutOfBounds {
+            offset,
+            len: 0,
+            size: self.len,
+        })
     }
 
     /// Host pointer to the first byte (for the emulator's tests and for
@@ -119,7 +120,7 @@ impl DmaBuffer {
     fn check(&self, offset: usize, len: usize, align: usize) -> Result<*mut u8, DmaError> {
         let oob = DmaError::OutOfBounds { offset, len, size: self.len };
         match offset.checked_add(len) {
-            Some(end) if end <= self.len && offset % align == 0 => {}
+            Some(end) if end <= self.len && offset.is_multiple_of(align) => {}
             _ => return Err(oob),
         }
         // SAFETY: offset + len <= self.len: in bounds of the allocation.
@@ -198,10 +199,7 @@ impl Drop for DmaBuffer {
         // SAFETY: allocated in `new` with exactly this layout (len is a
         // non-zero multiple of the page size, checked there).
         unsafe {
-            alloc::dealloc(
-                self.ptr.as_ptr(),
-                Layout::from_size_align_unchecked(self.len, HOST_PAGE_SIZE),
-            )
+            alloc::dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.len, HOST_PAGE_SIZE))
         };
     }
 }

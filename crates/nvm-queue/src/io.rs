@@ -120,7 +120,7 @@ pub fn plan_io(ns: &NamespaceInfo, offset: u64, len: u64, max_transfer: usize) -
         return Err(IoError::ZeroLength);
     }
     let bs = u64::from(ns.block_size);
-    if bs == 0 || offset % bs != 0 || len % bs != 0 {
+    if bs == 0 || !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
         return Err(IoError::Unaligned { offset, len, block_size: ns.block_size });
     }
     let capacity = ns.capacity_bytes();
@@ -204,7 +204,10 @@ mod tests {
             plan_io(&NS4K, cap, 4096, 1 << 20),
             Err(IoError::OutOfRange { offset: cap, len: 4096, capacity: cap })
         );
-        assert!(matches!(plan_io(&NS4K, u64::MAX - 4095, 8192, 1 << 20), Err(IoError::Unaligned { .. }) | Err(IoError::OutOfRange { .. })));
+        assert!(matches!(
+            plan_io(&NS4K, u64::MAX - 4095, 8192, 1 << 20),
+            Err(IoError::Unaligned { .. }) | Err(IoError::OutOfRange { .. })
+        ));
     }
 
     #[test]
@@ -215,7 +218,13 @@ mod tests {
         let v: Vec<_> = p.map(|c| (c.slba, c.nlb.blocks(), c.offset)).collect();
         assert_eq!(
             v,
-            vec![(2, 64, 0), (66, 64, 256 << 10), (130, 64, 512 << 10), (194, 64, 768 << 10), (258, 2, 1 << 20)]
+            vec![
+                (2, 64, 0),
+                (66, 64, 256 << 10),
+                (130, 64, 512 << 10),
+                (194, 64, 768 << 10),
+                (258, 2, 1 << 20)
+            ]
         );
     }
 

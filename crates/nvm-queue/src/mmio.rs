@@ -63,7 +63,7 @@ impl Mmio {
     /// by anyone while this value lives: only through atomic or volatile
     /// 32-bit accesses.
     pub unsafe fn new(base: *mut u8, len: usize) -> Result<Self, MmioError> {
-        if base.is_null() || (base as usize) % 4 != 0 {
+        if base.is_null() || !(base as usize).is_multiple_of(4) {
             return Err(MmioError::BadBase);
         }
         let base = NonNull::new(base.cast::<u32>()).ok_or(MmioError::BadBase)?;
@@ -81,7 +81,7 @@ impl Mmio {
     }
 
     fn check(&self, offset: usize) -> Result<*mut u32, MmioError> {
-        if offset % 4 != 0 {
+        if !offset.is_multiple_of(4) {
             return Err(MmioError::Misaligned { offset });
         }
         match offset.checked_add(4) {
@@ -187,16 +187,11 @@ mod tests {
         assert_eq!(mmio.read32(0x2C).unwrap(), 1);
         assert_eq!(mmio.read64(0x28).unwrap(), 0x1_2345_6000);
         assert_eq!(mmio.read32(4094), Err(MmioError::Misaligned { offset: 4094 }));
-        assert_eq!(
-            mmio.read32(4096),
-            Err(MmioError::OutOfBounds { offset: 4096, len: 4096 })
-        );
+        assert_eq!(mmio.read32(4096), Err(MmioError::OutOfBounds { offset: 4096, len: 4096 }));
         assert!(mmio.write32(usize::MAX - 3, 1).is_err());
         let db = mmio.doorbell(0x1000 - 4).unwrap();
         db.ring(7);
         assert_eq!(mmio.read32(0xFFC).unwrap(), 7);
         assert!(mmio.doorbell(0x1000).is_err());
-        drop(mmio);
-        drop(page);
     }
 }

@@ -103,7 +103,7 @@ impl<'a> DmaListPages<'a> {
     /// page aligned in device addresses.
     pub fn new(buf: &'a DmaBuffer, offset: usize, pages: usize, page_size: usize) -> Option<Self> {
         let end = pages.checked_mul(page_size)?.checked_add(offset)?;
-        if end > buf.len() || offset % page_size != 0 {
+        if end > buf.len() || !offset.is_multiple_of(page_size) {
             return None;
         }
         for i in 0..pages {

@@ -124,9 +124,7 @@ impl Controller {
                 let Some((_, ns)) = self.namespace(sqe.nsid) else {
                     return invalid_ns();
                 };
-                data = identify_namespace(ns.blocks, ns.lbads().unwrap_or(12))
-                    .as_bytes()
-                    .to_vec();
+                data = identify_namespace(ns.blocks, ns.lbads().unwrap_or(12)).as_bytes().to_vec();
                 &data
             }
             0x01 => {
@@ -138,10 +136,7 @@ impl Controller {
                     return invalid_ns();
                 }
                 let n = self.config.namespaces.len() as u32;
-                data = (sqe.nsid.saturating_add(1)..=n)
-                    .take(1024)
-                    .flat_map(u32::to_le_bytes)
-                    .collect();
+                data = (sqe.nsid.saturating_add(1)..=n).take(1024).flat_map(u32::to_le_bytes).collect();
                 &data
             }
             _ => return invalid_field(),
@@ -163,10 +158,7 @@ impl Controller {
 
     fn create_cq(&mut self, sh: &Shared, sqe: &Sqe) -> Outcome {
         let qid = sqe.cdw10 as u16;
-        if qid == 0
-            || qid > self.granted_cqs
-            || self.cqs.get(usize::from(qid)).is_none_or(Option::is_some)
-        {
+        if qid == 0 || qid > self.granted_cqs || self.cqs.get(usize::from(qid)).is_none_or(Option::is_some) {
             return cs(command_specific::INVALID_QUEUE_IDENTIFIER);
         }
         let Some(size) = self.queue_size(sqe.cdw10) else {
@@ -186,21 +178,14 @@ impl Controller {
 
     fn create_sq(&mut self, sh: &Shared, sqe: &Sqe) -> Outcome {
         let qid = sqe.cdw10 as u16;
-        if qid == 0
-            || qid > self.granted_sqs
-            || self.sqs.get(usize::from(qid)).is_none_or(Option::is_some)
-        {
+        if qid == 0 || qid > self.granted_sqs || self.sqs.get(usize::from(qid)).is_none_or(Option::is_some) {
             return cs(command_specific::INVALID_QUEUE_IDENTIFIER);
         }
         let Some(size) = self.queue_size(sqe.cdw10) else {
             return cs(command_specific::INVALID_QUEUE_SIZE);
         };
         let cqid = (sqe.cdw11 >> 16) as u16;
-        let Some(cq) = self
-            .cqs
-            .get_mut(usize::from(cqid))
-            .and_then(Option::as_mut)
-            .filter(|_| cqid != 0)
+        let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut).filter(|_| cqid != 0)
         else {
             return cs(command_specific::COMPLETION_QUEUE_INVALID);
         };
@@ -222,12 +207,8 @@ impl Controller {
     /// completes, so none is lost. Nothing is reported as aborted.
     fn delete_sq(&mut self, sqe: &Sqe) -> Outcome {
         let qid = sqe.cdw10 as u16;
-        let Some(cqid) = self
-            .sqs
-            .get(usize::from(qid))
-            .and_then(Option::as_ref)
-            .map(|s| s.cqid)
-            .filter(|_| qid != 0)
+        let Some(cqid) =
+            self.sqs.get(usize::from(qid)).and_then(Option::as_ref).map(|s| s.cqid).filter(|_| qid != 0)
         else {
             return cs(command_specific::INVALID_QUEUE_IDENTIFIER);
         };
@@ -237,11 +218,7 @@ impl Controller {
                 all.reverse(); // earliest due first
                 for s in all {
                     if s.completion.sqid == qid {
-                        if let Some(cq) = self
-                            .cqs
-                            .get_mut(usize::from(s.cqid))
-                            .and_then(Option::as_mut)
-                        {
+                        if let Some(cq) = self.cqs.get_mut(usize::from(s.cqid)).and_then(Option::as_mut) {
                             cq.in_flight = cq.in_flight.saturating_sub(1);
                             cq.pending.push_back(s.completion);
                         }
@@ -262,12 +239,7 @@ impl Controller {
 
     fn delete_cq(&mut self, sqe: &Sqe) -> Outcome {
         let qid = sqe.cdw10 as u16;
-        let Some(cq) = self
-            .cqs
-            .get(usize::from(qid))
-            .and_then(Option::as_ref)
-            .filter(|_| qid != 0)
-        else {
+        let Some(cq) = self.cqs.get(usize::from(qid)).and_then(Option::as_ref).filter(|_| qid != 0) else {
             return cs(command_specific::INVALID_QUEUE_IDENTIFIER);
         };
         if cq.sq_count > 0 {
@@ -316,12 +288,8 @@ impl Controller {
         s.set_available_spare(100);
         s.set_available_spare_threshold(10);
         s.set_percentage_used(0);
-        s.set_data_units_read(u128::from(
-            sh.stats.media_bytes_read.load(Relaxed).div_ceil(unit),
-        ));
-        s.set_data_units_written(u128::from(
-            sh.stats.media_bytes_written.load(Relaxed).div_ceil(unit),
-        ));
+        s.set_data_units_read(u128::from(sh.stats.media_bytes_read.load(Relaxed).div_ceil(unit)));
+        s.set_data_units_written(u128::from(sh.stats.media_bytes_written.load(Relaxed).div_ceil(unit)));
         s.set_host_read_commands(u128::from(self.totals.host_reads));
         s.set_host_write_commands(u128::from(self.totals.host_writes));
         s.set_power_cycles(1);
@@ -340,9 +308,7 @@ impl Controller {
                     return invalid_field();
                 }
                 if self.io_queue_created {
-                    return Outcome::status(
-                        Status::generic(generic::COMMAND_SEQUENCE_ERROR).with_dnr(true),
-                    );
+                    return Outcome::status(Status::generic(generic::COMMAND_SEQUENCE_ERROR).with_dnr(true));
                 }
                 self.granted_sqs = (nsqr + 1).min(self.config.io_queues);
                 self.granted_cqs = (ncqr + 1).min(self.config.io_queues);
@@ -370,10 +336,6 @@ impl Controller {
     }
 
     fn nq_dw0(&self, sqs: u16, cqs: u16) -> u32 {
-        NumberOfQueues {
-            sq_count: u32::from(sqs),
-            cq_count: u32::from(cqs),
-        }
-        .to_dw0()
+        NumberOfQueues { sq_count: u32::from(sqs), cq_count: u32::from(cqs) }.to_dw0()
     }
 }

@@ -111,13 +111,7 @@ impl EmulatorConfig {
         let name = name.into();
         let serial: String = format!("EMU-{name}")
             .chars()
-            .map(|c| {
-                if c.is_ascii_graphic() || c == ' ' {
-                    c
-                } else {
-                    '_'
-                }
-            })
+            .map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '_' })
             .take(20)
             .collect();
         Self {
@@ -139,12 +133,8 @@ impl EmulatorConfig {
     /// (4 << dstrd)` rounded up to 4 KiB.
     pub fn register_page_len(&self) -> Option<usize> {
         let stride = 4usize.checked_shl(u32::from(self.dstrd))?;
-        let doorbells = (usize::from(self.io_queues) + 1)
-            .checked_mul(2)?
-            .checked_mul(stride)?;
-        0x1000usize
-            .checked_add(doorbells)?
-            .checked_next_multiple_of(0x1000)
+        let doorbells = (usize::from(self.io_queues) + 1).checked_mul(2)?.checked_mul(stride)?;
+        0x1000usize.checked_add(doorbells)?.checked_next_multiple_of(0x1000)
     }
 
     /// Largest data transfer of one command in bytes (MDTS), `None` = no
@@ -160,11 +150,7 @@ impl EmulatorConfig {
     /// Checks every field; [`crate::Emulator::start`] calls this first.
     pub fn validate(&self) -> Result<(), EmuError> {
         let bad = |field: &'static str, value: u64, reason: &'static str| {
-            Err(EmuError::Config {
-                field,
-                value,
-                reason,
-            })
+            Err(EmuError::Config { field, value, reason })
         };
         if self.name.contains('\0') {
             return bad("name", 0, "contains a NUL byte");
@@ -173,20 +159,12 @@ impl EmulatorConfig {
             return bad("namespaces", 0, "at least one namespace is required");
         }
         if self.namespaces.len() > MAX_NAMESPACES {
-            return bad(
-                "namespaces",
-                self.namespaces.len() as u64,
-                "at most 1024 namespaces",
-            );
+            return bad("namespaces", self.namespaces.len() as u64, "at most 1024 namespaces");
         }
         let mut total: u64 = 0;
         for ns in &self.namespaces {
             if ns.lbads().is_none() {
-                return bad(
-                    "block_size",
-                    u64::from(ns.block_size),
-                    "must be 512 or 4096",
-                );
+                return bad("block_size", u64::from(ns.block_size), "must be 512 or 4096");
             }
             if ns.blocks == 0 {
                 return bad("blocks", 0, "a namespace needs at least one block");
@@ -216,30 +194,16 @@ impl EmulatorConfig {
         }
         match self.register_page_len() {
             Some(n) if n <= MAX_REGISTER_PAGE => {}
-            _ => {
-                return bad(
-                    "io_queues",
-                    u64::from(self.io_queues),
-                    "register page too large for dstrd",
-                )
-            }
+            _ => return bad("io_queues", u64::from(self.io_queues), "register page too large for dstrd"),
         }
         if self.cap_to_500ms == 0 {
             return bad("cap_to_500ms", 0, "CAP.TO must be at least 1");
         }
         if self.serial.len() > 20 || !self.serial.bytes().all(|b| (0x20..0x7f).contains(&b)) {
-            return bad(
-                "serial",
-                self.serial.len() as u64,
-                "at most 20 printable ASCII bytes",
-            );
+            return bad("serial", self.serial.len() as u64, "at most 20 printable ASCII bytes");
         }
         if self.model.len() > 40 || !self.model.bytes().all(|b| (0x20..0x7f).contains(&b)) {
-            return bad(
-                "model",
-                self.model.len() as u64,
-                "at most 40 printable ASCII bytes",
-            );
+            return bad("model", self.model.len() as u64, "at most 40 printable ASCII bytes");
         }
         if let Some(t) = &self.timing {
             if t.bandwidth_bytes_per_s == Some(0) {
@@ -286,11 +250,7 @@ mod tests {
         c.serial = "x".repeat(21);
         assert!(c.validate().is_err());
         let mut c = ok;
-        c.timing = Some(TimingModel {
-            latency: Duration::ZERO,
-            bandwidth_bytes_per_s: Some(0),
-            iops: None,
-        });
+        c.timing = Some(TimingModel { latency: Duration::ZERO, bandwidth_bytes_per_s: Some(0), iops: None });
         assert!(c.validate().is_err());
     }
 }

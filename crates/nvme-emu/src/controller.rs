@@ -86,29 +86,17 @@ pub(crate) enum State {
 pub(crate) enum Outcome {
     /// Post a completion now (or when the timing model says, if
     /// `media_bytes` is `Some`).
-    Complete {
-        status: Status,
-        dw0: u32,
-        media_bytes: Option<u64>,
-    },
+    Complete { status: Status, dw0: u32, media_bytes: Option<u64> },
     /// No completion (Asynchronous Event Request).
     Deferred,
 }
 
 impl Outcome {
     pub(crate) fn status(status: Status) -> Self {
-        Outcome::Complete {
-            status,
-            dw0: 0,
-            media_bytes: None,
-        }
+        Outcome::Complete { status, dw0: 0, media_bytes: None }
     }
     pub(crate) fn ok(dw0: u32) -> Self {
-        Outcome::Complete {
-            status: Status::SUCCESS,
-            dw0,
-            media_bytes: None,
-        }
+        Outcome::Complete { status: Status::SUCCESS, dw0, media_bytes: None }
     }
 }
 
@@ -231,13 +219,7 @@ impl Controller {
             && asq & (page - 1) == 0
             && acq & (page - 1) == 0;
         if !valid {
-            tracing::debug!(
-                cc = cc.0,
-                aqa = aqa.0,
-                asq,
-                acq,
-                "nvme-emu: invalid enable, setting CSTS.CFS"
-            );
+            tracing::debug!(cc = cc.0, aqa = aqa.0, asq, acq, "nvme-emu: invalid enable, setting CSTS.CFS");
             self.state = State::Fatal;
             self.set_csts(sh, Csts(0).with_cfs(true));
             return;
@@ -260,19 +242,13 @@ impl Controller {
             let dma = sh.iova.view();
             if let Some(t) = &mut self.timing {
                 while let Some(s) = t.heap.pop() {
-                    if let Some(cq) = self
-                        .cqs
-                        .get_mut(usize::from(s.cqid))
-                        .and_then(Option::as_mut)
-                    {
+                    if let Some(cq) = self.cqs.get_mut(usize::from(s.cqid)).and_then(Option::as_mut) {
                         cq.in_flight = cq.in_flight.saturating_sub(1);
                         cq.pending.push_back(s.completion);
                     }
                 }
             }
-            let cqids: Vec<u16> = std::iter::once(0)
-                .chain(self.active_cqs.iter().copied())
-                .collect();
+            let cqids: Vec<u16> = std::iter::once(0).chain(self.active_cqs.iter().copied()).collect();
             for cqid in cqids {
                 if self.post_pending(sh, &dma, cqid).is_err() {
                     break;
@@ -299,8 +275,7 @@ impl Controller {
             State::Disabled if cc.en() => self.enable(sh, cc),
             State::Enabled if !cc.en() => self.reset(sh),
             State::Enabled => {
-                if let s @ (ShutdownNotification::Normal | ShutdownNotification::Abrupt) = cc.shn()
-                {
+                if let s @ (ShutdownNotification::Normal | ShutdownNotification::Abrupt) = cc.shn() {
                     self.shutdown(sh, s);
                 }
             }
@@ -315,14 +290,10 @@ impl Controller {
             sh.stats.commands.fetch_add(l.commands, Ordering::Relaxed);
         }
         if l.media_bytes_read != 0 {
-            sh.stats
-                .media_bytes_read
-                .fetch_add(l.media_bytes_read, Ordering::Relaxed);
+            sh.stats.media_bytes_read.fetch_add(l.media_bytes_read, Ordering::Relaxed);
         }
         if l.media_bytes_written != 0 {
-            sh.stats
-                .media_bytes_written
-                .fetch_add(l.media_bytes_written, Ordering::Relaxed);
+            sh.stats.media_bytes_written.fetch_add(l.media_bytes_written, Ordering::Relaxed);
         }
         self.totals.host_reads += l.host_reads;
         self.totals.host_writes += l.host_writes;
@@ -348,12 +319,7 @@ impl Controller {
         }
     }
 
-    fn poll_enabled(
-        &mut self,
-        sh: &Shared,
-        dma: &DmaView<'_>,
-        now: Instant,
-    ) -> Result<bool, Fatal> {
+    fn poll_enabled(&mut self, sh: &Shared, dma: &DmaView<'_>, now: Instant) -> Result<bool, Fatal> {
         let mut work = false;
         // CQ head doorbells, then completions that were waiting for room.
         for i in 0..=self.active_cqs.len() {
@@ -375,11 +341,7 @@ impl Controller {
                 break;
             };
             work = true;
-            if let Some(cq) = self
-                .cqs
-                .get_mut(usize::from(s.cqid))
-                .and_then(Option::as_mut)
-            {
+            if let Some(cq) = self.cqs.get_mut(usize::from(s.cqid)).and_then(Option::as_mut) {
                 cq.in_flight = cq.in_flight.saturating_sub(1);
             }
             self.complete_now(sh, dma, s.cqid, s.completion)?;
@@ -399,13 +361,7 @@ impl Controller {
     }
 
     /// Reads SQ `qid`'s tail doorbell and executes up to [`BATCH`] commands.
-    fn drain_sq(
-        &mut self,
-        sh: &Shared,
-        dma: &DmaView<'_>,
-        qid: u16,
-        now: Instant,
-    ) -> Result<bool, Fatal> {
+    fn drain_sq(&mut self, sh: &Shared, dma: &DmaView<'_>, qid: u16, now: Instant) -> Result<bool, Fatal> {
         let raw = sh.regs.doorbell(qid, false);
         {
             let Some(sq) = self.sqs.get_mut(usize::from(qid)).and_then(Option::as_mut) else {
@@ -432,30 +388,14 @@ impl Controller {
             }
             let sqe = sq.fetch(dma)?;
             n += 1;
-            let outcome = if qid == 0 {
-                self.admin(sh, dma, &sqe)
-            } else {
-                self.io(sh, dma, &sqe)
-            };
-            if let Outcome::Complete {
-                status,
-                dw0,
-                media_bytes,
-            } = outcome
-            {
-                let c = Completion {
-                    dw0,
-                    sqid: qid,
-                    cid: sqe.cid(),
-                    status,
-                };
+            let outcome = if qid == 0 { self.admin(sh, dma, &sqe) } else { self.io(sh, dma, &sqe) };
+            if let Outcome::Complete { status, dw0, media_bytes } = outcome {
+                let c = Completion { dw0, sqid: qid, cid: sqe.cid(), status };
                 match (&mut self.timing, media_bytes) {
                     (Some(t), Some(bytes)) if qid != 0 => {
                         let due = t.schedule(now, bytes);
                         t.push(due, cqid, c);
-                        if let Some(cq) =
-                            self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut)
-                        {
+                        if let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) {
                             cq.in_flight += 1;
                         }
                     }
@@ -521,10 +461,7 @@ impl Controller {
     /// SQHD for a CQE of SQ `sqid`: its current head (entries before it
     /// may be reused), or 0 for a deleted SQ.
     fn sqhd(&self, sqid: u16) -> u16 {
-        self.sqs
-            .get(usize::from(sqid))
-            .and_then(Option::as_ref)
-            .map_or(0, |s| s.head as u16)
+        self.sqs.get(usize::from(sqid)).and_then(Option::as_ref).map_or(0, |s| s.head as u16)
     }
 
     /// Counts a DMA fault on a data transfer.
@@ -551,11 +488,7 @@ impl Controller {
             };
             if dma.read(s.iova, dst).is_err() {
                 self.data_fault(sh);
-                return Err(crate::prp::PrpError::Fault(DmaFault {
-                    iova: s.iova,
-                    len: l,
-                })
-                .status());
+                return Err(crate::prp::PrpError::Fault(DmaFault { iova: s.iova, len: l }).status());
             }
             off += l;
         }
@@ -582,11 +515,7 @@ impl Controller {
                 .and_then(|()| dma.zero(s.iova + from_data as u64, l - from_data));
             if r.is_err() {
                 self.data_fault(sh);
-                return Err(crate::prp::PrpError::Fault(DmaFault {
-                    iova: s.iova,
-                    len: l,
-                })
-                .status());
+                return Err(crate::prp::PrpError::Fault(DmaFault { iova: s.iova, len: l }).status());
             }
             off += l;
         }
@@ -594,13 +523,7 @@ impl Controller {
     }
 
     /// Walks the command's PRPs for `len` bytes into `self.segs`.
-    pub(crate) fn walk(
-        &mut self,
-        sh: &Shared,
-        dma: &DmaView<'_>,
-        sqe: &Sqe,
-        len: u64,
-    ) -> Result<(), Status> {
+    pub(crate) fn walk(&mut self, sh: &Shared, dma: &DmaView<'_>, sqe: &Sqe, len: u64) -> Result<(), Status> {
         crate::prp::walk(dma, sqe.prp1, sqe.prp2, len, self.page, &mut self.segs).map_err(|e| {
             if matches!(e, crate::prp::PrpError::Fault(_)) {
                 self.data_fault(sh);

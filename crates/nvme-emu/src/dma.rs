@@ -75,12 +75,7 @@ unsafe impl Sync for IovaSpace {}
 
 impl IovaSpace {
     pub(crate) fn new() -> Self {
-        Self {
-            regions: RwLock::new(Regions {
-                map: BTreeMap::new(),
-                next: IOVA_BASE,
-            }),
-        }
+        Self { regions: RwLock::new(Regions { map: BTreeMap::new(), next: IOVA_BASE }) }
     }
 
     /// Maps `len` bytes at `host` (page aligned, `len > 0`) and returns
@@ -99,14 +94,7 @@ impl IovaSpace {
             .and_then(|l| iova.checked_add(l))
             .ok_or(DeviceError::AddressSpaceExhausted { len })?;
         r.next = next;
-        r.map.insert(
-            iova,
-            Region {
-                iova,
-                len: len as u64,
-                host,
-            },
-        );
+        r.map.insert(iova, Region { iova, len: len as u64, host });
         Ok(DmaMapping::contiguous(iova, len))
     }
 
@@ -126,10 +114,7 @@ impl IovaSpace {
 
     /// Locks the table for reading (one controller poll iteration).
     pub(crate) fn view(&self) -> DmaView<'_> {
-        DmaView {
-            guard: self.regions.read().unwrap_or_else(|e| e.into_inner()),
-            last: Cell::new(None),
-        }
+        DmaView { guard: self.regions.read().unwrap_or_else(|e| e.into_inner()), last: Cell::new(None) }
     }
 }
 
@@ -252,32 +237,19 @@ mod tests {
         let p2 = unsafe { NonNull::new_unchecked(p.as_ptr().add(4096)) };
         let b = space.map(p2, 2 * 4096 - 100).unwrap();
         assert_eq!(a.pages(), &[IOVA_BASE]);
-        assert_eq!(
-            b.pages()[0],
-            IOVA_BASE + 2 * 4096,
-            "guard page between mappings"
-        );
+        assert_eq!(b.pages()[0], IOVA_BASE + 2 * 4096, "guard page between mappings");
         {
             let v = space.view();
             v.write(IOVA_BASE + 8, &[1, 2, 3]).unwrap();
             let mut buf = [0u8; 3];
             v.read(IOVA_BASE + 8, &mut buf).unwrap();
             assert_eq!(buf, [1, 2, 3]);
-            assert!(
-                v.read(IOVA_BASE + 4090, &mut [0u8; 8]).is_err(),
-                "crosses into the guard"
-            );
+            assert!(v.read(IOVA_BASE + 4090, &mut [0u8; 8]).is_err(), "crosses into the guard");
             assert!(v.check(IOVA_BASE + 4096, 1).is_err());
             assert!(v.check(b.pages()[0] + 2 * 4096 - 101, 1).is_ok());
-            assert!(
-                v.check(b.pages()[0] + 2 * 4096 - 100, 1).is_err(),
-                "past exact length"
-            );
+            assert!(v.check(b.pages()[0] + 2 * 4096 - 100, 1).is_err(), "past exact length");
             assert!(v.check(0, 1).is_err());
-            assert!(
-                v.zero(IOVA_BASE + 4096, 0).is_ok(),
-                "empty accesses touch nothing"
-            );
+            assert!(v.zero(IOVA_BASE + 4096, 0).is_ok(), "empty accesses touch nothing");
             assert!(v.check(u64::MAX, 4).is_err());
             v.store_u32(IOVA_BASE + 16, 7, Ordering::Release).unwrap();
             assert_eq!(v.load_u32(IOVA_BASE + 16, Ordering::Acquire).unwrap(), 7);
@@ -286,15 +258,9 @@ mod tests {
         assert!(space.map(p, 0).is_err());
         // SAFETY: in bounds.
         let unaligned = unsafe { NonNull::new_unchecked(p.as_ptr().add(8)) };
-        assert!(matches!(
-            space.map(unaligned, 8),
-            Err(DeviceError::BadRange { .. })
-        ));
+        assert!(matches!(space.map(unaligned, 8), Err(DeviceError::BadRange { .. })));
         space.unmap(&a).unwrap();
-        assert!(matches!(
-            space.unmap(&a),
-            Err(DeviceError::NotMapped { .. })
-        ));
+        assert!(matches!(space.unmap(&a), Err(DeviceError::NotMapped { .. })));
         assert!(space.view().check(IOVA_BASE, 1).is_err());
         space.unmap(&b).unwrap();
         // SAFETY: allocated above with this layout; no longer mapped.

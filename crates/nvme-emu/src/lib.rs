@@ -175,10 +175,7 @@ pub struct Emulator {
 
 impl fmt::Debug for Emulator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Emulator")
-            .field("name", &self.name)
-            .field("stats", &self.stats())
-            .finish()
+        f.debug_struct("Emulator").field("name", &self.name).field("stats", &self.stats()).finish()
     }
 }
 
@@ -201,12 +198,7 @@ impl Emulator {
             .name(format!("nvme-emu-{}", config.name))
             .spawn(move || controller::run(thread_shared, ctrl))
             .map_err(EmuError::Spawn)?;
-        Ok(Arc::new(Emulator {
-            name: format!("emu:{}", config.name),
-            shared,
-            config,
-            thread: Some(thread),
-        }))
+        Ok(Arc::new(Emulator { name: format!("emu:{}", config.name), shared, config, thread: Some(thread) }))
     }
 
     /// The counters now.

@@ -21,11 +21,7 @@ fn fail(sc: u8) -> Outcome {
 }
 
 fn success(media_bytes: u64) -> Outcome {
-    Outcome::Complete {
-        status: Status::SUCCESS,
-        dw0: 0,
-        media_bytes: Some(media_bytes),
-    }
+    Outcome::Complete { status: Status::SUCCESS, dw0: 0, media_bytes: Some(media_bytes) }
 }
 
 /// CDW12 bit 25 of Write Zeroes: DEAC, deallocate.

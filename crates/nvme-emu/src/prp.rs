@@ -103,11 +103,7 @@ pub(crate) fn walk(
         let needed = remaining.div_ceil(page);
         // Data entries in this page; if more are needed than slots, the
         // last slot is the pointer to the next list page.
-        let (data, chained) = if needed <= slots {
-            (needed, false)
-        } else {
-            (slots - 1, true)
-        };
+        let (data, chained) = if needed <= slots { (needed, false) } else { (slots - 1, true) };
         let mut i = 0;
         while i < data {
             let n = (data - i).min(LIST_CHUNK as u64) as usize;
@@ -149,10 +145,7 @@ fn push(dma: &DmaView<'_>, out: &mut Vec<Segment>, iova: u64, len: u64) -> Resul
             return Ok(());
         }
     }
-    out.push(Segment {
-        iova,
-        len: len as u32,
-    });
+    out.push(Segment { iova, len: len as u32 });
     Ok(())
 }
 
@@ -197,39 +190,12 @@ mod tests {
         let v = m.space.view();
         let mut out = Vec::new();
         walk(&v, B + 0x200, 0, 512, P, &mut out).unwrap();
-        assert_eq!(
-            out,
-            [Segment {
-                iova: B + 0x200,
-                len: 512
-            }]
-        );
+        assert_eq!(out, [Segment { iova: B + 0x200, len: 512 }]);
         walk(&v, B + 0x200, B + 5 * P, P, P, &mut out).unwrap();
-        assert_eq!(
-            out,
-            [
-                Segment {
-                    iova: B + 0x200,
-                    len: 0xE00
-                },
-                Segment {
-                    iova: B + 5 * P,
-                    len: 0x200
-                }
-            ]
-        );
-        assert_eq!(
-            walk(&v, B + 2, 0, 4, P, &mut out),
-            Err(PrpError::OffsetInvalid)
-        );
-        assert_eq!(
-            walk(&v, B, B + 5 * P + 8, 2 * P, P, &mut out),
-            Err(PrpError::OffsetInvalid)
-        );
-        assert!(matches!(
-            walk(&v, B + 8 * P, 0, 4, P, &mut out),
-            Err(PrpError::Fault(_))
-        ));
+        assert_eq!(out, [Segment { iova: B + 0x200, len: 0xE00 }, Segment { iova: B + 5 * P, len: 0x200 }]);
+        assert_eq!(walk(&v, B + 2, 0, 4, P, &mut out), Err(PrpError::OffsetInvalid));
+        assert_eq!(walk(&v, B, B + 5 * P + 8, 2 * P, P, &mut out), Err(PrpError::OffsetInvalid));
+        assert!(matches!(walk(&v, B + 8 * P, 0, 4, P, &mut out), Err(PrpError::Fault(_))));
     }
 
     #[test]
@@ -247,36 +213,18 @@ mod tests {
         walk(&v, B + 7 * P, list, 4 * P, P, &mut out).unwrap();
         assert_eq!(
             out,
-            [
-                Segment {
-                    iova: B + 7 * P,
-                    len: 3 * P as u32
-                },
-                Segment {
-                    iova: B + 11 * P,
-                    len: P as u32
-                }
-            ]
+            [Segment { iova: B + 7 * P, len: 3 * P as u32 }, Segment { iova: B + 11 * P, len: P as u32 }]
         );
         // Misaligned list pointer, unaligned data entry, unmapped entry.
-        assert_eq!(
-            walk(&v, B, B + P + 4, 3 * P, P, &mut out),
-            Err(PrpError::OffsetInvalid)
-        );
+        assert_eq!(walk(&v, B, B + P + 4, 3 * P, P, &mut out), Err(PrpError::OffsetInvalid));
         drop(v);
         m.set_u64(B + 3 * P, B + 4 * P + 0x10);
         let v = m.space.view();
-        assert_eq!(
-            walk(&v, B, B + 3 * P, 3 * P, P, &mut out),
-            Err(PrpError::OffsetInvalid)
-        );
+        assert_eq!(walk(&v, B, B + 3 * P, 3 * P, P, &mut out), Err(PrpError::OffsetInvalid));
         drop(v);
         m.set_u64(B + 3 * P, B + 100 * P);
         let v = m.space.view();
-        assert!(matches!(
-            walk(&v, B, B + 3 * P, 3 * P, P, &mut out),
-            Err(PrpError::Fault(_))
-        ));
+        assert!(matches!(walk(&v, B, B + 3 * P, 3 * P, P, &mut out), Err(PrpError::Fault(_))));
     }
 
     #[test]

@@ -48,14 +48,7 @@ pub(crate) struct SubQueue {
 
 impl SubQueue {
     pub(crate) fn new(base: u64, size: u32, cqid: u16) -> Self {
-        Self {
-            base,
-            size,
-            head: 0,
-            tail: 0,
-            last_db: 0,
-            cqid,
-        }
+        Self { base, size, head: 0, tail: 0, last_db: 0, cqid }
     }
 
     /// Applies a raw tail doorbell value. Returns `false` for an invalid
@@ -81,11 +74,7 @@ impl SubQueue {
         let mut bytes = [0u8; SQE_SIZE as usize];
         let iova = self.base.wrapping_add(u64::from(self.head) * SQE_SIZE);
         dma.read(iova, &mut bytes)?;
-        self.head = if self.head + 1 >= self.size {
-            0
-        } else {
-            self.head + 1
-        };
+        self.head = if self.head + 1 >= self.size { 0 } else { self.head + 1 };
         Ok(Sqe::read_from_bytes(&bytes).unwrap_or_default())
     }
 }
@@ -158,12 +147,7 @@ impl CompQueue {
     /// Writes one CQE at the tail: DW0..DW2 first, then DW3 (CID, phase,
     /// status) with a Release store so that a host seeing the new phase tag
     /// (Acquire) sees the whole entry. The caller checks `is_full` first.
-    pub(crate) fn post(
-        &mut self,
-        dma: &DmaView<'_>,
-        c: &Completion,
-        sqhd: u16,
-    ) -> Result<(), DmaFault> {
+    pub(crate) fn post(&mut self, dma: &DmaView<'_>, c: &Completion, sqhd: u16) -> Result<(), DmaFault> {
         let cqe = Cqe::new(c.dw0, sqhd, c.sqid, c.cid, c.status, self.phase);
         let d = cqe.to_dwords();
         let iova = self.base.wrapping_add(u64::from(self.tail) * CQE_SIZE);

@@ -38,8 +38,8 @@ impl RegisterPage {
             value: u64::from(config.io_queues),
             reason: "register page too large",
         })?;
-        let layout = Layout::from_size_align(len, 4096)
-            .map_err(|_| EmuError::OutOfMemory { bytes: len as u64 })?;
+        let layout =
+            Layout::from_size_align(len, 4096).map_err(|_| EmuError::OutOfMemory { bytes: len as u64 })?;
         // SAFETY: `len >= 0x1000`, non-zero.
         let ptr = unsafe { alloc::alloc_zeroed(layout) };
         if ptr.is_null() {
@@ -56,12 +56,7 @@ impl RegisterPage {
                 return Err(EmuError::Mmio(e));
             }
         };
-        let page = Self {
-            mmio,
-            ptr,
-            layout,
-            dstrd: config.dstrd,
-        };
+        let page = Self { mmio, ptr, layout, dstrd: config.dstrd };
         page.write64(offset::CAP, Self::cap(config).0);
         page.write32(offset::VS, Vs::V1_4.0);
         page.set_csts(Csts(0));

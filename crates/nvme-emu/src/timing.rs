@@ -52,26 +52,15 @@ pub(crate) struct Timing {
 
 impl Timing {
     pub(crate) fn new(model: TimingModel) -> Self {
-        Self {
-            model,
-            channel_free_at: Instant::now(),
-            seq: 0,
-            heap: BinaryHeap::with_capacity(1024),
-        }
+        Self { model, channel_free_at: Instant::now(), seq: 0, heap: BinaryHeap::with_capacity(1024) }
     }
 
     /// How long `bytes` occupy the channel.
     pub(crate) fn occupancy(&self, bytes: u64) -> Duration {
         let ns = |num: u128, den: u64| {
-            Duration::from_nanos(
-                (num * 1_000_000_000 / u128::from(den)).min(u128::from(u64::MAX)) as u64,
-            )
+            Duration::from_nanos((num * 1_000_000_000 / u128::from(den)).min(u128::from(u64::MAX)) as u64)
         };
-        let bw = self
-            .model
-            .bandwidth_bytes_per_s
-            .map(|b| ns(u128::from(bytes), b))
-            .unwrap_or_default();
+        let bw = self.model.bandwidth_bytes_per_s.map(|b| ns(u128::from(bytes), b)).unwrap_or_default();
         let op = self.model.iops.map(|i| ns(1, i)).unwrap_or_default();
         bw.max(op)
     }
@@ -88,12 +77,7 @@ impl Timing {
     /// Queues `completion` for CQ `cqid`, due at `due`.
     pub(crate) fn push(&mut self, due: Instant, cqid: u16, completion: Completion) {
         self.seq += 1;
-        self.heap.push(Scheduled {
-            due,
-            seq: self.seq,
-            cqid,
-            completion,
-        });
+        self.heap.push(Scheduled { due, seq: self.seq, cqid, completion });
     }
 
     /// Earliest due time, if any.
@@ -140,12 +124,7 @@ mod tests {
         let b = t.schedule(now, 4096);
         assert_eq!(a, now + Duration::from_micros(20));
         assert_eq!(b, now + Duration::from_micros(30));
-        let c = Completion {
-            dw0: 0,
-            sqid: 1,
-            cid: 0,
-            status: Status::SUCCESS,
-        };
+        let c = Completion { dw0: 0, sqid: 1, cid: 0, status: Status::SUCCESS };
         t.push(b, 1, Completion { cid: 2, ..c });
         t.push(a, 1, Completion { cid: 1, ..c });
         assert_eq!(t.next_due(), Some(a));

@@ -12,9 +12,7 @@ use nvm_queue::{DmaBuffer, NvmeDevice};
 use nvme_emu::{BackingSpec, Emulator, EmulatorConfig, NamespaceSpec, TimingModel, IOVA_BASE};
 use nvme_regs::registers::offset;
 use nvme_regs::status::{command_specific as csc, generic as gsc};
-use nvme_regs::{
-    IdentifyController, IdentifyNamespace, ShutdownNotification, ShutdownStatus, Sqe, Status,
-};
+use nvme_regs::{IdentifyController, IdentifyNamespace, ShutdownNotification, ShutdownStatus, Sqe, Status};
 
 #[test]
 fn enable_sets_rdy_and_reset_clears_it() {
@@ -35,18 +33,10 @@ fn bad_enable_sets_cfs() {
     let emu = Emulator::start(config("cfs")).unwrap();
     let dev: Arc<dyn NvmeDevice> = emu.clone();
     let admin = Queue::new(&dev, 0, 8, 8);
-    let h = Harness {
-        emu,
-        dev,
-        admin,
-        dstrd: 0,
-    };
+    let h = Harness { emu, dev, admin, dstrd: 0 };
     h.program_admin();
     h.write_cc(cc_enable().with_iosqes(7));
-    assert!(
-        h.wait_csts(|c| c.cfs()).is_some(),
-        "CFS not set for IOSQES 7"
-    );
+    assert!(h.wait_csts(|c| c.cfs()).is_some(), "CFS not set for IOSQES 7");
     assert!(!csts(&*h.dev).rdy());
     h.write_cc(cc_enable().with_en(false));
     assert!(h.wait_csts(|c| !c.cfs()).is_some(), "EN 0 clears CFS");
@@ -56,10 +46,7 @@ fn bad_enable_sets_cfs() {
     h.write_cc(cc_enable().with_en(false));
     assert!(h.wait_csts(|c| !c.cfs()).is_some());
     // Misaligned ASQ.
-    h.dev
-        .bar0()
-        .write64(offset::ASQ, h.admin.sq.device_addr(0).unwrap() + 64)
-        .unwrap();
+    h.dev.bar0().write64(offset::ASQ, h.admin.sq.device_addr(0).unwrap() + 64).unwrap();
     h.write_cc(cc_enable());
     assert!(h.wait_csts(|c| c.cfs()).is_some());
 }
@@ -99,22 +86,12 @@ fn identify_contents() {
     let c = h.admin(identify(0, 1, buf.device_addr(0).unwrap()));
     assert_eq!(c.status(), Status::SUCCESS);
     buf.read_bytes(0, &mut bytes).unwrap();
-    assert_eq!(
-        IdentifyNamespace::parse(&bytes)
-            .unwrap()
-            .block_size()
-            .unwrap(),
-        4096
-    );
+    assert_eq!(IdentifyNamespace::parse(&bytes).unwrap().block_size().unwrap(), 4096);
 
     // Invalid NSIDs and CNS.
     for nsid in [0, 3, 0xFFFF_FFFF] {
         let c = h.admin(identify(0, nsid, buf.device_addr(0).unwrap()));
-        assert_eq!(
-            c.status(),
-            generic(gsc::INVALID_NAMESPACE_OR_FORMAT),
-            "nsid {nsid:#x}"
-        );
+        assert_eq!(c.status(), generic(gsc::INVALID_NAMESPACE_OR_FORMAT), "nsid {nsid:#x}");
     }
     let c = h.admin(identify(0x55, 0, buf.device_addr(0).unwrap()));
     assert_eq!(c.status(), generic(gsc::INVALID_FIELD));
@@ -135,12 +112,7 @@ fn write_then_read_with_prp_list() {
     let data = DmaBuffer::new(&h.dev, 4 * PAGE).unwrap();
     let list = DmaBuffer::new(&h.dev, PAGE).unwrap();
     for i in 1..4 {
-        list.store_u64(
-            (i - 1) * 8,
-            data.device_addr(i * PAGE).unwrap(),
-            Ordering::Relaxed,
-        )
-        .unwrap();
+        list.store_u64((i - 1) * 8, data.device_addr(i * PAGE).unwrap(), Ordering::Relaxed).unwrap();
     }
     let payload = pattern(3 * PAGE, 7);
     data.write_bytes(0x200, &payload).unwrap();
@@ -166,16 +138,9 @@ fn write_then_read_with_prp_list() {
     one.read_bytes(0, &mut blk).unwrap();
     assert!(blk[..] == payload[PAGE..2 * PAGE]);
     // Flush (no volatile cache) and Flush to all namespaces.
-    assert_eq!(
-        h.submit_on(&mut q, Sqe::new(0x00, 1)).status(),
-        Status::SUCCESS
-    );
-    assert_eq!(
-        h.submit_on(&mut q, Sqe::new(0x00, 0xFFFF_FFFF)).status(),
-        Status::SUCCESS
-    );
-    let s =
-        wait_for(|| Some(h.emu.stats()).filter(|s| s.media_bytes_read >= 4 * PAGE as u64)).unwrap();
+    assert_eq!(h.submit_on(&mut q, Sqe::new(0x00, 1)).status(), Status::SUCCESS);
+    assert_eq!(h.submit_on(&mut q, Sqe::new(0x00, 0xFFFF_FFFF)).status(), Status::SUCCESS);
+    let s = wait_for(|| Some(h.emu.stats()).filter(|s| s.media_bytes_read >= 4 * PAGE as u64)).unwrap();
     assert_eq!(s.media_bytes_written, 3 * PAGE as u64);
     assert_eq!(s.dma_faults, 0);
     // SQHD follows the SQ head.
@@ -195,44 +160,22 @@ fn queue_creation_errors() {
     let iqi = specific(csc::INVALID_QUEUE_IDENTIFIER);
     assert_eq!(h.admin(create_cq(0, 16, cq)).status(), iqi);
     assert_eq!(h.admin(create_cq(3, 16, cq)).status(), iqi);
-    assert_eq!(
-        h.admin(create_cq(1, 65, cq)).status(),
-        specific(csc::INVALID_QUEUE_SIZE)
-    );
-    assert_eq!(
-        h.admin(create_cq(1, 1, cq)).status(),
-        specific(csc::INVALID_QUEUE_SIZE)
-    );
+    assert_eq!(h.admin(create_cq(1, 65, cq)).status(), specific(csc::INVALID_QUEUE_SIZE));
+    assert_eq!(h.admin(create_cq(1, 1, cq)).status(), specific(csc::INVALID_QUEUE_SIZE));
     let mut pc0 = create_cq(1, 16, cq);
     pc0.cdw11 = 0;
     assert_eq!(h.admin(pc0).status(), generic(gsc::INVALID_FIELD));
-    assert_eq!(
-        h.admin(create_cq(1, 16, cq + 512)).status(),
-        generic(gsc::INVALID_FIELD)
-    );
-    assert_eq!(
-        h.admin(create_sq(1, 16, sq, 1)).status(),
-        specific(csc::COMPLETION_QUEUE_INVALID)
-    );
-    assert_eq!(
-        h.admin(create_sq(1, 16, sq, 0)).status(),
-        specific(csc::COMPLETION_QUEUE_INVALID)
-    );
+    assert_eq!(h.admin(create_cq(1, 16, cq + 512)).status(), generic(gsc::INVALID_FIELD));
+    assert_eq!(h.admin(create_sq(1, 16, sq, 1)).status(), specific(csc::COMPLETION_QUEUE_INVALID));
+    assert_eq!(h.admin(create_sq(1, 16, sq, 0)).status(), specific(csc::COMPLETION_QUEUE_INVALID));
     assert_eq!(h.admin(create_cq(1, 64, cq)).status(), Status::SUCCESS);
     assert_eq!(h.admin(create_cq(1, 64, cq)).status(), iqi, "CQ 1 exists");
     assert_eq!(h.admin(create_sq(3, 16, sq, 1)).status(), iqi);
     assert_eq!(h.admin(create_sq(1, 64, sq, 1)).status(), Status::SUCCESS);
-    assert_eq!(
-        h.admin(create_sq(1, 64, sq, 1)).status(),
-        iqi,
-        "SQ 1 exists"
-    );
+    assert_eq!(h.admin(create_sq(1, 64, sq, 1)).status(), iqi, "SQ 1 exists");
     let mut del_cq = Sqe::new(0x04, 0);
     del_cq.cdw10 = 1;
-    assert_eq!(
-        h.admin(del_cq).status(),
-        specific(csc::INVALID_QUEUE_DELETION)
-    );
+    assert_eq!(h.admin(del_cq).status(), specific(csc::INVALID_QUEUE_DELETION));
     // Number of Queues cannot change once I/O queues exist.
     let mut nq = Sqe::new(0x09, 0);
     nq.cdw10 = 0x07;
@@ -273,8 +216,7 @@ fn features_logs_and_misc_admin() {
     // Only 2 CQs granted.
     let q = Queue::new(&h.dev, 3, 4, 4);
     assert_eq!(
-        h.admin(create_cq(3, 4, q.cq.device_addr(0).unwrap()))
-            .status(),
+        h.admin(create_cq(3, 4, q.cq.device_addr(0).unwrap())).status(),
         specific(csc::INVALID_QUEUE_IDENTIFIER)
     );
 
@@ -298,19 +240,9 @@ fn features_logs_and_misc_admin() {
     assert_eq!(h.admin(glp).status(), specific(csc::INVALID_LOG_PAGE));
 
     let c = h.admin(Sqe::new(0x08, 0));
-    assert_eq!(
-        (c.status(), c.dw0 & 1),
-        (Status::SUCCESS, 1),
-        "Abort: not aborted"
-    );
-    assert_eq!(
-        h.admin(Sqe::new(0x80, 0)).status(),
-        generic(gsc::INVALID_OPCODE)
-    );
-    assert_eq!(
-        h.admin(Sqe::new(0xC1, 0)).status(),
-        generic(gsc::INVALID_OPCODE)
-    );
+    assert_eq!((c.status(), c.dw0 & 1), (Status::SUCCESS, 1), "Abort: not aborted");
+    assert_eq!(h.admin(Sqe::new(0x80, 0)).status(), generic(gsc::INVALID_OPCODE));
+    assert_eq!(h.admin(Sqe::new(0xC1, 0)).status(), generic(gsc::INVALID_OPCODE));
     let mut fused = Sqe::new(0x06, 0);
     fused.cdw0 |= 1 << 8;
     assert_eq!(h.admin(fused).status(), generic(gsc::INVALID_FIELD));
@@ -325,18 +257,9 @@ fn io_validation_errors() {
     let buf = DmaBuffer::new(&h.dev, 2 * PAGE).unwrap();
     let a = buf.device_addr(0).unwrap();
     // LBA out of range: NS 1 has 1024 blocks.
-    assert_eq!(
-        h.submit_on(&mut q, rw(0x02, 1, 1023, 2, a, 0)).status(),
-        generic(gsc::LBA_OUT_OF_RANGE)
-    );
-    assert_eq!(
-        h.submit_on(&mut q, rw(0x02, 1, u64::MAX, 1, a, 0)).status(),
-        generic(gsc::LBA_OUT_OF_RANGE)
-    );
-    assert_eq!(
-        h.submit_on(&mut q, rw(0x02, 1, 1023, 1, a, 0)).status(),
-        Status::SUCCESS
-    );
+    assert_eq!(h.submit_on(&mut q, rw(0x02, 1, 1023, 2, a, 0)).status(), generic(gsc::LBA_OUT_OF_RANGE));
+    assert_eq!(h.submit_on(&mut q, rw(0x02, 1, u64::MAX, 1, a, 0)).status(), generic(gsc::LBA_OUT_OF_RANGE));
+    assert_eq!(h.submit_on(&mut q, rw(0x02, 1, 1023, 1, a, 0)).status(), Status::SUCCESS);
     // Invalid NSIDs.
     for nsid in [0, 3, 0xFFFF_FFFF] {
         assert_eq!(
@@ -345,61 +268,34 @@ fn io_validation_errors() {
         );
     }
     // Beyond MDTS (128 KiB = 32 blocks).
-    assert_eq!(
-        h.submit_on(&mut q, rw(0x02, 1, 0, 33, a, 0)).status(),
-        generic(gsc::INVALID_FIELD)
-    );
+    assert_eq!(h.submit_on(&mut q, rw(0x02, 1, 0, 33, a, 0)).status(), generic(gsc::INVALID_FIELD));
     // Unknown opcode, SGL.
-    assert_eq!(
-        h.submit_on(&mut q, Sqe::new(0x05, 1)).status(),
-        generic(gsc::INVALID_OPCODE)
-    );
+    assert_eq!(h.submit_on(&mut q, Sqe::new(0x05, 1)).status(), generic(gsc::INVALID_OPCODE));
     let mut sgl = rw(0x02, 1, 0, 1, a, 0);
     sgl.cdw0 |= 1 << 14;
-    assert_eq!(
-        h.submit_on(&mut q, sgl).status(),
-        generic(gsc::INVALID_FIELD)
-    );
+    assert_eq!(h.submit_on(&mut q, sgl).status(), generic(gsc::INVALID_FIELD));
     // PRP1 not dword aligned.
-    assert_eq!(
-        h.submit_on(&mut q, rw(0x02, 1, 0, 1, a + 2, 0)).status(),
-        generic(gsc::PRP_OFFSET_INVALID)
-    );
+    assert_eq!(h.submit_on(&mut q, rw(0x02, 1, 0, 1, a + 2, 0)).status(), generic(gsc::PRP_OFFSET_INVALID));
     // PRP2 data pointer with an offset.
     assert_eq!(
-        h.submit_on(&mut q, rw(0x02, 1, 0, 1, a + 0x200, a + PAGE as u64 + 8))
-            .status(),
+        h.submit_on(&mut q, rw(0x02, 1, 0, 1, a + 0x200, a + PAGE as u64 + 8)).status(),
         generic(gsc::PRP_OFFSET_INVALID)
     );
     assert_eq!(h.emu.stats().dma_faults, 0);
     // Unmapped PRP1, PRP2 into the guard page, an address below the IOVA base.
-    for (p1, p2) in [
-        (0x10_0000u64, 0),
-        (a + 0x200, a + 2 * PAGE as u64),
-        (IOVA_BASE - PAGE as u64, 0),
-    ] {
+    for (p1, p2) in [(0x10_0000u64, 0), (a + 0x200, a + 2 * PAGE as u64), (IOVA_BASE - PAGE as u64, 0)] {
         let c = h.submit_on(&mut q, rw(0x02, 1, 0, 1, p1, p2));
-        assert_eq!(
-            c.status(),
-            generic(gsc::DATA_TRANSFER_ERROR),
-            "prp {p1:#x} {p2:#x}"
-        );
+        assert_eq!(c.status(), generic(gsc::DATA_TRANSFER_ERROR), "prp {p1:#x} {p2:#x}");
     }
     assert_eq!(h.emu.stats().dma_faults, 3);
     // A buffer that was unmapped is no longer reachable.
     let gone = DmaBuffer::new(&h.dev, PAGE).unwrap();
     let g = gone.device_addr(0).unwrap();
     drop(gone);
-    assert_eq!(
-        h.submit_on(&mut q, rw(0x01, 1, 0, 1, g, 0)).status(),
-        generic(gsc::DATA_TRANSFER_ERROR)
-    );
+    assert_eq!(h.submit_on(&mut q, rw(0x01, 1, 0, 1, g, 0)).status(), generic(gsc::DATA_TRANSFER_ERROR));
     assert_eq!(h.emu.stats().dma_faults, 4);
     // The controller is still healthy.
-    assert_eq!(
-        h.submit_on(&mut q, rw(0x02, 1, 0, 1, a, 0)).status(),
-        Status::SUCCESS
-    );
+    assert_eq!(h.submit_on(&mut q, rw(0x02, 1, 0, 1, a, 0)).status(), Status::SUCCESS);
     assert!(!csts(&*h.dev).cfs());
 }
 
@@ -418,10 +314,7 @@ fn invalid_doorbells_are_counted_and_ignored() {
     assert!(q.peek().is_none(), "no command was fetched");
     h.ring_cq(1, 0);
     // Normal operation continues.
-    assert_eq!(
-        h.submit_on(&mut q, Sqe::new(0x00, 1)).status(),
-        Status::SUCCESS
-    );
+    assert_eq!(h.submit_on(&mut q, Sqe::new(0x00, 1)).status(), Status::SUCCESS);
     assert_eq!(h.emu.stats().doorbell_violations, 3);
 }
 
@@ -429,16 +322,8 @@ fn invalid_doorbells_are_counted_and_ignored() {
 fn full_cq_stalls_until_head_moves() {
     let mut h = Harness::start(config("cqfull"));
     let mut q = Queue::new(&h.dev, 1, 16, 4);
-    assert_eq!(
-        h.admin(create_cq(1, 4, q.cq.device_addr(0).unwrap()))
-            .status(),
-        Status::SUCCESS
-    );
-    assert_eq!(
-        h.admin(create_sq(1, 16, q.sq.device_addr(0).unwrap(), 1))
-            .status(),
-        Status::SUCCESS
-    );
+    assert_eq!(h.admin(create_cq(1, 4, q.cq.device_addr(0).unwrap())).status(), Status::SUCCESS);
+    assert_eq!(h.admin(create_sq(1, 16, q.sq.device_addr(0).unwrap(), 1)).status(), Status::SUCCESS);
     for _ in 0..6 {
         q.push(Sqe::new(0x00, 1));
     }
@@ -470,23 +355,12 @@ fn write_zeroes_and_deallocate() {
     data.write_bytes(0, &ones).unwrap();
     let list = DmaBuffer::new(&h.dev, PAGE).unwrap();
     for i in 1..4 {
-        list.store_u64(
-            (i - 1) * 8,
-            data.device_addr(i * PAGE).unwrap(),
-            Ordering::Relaxed,
-        )
-        .unwrap();
+        list.store_u64((i - 1) * 8, data.device_addr(i * PAGE).unwrap(), Ordering::Relaxed).unwrap();
     }
     let l = list.device_addr(0).unwrap();
-    assert!(h
-        .submit_on(&mut q, rw(0x01, 1, 100, 4, a, l))
-        .status()
-        .is_success());
+    assert!(h.submit_on(&mut q, rw(0x01, 1, 100, 4, a, l)).status().is_success());
     // Write Zeroes block 101, deallocate block 103 (DSM, AD).
-    assert!(h
-        .submit_on(&mut q, rw(0x08, 1, 101, 1, 0, 0))
-        .status()
-        .is_success());
+    assert!(h.submit_on(&mut q, rw(0x08, 1, 101, 1, 0, 0)).status().is_success());
     let ranges = DmaBuffer::new(&h.dev, PAGE).unwrap();
     let mut r = [0u8; 32];
     r[4..8].copy_from_slice(&1u32.to_le_bytes());
@@ -500,31 +374,17 @@ fn write_zeroes_and_deallocate() {
     dsm.cdw11 = 1 << 2;
     assert!(h.submit_on(&mut q, dsm).status().is_success());
     data.fill(0x55);
-    assert!(h
-        .submit_on(&mut q, rw(0x02, 1, 100, 4, a, l))
-        .status()
-        .is_success());
+    assert!(h.submit_on(&mut q, rw(0x02, 1, 100, 4, a, l)).status().is_success());
     let mut back = vec![0u8; 4 * PAGE];
     data.read_bytes(0, &mut back).unwrap();
     for (blk, want) in [(0, 0xFF), (1, 0), (2, 0xFF), (3, 0)] {
-        assert!(
-            back[blk * PAGE..(blk + 1) * PAGE]
-                .iter()
-                .all(|&b| b == want),
-            "block {blk}"
-        );
+        assert!(back[blk * PAGE..(blk + 1) * PAGE].iter().all(|&b| b == want), "block {blk}");
     }
     // Out-of-range DSM range fails and changes nothing.
     r[8..16].copy_from_slice(&1024u64.to_le_bytes());
     ranges.write_bytes(0, &r).unwrap();
-    assert_eq!(
-        h.submit_on(&mut q, dsm).status(),
-        generic(gsc::LBA_OUT_OF_RANGE)
-    );
-    assert_eq!(
-        h.submit_on(&mut q, rw(0x08, 1, 1000, 100, 0, 0)).status(),
-        generic(gsc::LBA_OUT_OF_RANGE)
-    );
+    assert_eq!(h.submit_on(&mut q, dsm).status(), generic(gsc::LBA_OUT_OF_RANGE));
+    assert_eq!(h.submit_on(&mut q, rw(0x08, 1, 1000, 100, 0, 0)).status(), generic(gsc::LBA_OUT_OF_RANGE));
 }
 
 #[test]
@@ -534,23 +394,11 @@ fn small_block_namespace() {
     let data = DmaBuffer::new(&h.dev, 2 * PAGE).unwrap();
     let payload = pattern(9 * 512, 3);
     data.write_bytes(0x600, &payload).unwrap();
-    let (p1, p2) = (
-        data.device_addr(0x600).unwrap(),
-        data.device_addr(PAGE).unwrap(),
-    );
-    assert!(h
-        .submit_on(&mut q, rw(0x01, 2, 4087, 9, p1, p2))
-        .status()
-        .is_success());
-    assert_eq!(
-        h.submit_on(&mut q, rw(0x01, 2, 4088, 9, p1, p2)).status(),
-        generic(gsc::LBA_OUT_OF_RANGE)
-    );
+    let (p1, p2) = (data.device_addr(0x600).unwrap(), data.device_addr(PAGE).unwrap());
+    assert!(h.submit_on(&mut q, rw(0x01, 2, 4087, 9, p1, p2)).status().is_success());
+    assert_eq!(h.submit_on(&mut q, rw(0x01, 2, 4088, 9, p1, p2)).status(), generic(gsc::LBA_OUT_OF_RANGE));
     data.fill(0);
-    assert!(h
-        .submit_on(&mut q, rw(0x02, 2, 4087, 9, p1, p2))
-        .status()
-        .is_success());
+    assert!(h.submit_on(&mut q, rw(0x02, 2, 4087, 9, p1, p2)).status().is_success());
     let mut back = vec![0u8; 9 * 512];
     data.read_bytes(0x600, &mut back).unwrap();
     assert!(back == payload);
@@ -567,45 +415,24 @@ fn file_backing_persists() {
         let mut h = Harness::start(cfg);
         let mut q = h.create_io(1, 8);
         let data = DmaBuffer::new(&h.dev, 2 * PAGE).unwrap();
-        let (p1, p2) = (
-            data.device_addr(0).unwrap(),
-            data.device_addr(PAGE).unwrap(),
-        );
+        let (p1, p2) = (data.device_addr(0).unwrap(), data.device_addr(PAGE).unwrap());
         if round == 0 {
             data.write_bytes(0, &payload).unwrap();
-            assert!(h
-                .submit_on(&mut q, rw(0x01, 1, 1022, 2, p1, p2))
-                .status()
-                .is_success());
+            assert!(h.submit_on(&mut q, rw(0x01, 1, 1022, 2, p1, p2)).status().is_success());
             // Namespace 2 (512-byte blocks) lies behind namespace 1.
-            assert!(h
-                .submit_on(&mut q, rw(0x01, 2, 0, 8, p1, 0))
-                .status()
-                .is_success());
+            assert!(h.submit_on(&mut q, rw(0x01, 2, 0, 8, p1, 0)).status().is_success());
         } else {
-            assert!(h
-                .submit_on(&mut q, rw(0x02, 1, 1022, 2, p1, p2))
-                .status()
-                .is_success());
+            assert!(h.submit_on(&mut q, rw(0x02, 1, 1022, 2, p1, p2)).status().is_success());
             let mut back = vec![0u8; 2 * PAGE];
             data.read_bytes(0, &mut back).unwrap();
             assert!(back == payload);
-            assert!(h
-                .submit_on(&mut q, rw(0x08, 1, 1023, 1, 0, 0))
-                .status()
-                .is_success());
-            assert!(h
-                .submit_on(&mut q, rw(0x02, 1, 1022, 2, p1, p2))
-                .status()
-                .is_success());
+            assert!(h.submit_on(&mut q, rw(0x08, 1, 1023, 1, 0, 0)).status().is_success());
+            assert!(h.submit_on(&mut q, rw(0x02, 1, 1022, 2, p1, p2)).status().is_success());
             data.read_bytes(0, &mut back).unwrap();
             assert!(back[..PAGE] == payload[..PAGE] && back[PAGE..].iter().all(|&b| b == 0));
         }
     }
-    assert_eq!(
-        std::fs::metadata(&path).unwrap().len(),
-        1024 * 4096 + 4096 * 512
-    );
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 1024 * 4096 + 4096 * 512);
     std::fs::remove_file(&path).unwrap();
 }
 
@@ -616,15 +443,8 @@ fn null_backing_validates_without_moving_data() {
     let mut h = Harness::start(cfg);
     let mut q = h.create_io(1, 8);
     // PRPs are not walked: an unmapped buffer still succeeds.
-    assert!(h
-        .submit_on(&mut q, rw(0x02, 1, 0, 8, 0x1000, 0))
-        .status()
-        .is_success());
-    assert_eq!(
-        h.submit_on(&mut q, rw(0x02, 1, 1024, 1, 0x1000, 0))
-            .status(),
-        generic(gsc::LBA_OUT_OF_RANGE)
-    );
+    assert!(h.submit_on(&mut q, rw(0x02, 1, 0, 8, 0x1000, 0)).status().is_success());
+    assert_eq!(h.submit_on(&mut q, rw(0x02, 1, 1024, 1, 0x1000, 0)).status(), generic(gsc::LBA_OUT_OF_RANGE));
     assert_eq!(h.emu.stats().dma_faults, 0);
 }
 
@@ -657,9 +477,7 @@ fn shutdown_sets_shst_complete() {
     let mut q = h.create_io(1, 8);
     assert!(h.submit_on(&mut q, Sqe::new(0x00, 1)).status().is_success());
     h.write_cc(cc_enable().with_shn(ShutdownNotification::Normal));
-    assert!(h
-        .wait_csts(|c| c.shst() == ShutdownStatus::Complete)
-        .is_some());
+    assert!(h.wait_csts(|c| c.shst() == ShutdownStatus::Complete).is_some());
     // No more commands are fetched.
     q.push(Sqe::new(0x00, 1));
     h.ring_sq(1, q.sq_tail);
@@ -725,18 +543,8 @@ fn fuzz_random_commands() {
         if i % 2 == 0 {
             // Admin: mostly known opcodes; never an AER (never completes),
             // never delete queue 1 (the fuzzed I/O queue).
-            let op = [
-                0x00,
-                0x01,
-                0x02,
-                0x04,
-                0x05,
-                0x06,
-                0x08,
-                0x09,
-                0x0A,
-                rng.next() as u8,
-            ][rng.below(10) as usize];
+            let op = [0x00, 0x01, 0x02, 0x04, 0x05, 0x06, 0x08, 0x09, 0x0A, rng.next() as u8]
+                [rng.below(10) as usize];
             let op = if op == 0x0C { 0x06 } else { op };
             s.cdw0 = (s.cdw0 & !0xFF) | u32::from(op);
             if rng.below(2) == 0 {
@@ -769,10 +577,7 @@ fn fuzz_random_commands() {
     let c = csts(&*h.dev);
     assert!(c.rdy() && !c.cfs(), "controller still healthy: {c:?}");
     let buf = DmaBuffer::new(&h.dev, PAGE).unwrap();
-    assert!(h
-        .admin(identify(1, 0, buf.device_addr(0).unwrap()))
-        .status()
-        .is_success());
+    assert!(h.admin(identify(1, 0, buf.device_addr(0).unwrap())).status().is_success());
     assert!(h.submit_on(&mut q, Sqe::new(0x00, 1)).status().is_success());
 }
 
@@ -819,18 +624,12 @@ fn burst_of_commands_wraps_queues() {
 fn unmapped_queue_memory_is_fatal() {
     let mut h = Harness::start(config("fatal"));
     let cq = DmaBuffer::new(&h.dev, PAGE).unwrap();
-    assert!(h
-        .admin(create_cq(1, 8, cq.device_addr(0).unwrap()))
-        .status()
-        .is_success());
+    assert!(h.admin(create_cq(1, 8, cq.device_addr(0).unwrap())).status().is_success());
     // SQ base in the guard page after the CQ buffer: never mapped.
     let sq_base = cq.device_addr(0).unwrap() + PAGE as u64;
     assert!(h.admin(create_sq(1, 8, sq_base, 1)).status().is_success());
     h.ring_sq(1, 1);
-    assert!(
-        h.wait_csts(|c| c.cfs()).is_some(),
-        "fetching from unmapped SQ memory sets CFS"
-    );
+    assert!(h.wait_csts(|c| c.cfs()).is_some(), "fetching from unmapped SQ memory sets CFS");
     assert_eq!(h.emu.stats().dma_faults, 1);
     // A reset recovers.
     h.write_cc(cc_enable().with_en(false));
@@ -840,8 +639,5 @@ fn unmapped_queue_memory_is_fatal() {
     h.write_cc(cc_enable());
     assert!(h.wait_csts(|c| c.rdy()).is_some());
     let buf = DmaBuffer::new(&h.dev, PAGE).unwrap();
-    assert!(h
-        .admin(identify(1, 0, buf.device_addr(0).unwrap()))
-        .status()
-        .is_success());
+    assert!(h.admin(identify(1, 0, buf.device_addr(0).unwrap())).status().is_success());
 }

@@ -17,9 +17,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 /// first and DW3 last with Release ordering. That is the queue's business;
 /// this type is the layout only.
 #[repr(C)]
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct Cqe {
     /// DW0 (bytes 3:0): command-specific result (e.g. Set Features Number of
     /// Queues granted counts).
@@ -58,14 +56,7 @@ impl Cqe {
 
     /// Builds an entry (DW1 = 0) with the given status and phase tag.
     pub const fn new(dw0: u32, sqhd: u16, sqid: u16, cid: u16, status: Status, phase: bool) -> Cqe {
-        Cqe {
-            dw0,
-            dw1: 0,
-            sqhd,
-            sqid,
-            cid,
-            status: status.to_field(phase),
-        }
+        Cqe { dw0, dw1: 0, sqhd, sqid, cid, status: status.to_field(phase) }
     }
 
     /// P, the phase tag: bit 16 of DW3 (bit 0 of [`Cqe::status`]). The

@@ -50,10 +50,7 @@ pub struct NumberOfQueues {
 impl NumberOfQueues {
     /// Decodes completion DW0 of Set/Get Features (Number of Queues).
     pub const fn from_dw0(dw0: u32) -> NumberOfQueues {
-        NumberOfQueues {
-            sq_count: (dw0 & 0xFFFF) + 1,
-            cq_count: (dw0 >> 16) + 1,
-        }
+        NumberOfQueues { sq_count: (dw0 & 0xFFFF) + 1, cq_count: (dw0 >> 16) + 1 }
     }
 
     /// Encodes completion DW0 (what the emulator returns). Counts are
@@ -76,21 +73,12 @@ mod tests {
     #[test]
     fn number_of_queues() {
         let n = NumberOfQueues::from_dw0(0x0003_0007);
-        assert_eq!(
-            n,
-            NumberOfQueues {
-                sq_count: 8,
-                cq_count: 4
-            }
-        );
+        assert_eq!(n, NumberOfQueues { sq_count: 8, cq_count: 4 });
         assert_eq!(n.to_dw0(), 0x0003_0007);
         let max = NumberOfQueues::from_dw0(u32::MAX);
         assert_eq!(max.sq_count, 65536);
         assert_eq!(max.to_dw0(), u32::MAX);
-        let bad = NumberOfQueues {
-            sq_count: 0,
-            cq_count: 1 << 20,
-        };
+        let bad = NumberOfQueues { sq_count: 0, cq_count: 1 << 20 };
         assert_eq!(bad.to_dw0(), 0xFFFF_0000);
     }
 }

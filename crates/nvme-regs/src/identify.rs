@@ -43,11 +43,7 @@ fn check_len(what: &'static str, expected: usize, bytes: &[u8]) -> Result<(), De
     if bytes.len() == expected {
         Ok(())
     } else {
-        Err(DecodeError::WrongLength {
-            what,
-            expected,
-            actual: bytes.len(),
-        })
+        Err(DecodeError::WrongLength { what, expected, actual: bytes.len() })
     }
 }
 
@@ -348,8 +344,7 @@ impl IdentifyController {
         if self.mdts == 0 {
             return None;
         }
-        1u64.checked_shl(u32::from(self.mdts))?
-            .checked_mul(min_page_size as u64)
+        1u64.checked_shl(u32::from(self.mdts))?.checked_mul(min_page_size as u64)
     }
 
     /// An all-zero structure, for the emulator to fill with the setters.
@@ -443,9 +438,7 @@ impl IdentifyController {
 /// LBA Format data structure, LBAF (NVM Command Set 1.0, 4.1.5.1): 4
 /// bytes.
 #[repr(C)]
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct LbaFormat {
     /// MS, Metadata Size (bytes 1:0), bytes of metadata per logical block.
     pub ms: U16,
@@ -469,11 +462,7 @@ impl LbaFormat {
     /// A format with `ms` metadata bytes, blocks of `2^lbads` bytes and
     /// relative performance `rp` (masked to 2 bits).
     pub fn new(ms: u16, lbads: u8, rp: u8) -> LbaFormat {
-        LbaFormat {
-            ms: U16::new(ms),
-            lbads,
-            rp: rp & 3,
-        }
+        LbaFormat { ms: U16::new(ms), lbads, rp: rp & 3 }
     }
 
     /// MS: metadata bytes per logical block.
@@ -687,11 +676,7 @@ impl IdentifyNamespace {
     /// when the index is beyond NLBAF.
     pub fn formatted_lba_format(&self) -> Result<LbaFormat, DecodeError> {
         let index = self.formatted_lba_index();
-        self.lbaf(usize::from(index))
-            .ok_or(DecodeError::LbaFormatIndex {
-                index,
-                nlbaf: self.nlbaf,
-            })
+        self.lbaf(usize::from(index)).ok_or(DecodeError::LbaFormatIndex { index, nlbaf: self.nlbaf })
     }
 
     /// Logical block size of the formatted LBA format, in bytes (`2^LBADS`,
@@ -706,10 +691,7 @@ impl IdentifyNamespace {
         let bs = self.block_size()?;
         self.nsze()
             .checked_mul(u64::from(bs))
-            .ok_or(DecodeError::InvalidValue {
-                field: "NSZE",
-                value: self.nsze(),
-            })
+            .ok_or(DecodeError::InvalidValue { field: "NSZE", value: self.nsze() })
     }
 
     /// Sets NSZE (logical blocks).
@@ -745,10 +727,7 @@ impl IdentifyNamespace {
                 *slot = format;
                 Ok(())
             }
-            None => Err(DecodeError::InvalidValue {
-                field: "LBAF index",
-                value: i as u64,
-            }),
+            None => Err(DecodeError::InvalidValue { field: "LBAF index", value: i as u64 }),
         }
     }
 }
@@ -756,9 +735,7 @@ impl IdentifyNamespace {
 /// Parses an Active Namespace ID list (CNS 02h; NVMe Base 2.0, 5.17.2.2):
 /// 1024 little-endian NSIDs in ascending order, ending at the first 0.
 /// [`DecodeError::WrongLength`] unless `bytes.len() == 4096`.
-pub fn parse_active_namespace_list(
-    bytes: &[u8],
-) -> Result<impl Iterator<Item = u32> + '_, DecodeError> {
+pub fn parse_active_namespace_list(bytes: &[u8]) -> Result<impl Iterator<Item = u32> + '_, DecodeError> {
     check_len("Active Namespace ID list", IDENTIFY_SIZE, bytes)?;
     Ok(bytes
         .chunks_exact(4)
@@ -833,11 +810,7 @@ mod tests {
         let buf = vec![0u8; 4097];
         assert_eq!(
             IdentifyController::parse(&buf[..4095]).unwrap_err(),
-            DecodeError::WrongLength {
-                what: "Identify Controller",
-                expected: 4096,
-                actual: 4095
-            }
+            DecodeError::WrongLength { what: "Identify Controller", expected: 4096, actual: 4095 }
         );
         assert!(IdentifyController::parse(&buf).is_err());
         assert!(IdentifyController::parse(&[]).is_err());
@@ -925,10 +898,7 @@ mod tests {
     fn flbas_beyond_nlbaf() {
         let mut n = sample_namespace();
         n.set_flbas(2);
-        assert_eq!(
-            n.formatted_lba_format(),
-            Err(DecodeError::LbaFormatIndex { index: 2, nlbaf: 1 })
-        );
+        assert_eq!(n.formatted_lba_format(), Err(DecodeError::LbaFormatIndex { index: 2, nlbaf: 1 }));
         assert!(n.block_size().is_err());
         // Bits 6:5 are reserved (ignored) with 16 or fewer formats ...
         n.set_flbas(0x61);
@@ -961,10 +931,7 @@ mod tests {
         }
         n.set_lbaf(1, LbaFormat::new(0, 16, 0)).unwrap();
         n.set_nsze(u64::MAX);
-        assert!(matches!(
-            n.size_bytes(),
-            Err(DecodeError::InvalidValue { field: "NSZE", .. })
-        ));
+        assert!(matches!(n.size_bytes(), Err(DecodeError::InvalidValue { field: "NSZE", .. })));
     }
 
     #[test]

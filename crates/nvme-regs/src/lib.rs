@@ -47,9 +47,7 @@
 extern crate std;
 
 #[cfg(target_endian = "big")]
-compile_error!(
-    "nvme-regs: Sqe/Cqe/ControllerRegisters use native integers and NVMe is little-endian"
-);
+compile_error!("nvme-regs: Sqe/Cqe/ControllerRegisters use native integers and NVMe is little-endian");
 
 pub mod cqe;
 pub mod error;
@@ -67,8 +65,6 @@ pub use features::NumberOfQueues;
 pub use identify::{IdentifyController, IdentifyNamespace, LbaFormat};
 pub use log::{ErrorLogEntry, SmartLog};
 pub use opcode::Nlb;
-pub use registers::{
-    Aqa, Cap, Cc, ControllerRegisters, Csts, ShutdownNotification, ShutdownStatus, Vs,
-};
+pub use registers::{Aqa, Cap, Cc, ControllerRegisters, Csts, ShutdownNotification, ShutdownStatus, Vs};
 pub use sqe::Sqe;
 pub use status::{Status, StatusCodeType};

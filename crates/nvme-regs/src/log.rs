@@ -472,11 +472,7 @@ mod tests {
         assert_eq!(p.num_err_log_entries(), 14);
         assert_eq!(
             SmartLog::parse(&b[..511]),
-            Err(DecodeError::WrongLength {
-                what: "SMART / Health log",
-                expected: 512,
-                actual: 511
-            })
+            Err(DecodeError::WrongLength { what: "SMART / Health log", expected: 512, actual: 511 })
         );
         let big = vec![0u8; 513];
         assert!(SmartLog::parse(&big).is_err());
@@ -501,10 +497,7 @@ mod tests {
         assert_eq!(p.error_count(), 5);
         assert_eq!(p.sqid(), 1);
         assert_eq!(p.cid(), 0x42);
-        assert_eq!(
-            p.status(),
-            Status::generic(generic::LBA_OUT_OF_RANGE).with_dnr(true)
-        );
+        assert_eq!(p.status(), Status::generic(generic::LBA_OUT_OF_RANGE).with_dnr(true));
         assert_eq!(p.parameter_error_location(), 0xFFFF);
         assert_eq!(p.lba(), 0x1234);
         assert_eq!(p.nsid(), 1);

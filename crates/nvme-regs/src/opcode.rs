@@ -162,11 +162,7 @@ impl Identify {
 
     /// Identify with the given CNS; NSID 0, CNTID 0.
     pub const fn new(cns: Cns) -> Self {
-        Identify {
-            cns,
-            nsid: 0,
-            cntid: 0,
-        }
+        Identify { cns, nsid: 0, cntid: 0 }
     }
 
     /// NSID: the namespace for CNS 00h, or the NSID to list after for CNS
@@ -218,12 +214,7 @@ impl CreateIoCq {
     /// Queue Size rather than creating a queue of another size.
     /// Interrupts are disabled (IEN 0, IV 0) unless set.
     pub const fn new(qid: u16, entries: u32) -> Self {
-        CreateIoCq {
-            qid,
-            entries,
-            interrupt_vector: 0,
-            interrupts_enabled: false,
-        }
+        CreateIoCq { qid, entries, interrupt_vector: 0, interrupts_enabled: false }
     }
 
     /// IV, Interrupt Vector (CDW11 bits 31:16; MSI-X vector index).
@@ -240,12 +231,7 @@ impl CreateIoCq {
 
     /// Encodes the command (CID and PRPs zero).
     pub const fn build(self) -> Sqe {
-        let CreateIoCq {
-            qid,
-            entries,
-            interrupt_vector,
-            interrupts_enabled,
-        } = self;
+        let CreateIoCq { qid, entries, interrupt_vector, interrupts_enabled } = self;
         let mut sqe = Sqe::new(Self::CODE, 0);
         sqe.cdw10 = qsize_z(entries) << 16 | qid as u32;
         sqe.cdw11 = (interrupt_vector as u32) << 16 | (interrupts_enabled as u32) << 1 | 1;
@@ -276,12 +262,7 @@ impl CreateIoSq {
     /// posting completions to CQ `cqid`. Priority 0 (urgent; only used with
     /// weighted round robin arbitration).
     pub const fn new(qid: u16, entries: u32, cqid: u16) -> Self {
-        CreateIoSq {
-            qid,
-            entries,
-            cqid,
-            priority: 0,
-        }
+        CreateIoSq { qid, entries, cqid, priority: 0 }
     }
 
     /// QPRIO, Queue Priority (CDW11 bits 2:1), masked to 2 bits: 0 urgent,
@@ -293,12 +274,7 @@ impl CreateIoSq {
 
     /// Encodes the command (CID and PRPs zero).
     pub const fn build(self) -> Sqe {
-        let CreateIoSq {
-            qid,
-            entries,
-            cqid,
-            priority,
-        } = self;
+        let CreateIoSq { qid, entries, cqid, priority } = self;
         let mut sqe = Sqe::new(Self::CODE, 0);
         sqe.cdw10 = qsize_z(entries) << 16 | qid as u32;
         sqe.cdw11 = (cqid as u32) << 16 | ((priority & 3) as u32) << 1 | 1;
@@ -431,13 +407,7 @@ impl GetLogPage {
     /// smallest transfer the command can express. NSID defaults to
     /// `FFFF_FFFFh` (all namespaces, controller-wide data), offset 0, RAE 0.
     pub const fn new(lid: u8, dwords: u32) -> Self {
-        GetLogPage {
-            lid,
-            dwords,
-            nsid: NSID_ALL,
-            retain_async_event: false,
-            offset_bytes: 0,
-        }
+        GetLogPage { lid, dwords, nsid: NSID_ALL, retain_async_event: false, offset_bytes: 0 }
     }
 
     /// NSID for namespace-scoped log pages.
@@ -461,13 +431,7 @@ impl GetLogPage {
 
     /// Encodes the command (CID and PRPs zero).
     pub const fn build(self) -> Sqe {
-        let GetLogPage {
-            lid,
-            dwords,
-            nsid,
-            retain_async_event,
-            offset_bytes,
-        } = self;
+        let GetLogPage { lid, dwords, nsid, retain_async_event, offset_bytes } = self;
         let numd = dwords.saturating_sub(1);
         let mut sqe = Sqe::new(Self::CODE, nsid);
         sqe.cdw10 = lid as u32 | (retain_async_event as u32) << 15 | (numd & 0xFFFF) << 16;
@@ -494,11 +458,7 @@ impl SetFeatures {
 
     /// Sets feature `fid` ([`feature_id`]) to the raw CDW11 value `cdw11`.
     pub const fn new(fid: u8, cdw11: u32) -> Self {
-        SetFeatures {
-            fid,
-            cdw11,
-            save: false,
-        }
+        SetFeatures { fid, cdw11, save: false }
     }
 
     /// Number of Queues (FID 07h; Base 2.0 5.27.1): requests `sq_count`
@@ -551,11 +511,7 @@ impl GetFeatures {
 
     /// Reads feature `fid` ([`feature_id`]), current value (SEL 000b).
     pub const fn new(fid: u8) -> Self {
-        GetFeatures {
-            fid,
-            select: 0,
-            cdw11: 0,
-        }
+        GetFeatures { fid, select: 0, cdw11: 0 }
     }
 
     /// SEL, Select (CDW10 bits 10:8), masked to 3 bits; see
@@ -620,13 +576,7 @@ impl Read {
     /// Reads `nlb` blocks at SLBA `slba` (in logical blocks) of namespace
     /// `nsid`.
     pub const fn new(nsid: u32, slba: u64, nlb: Nlb) -> Self {
-        Read {
-            nsid,
-            slba,
-            nlb,
-            fua: false,
-            limited_retry: false,
-        }
+        Read { nsid, slba, nlb, fua: false, limited_retry: false }
     }
 
     /// FUA, Force Unit Access (CDW12 bit 30): read from non-volatile media.
@@ -643,13 +593,7 @@ impl Read {
 
     /// Encodes the command (CID and PRPs zero).
     pub const fn build(self) -> Sqe {
-        let Read {
-            nsid,
-            slba,
-            nlb,
-            fua,
-            limited_retry,
-        } = self;
+        let Read { nsid, slba, nlb, fua, limited_retry } = self;
         let flags = if fua { FUA } else { 0 } | if limited_retry { LR } else { 0 };
         rw_sqe(Self::CODE, nsid, slba, nlb, flags)
     }
@@ -674,13 +618,7 @@ impl Write {
     /// Writes `nlb` blocks at SLBA `slba` (in logical blocks) of namespace
     /// `nsid`.
     pub const fn new(nsid: u32, slba: u64, nlb: Nlb) -> Self {
-        Write {
-            nsid,
-            slba,
-            nlb,
-            fua: false,
-            limited_retry: false,
-        }
+        Write { nsid, slba, nlb, fua: false, limited_retry: false }
     }
 
     /// FUA, Force Unit Access (CDW12 bit 30): complete only once the data
@@ -698,13 +636,7 @@ impl Write {
 
     /// Encodes the command (CID and PRPs zero).
     pub const fn build(self) -> Sqe {
-        let Write {
-            nsid,
-            slba,
-            nlb,
-            fua,
-            limited_retry,
-        } = self;
+        let Write { nsid, slba, nlb, fua, limited_retry } = self;
         let flags = if fua { FUA } else { 0 } | if limited_retry { LR } else { 0 };
         rw_sqe(Self::CODE, nsid, slba, nlb, flags)
     }
@@ -755,13 +687,7 @@ impl WriteZeroes {
     /// Zeroes `nlb` blocks at SLBA `slba` (in logical blocks) of namespace
     /// `nsid`.
     pub const fn new(nsid: u32, slba: u64, nlb: Nlb) -> Self {
-        WriteZeroes {
-            nsid,
-            slba,
-            nlb,
-            deallocate: false,
-            fua: false,
-        }
+        WriteZeroes { nsid, slba, nlb, deallocate: false, fua: false }
     }
 
     /// DEAC, Deallocate (CDW12 bit 25): the controller may deallocate the
@@ -779,13 +705,7 @@ impl WriteZeroes {
 
     /// Encodes the command (CID zero; no data pointer).
     pub const fn build(self) -> Sqe {
-        let WriteZeroes {
-            nsid,
-            slba,
-            nlb,
-            deallocate,
-            fua,
-        } = self;
+        let WriteZeroes { nsid, slba, nlb, deallocate, fua } = self;
         let flags = if deallocate { DEAC } else { 0 } | if fua { FUA } else { 0 };
         rw_sqe(Self::CODE, nsid, slba, nlb, flags)
     }
@@ -847,13 +767,7 @@ impl DatasetManagement {
 
     /// Encodes the command (CID and PRPs zero).
     pub const fn build(self) -> Sqe {
-        let DatasetManagement {
-            nsid,
-            nr_z,
-            deallocate,
-            integral_read,
-            integral_write,
-        } = self;
+        let DatasetManagement { nsid, nr_z, deallocate, integral_read, integral_write } = self;
         let mut sqe = Sqe::new(Self::CODE, nsid);
         sqe.cdw10 = nr_z as u32;
         sqe.cdw11 = integral_read as u32 | (integral_write as u32) << 1 | (deallocate as u32) << 2;
@@ -897,11 +811,7 @@ impl DsmRange {
     /// A range of `length_lbas` logical blocks at `slba`, no context
     /// attributes.
     pub const fn new(slba: u64, length_lbas: u32) -> DsmRange {
-        DsmRange {
-            context_attributes: 0,
-            length_lbas,
-            slba,
-        }
+        DsmRange { context_attributes: 0, length_lbas, slba }
     }
 }
 
@@ -1043,10 +953,7 @@ mod tests {
         assert_eq!(sqe.slba(), 0x1_2345_6789);
         assert_eq!(sqe.nlb().blocks(), 8);
         assert!(!sqe.fua() && !sqe.limited_retry());
-        let sqe = Read::new(1, 0, Nlb::ONE)
-            .fua(true)
-            .limited_retry(true)
-            .build();
+        let sqe = Read::new(1, 0, Nlb::ONE).fua(true).limited_retry(true).build();
         assert_eq!(sqe.cdw12, 0xC000_0000);
         assert!(sqe.fua() && sqe.limited_retry());
     }
@@ -1061,9 +968,7 @@ mod tests {
         assert_eq!(sqe.nlb().blocks(), 65536);
         let f = Flush::new(1).build();
         assert_eq!(f, Sqe::new(nvm_opcode::FLUSH, 1));
-        let z = WriteZeroes::new(1, 10, Nlb::from_blocks(2).unwrap())
-            .deallocate(true)
-            .build();
+        let z = WriteZeroes::new(1, 10, Nlb::from_blocks(2).unwrap()).deallocate(true).build();
         assert_eq!(z.opcode(), 0x08);
         assert_eq!(z.cdw12, 1 | 1 << 25);
         assert!(z.deac() && !z.fua());
@@ -1075,27 +980,17 @@ mod tests {
     fn dataset_management() {
         assert_eq!(DatasetManagement::new(1, 0), None);
         assert_eq!(DatasetManagement::new(1, 257), None);
-        let d = DatasetManagement::new(1, 256)
-            .unwrap()
-            .deallocate(true)
-            .build();
+        let d = DatasetManagement::new(1, 256).unwrap().deallocate(true).build();
         assert_eq!(d.opcode(), 0x09);
         assert_eq!(d.cdw10, 0xFF);
         assert_eq!(d.cdw11, 1 << 2);
         assert_eq!(d.dsm_ranges(), 256);
-        let d = DatasetManagement::new(1, 1)
-            .unwrap()
-            .integral_read(true)
-            .integral_write(true)
-            .build();
+        let d = DatasetManagement::new(1, 1).unwrap().integral_read(true).integral_write(true).build();
         assert_eq!(d.cdw10, 0);
         assert_eq!(d.cdw11, 3);
         assert_eq!(d.dsm_ranges(), 1);
         let r = DsmRange::new(0x10, 8);
-        assert_eq!(
-            zerocopy::IntoBytes::as_bytes(&r),
-            &[0, 0, 0, 0, 8, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 0]
-        );
+        assert_eq!(zerocopy::IntoBytes::as_bytes(&r), &[0, 0, 0, 0, 8, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 0]);
     }
 
     #[test]
@@ -1108,20 +1003,9 @@ mod tests {
         let f = CreateQueueFields::from_sqe(&cq);
         assert_eq!(
             f,
-            CreateQueueFields {
-                qid: 3,
-                entries: 64,
-                cqid: 0,
-                qprio: 0,
-                pc: true,
-                ien: false,
-                iv: 0
-            }
+            CreateQueueFields { qid: 3, entries: 64, cqid: 0, qprio: 0, pc: true, ien: false, iv: 0 }
         );
-        let cq = CreateIoCq::new(1, 65536)
-            .interrupt_vector(5)
-            .interrupts_enabled(true)
-            .build();
+        let cq = CreateIoCq::new(1, 65536).interrupt_vector(5).interrupts_enabled(true).build();
         assert_eq!(cq.cdw10, 0xFFFF_0001);
         assert_eq!(cq.cdw11, 5 << 16 | 0b11);
         let f = CreateQueueFields::from_sqe(&cq);
@@ -1138,15 +1022,7 @@ mod tests {
         let f = CreateQueueFields::from_sqe(&sq);
         assert_eq!(
             f,
-            CreateQueueFields {
-                qid: 2,
-                entries: 1024,
-                cqid: 7,
-                qprio: 3,
-                pc: true,
-                ien: false,
-                iv: 0
-            }
+            CreateQueueFields { qid: 2, entries: 1024, cqid: 7, qprio: 3, pc: true, ien: false, iv: 0 }
         );
         let d = DeleteIoSq::new(9).build();
         assert_eq!((d.opcode(), d.cdw10), (0x00, 9));
@@ -1176,10 +1052,7 @@ mod tests {
         assert_eq!(s.cdw11, 0xFFFE);
         let s = SetFeatures::volatile_write_cache(true).save(true).build();
         assert_eq!((s.cdw10, s.cdw11), (0x8000_0006, 1));
-        let g = GetFeatures::new(feature_id::ARBITRATION)
-            .select(0xFF)
-            .cdw11(9)
-            .build();
+        let g = GetFeatures::new(feature_id::ARBITRATION).select(0xFF).cdw11(9).build();
         assert_eq!((g.opcode(), g.cdw10, g.cdw11), (0x0A, 0x701, 9));
     }
 
@@ -1202,10 +1075,7 @@ mod tests {
         assert_eq!((s.cdw12, s.cdw13), (0x40, 1));
         assert_eq!(s.log_page_dwords(), 0x12_3457);
         assert_eq!(s.log_page_offset(), 0x1_0000_0040);
-        assert_eq!(
-            GetLogPage::new(1, u32::MAX).build().log_page_dwords(),
-            u32::MAX as u64
-        );
+        assert_eq!(GetLogPage::new(1, u32::MAX).build().log_page_dwords(), u32::MAX as u64);
         assert_eq!(GetLogPage::new(1, 0).build().log_page_dwords(), 1);
     }
 

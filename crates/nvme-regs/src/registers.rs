@@ -58,9 +58,7 @@ pub const NSSR_RESET_VALUE: u32 = 0x4E56_4D65;
 /// 32-bit loads and stores, and the 64-bit registers (CAP, ASQ, ACQ) as two
 /// 32-bit halves, low half first.
 #[repr(C)]
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct ControllerRegisters {
     /// CAP, Controller Capabilities, at 00h. See [`Cap`].
     pub cap: u64,
@@ -629,10 +627,7 @@ mod tests {
         assert_eq!(cq_head_doorbell(1, 0), 0x100C);
         assert_eq!(doorbell_offset(1, true, 0), 0x100C);
         // Largest values do not overflow or panic.
-        assert_eq!(
-            doorbell_offset(u16::MAX, true, 0xFF),
-            0x1000 + (2 * 65535 + 1) * (4 << 15)
-        );
+        assert_eq!(doorbell_offset(u16::MAX, true, 0xFF), 0x1000 + (2 * 65535 + 1) * (4 << 15));
     }
 
     #[test]
@@ -687,22 +682,14 @@ mod tests {
 
     #[test]
     fn cc_builder() {
-        let cc = Cc(0)
-            .with_en(true)
-            .with_iosqes(6)
-            .with_iocqes(4)
-            .with_mps(0)
-            .with_css(Cc::CSS_NVM);
+        let cc = Cc(0).with_en(true).with_iosqes(6).with_iocqes(4).with_mps(0).with_css(Cc::CSS_NVM);
         assert_eq!(cc.0, 0x0046_0001);
         assert!(cc.en());
         assert_eq!(cc.iosqes(), 6);
         assert_eq!(cc.iocqes(), 4);
         assert_eq!(cc.page_size(), 4096);
         assert_eq!(cc.shn(), ShutdownNotification::None);
-        let cc = cc
-            .with_shn(ShutdownNotification::Normal)
-            .with_mps(1)
-            .with_ams(0b001);
+        let cc = cc.with_shn(ShutdownNotification::Normal).with_mps(1).with_ams(0b001);
         assert_eq!(cc.shn(), ShutdownNotification::Normal);
         assert_eq!((cc.0 >> 14) & 3, 1);
         assert_eq!(cc.mps(), 1);

@@ -17,9 +17,7 @@ pub const NSID_ALL: u32 = 0xFFFF_FFFF;
 /// Fields are named after the spec's dwords; command-specific meanings are
 /// documented by the builders in [`crate::opcode`].
 #[repr(C)]
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct Sqe {
     /// CDW0 (bytes 3:0): OPC bits 7:0, FUSE bits 9:8, PSDT bits 15:14
     /// (00b = PRPs), CID bits 31:16.

@@ -232,13 +232,7 @@ impl Status {
     /// A status with the given SCT (masked to 3 bits) and SC, CRD 0, M and
     /// DNR clear.
     pub const fn new(sct: u8, sc: u8) -> Status {
-        Status {
-            sct: sct & 7,
-            sc,
-            crd: 0,
-            more: false,
-            dnr: false,
-        }
+        Status { sct: sct & 7, sc, crd: 0, more: false, dnr: false }
     }
 
     /// SCT 0h (Generic Command Status) with the given SC ([`generic`]).
@@ -274,10 +268,7 @@ impl Status {
 
     /// Sets CRD (Command Retry Delay), masked to 2 bits.
     pub const fn with_crd(self, crd: u8) -> Status {
-        Status {
-            crd: crd & 3,
-            ..self
-        }
+        Status { crd: crd & 3, ..self }
     }
 
     /// True for Successful Completion (SCT 0h and SC 00h; CRD, M and DNR are
@@ -354,13 +345,9 @@ impl Status {
                 command_specific::INVALID_QUEUE_DELETION => "Invalid Queue Deletion",
                 command_specific::FEATURE_NOT_SAVEABLE => "Feature Identifier Not Saveable",
                 command_specific::FEATURE_NOT_CHANGEABLE => "Feature Not Changeable",
-                command_specific::FEATURE_NOT_NAMESPACE_SPECIFIC => {
-                    "Feature Not Namespace Specific"
-                }
+                command_specific::FEATURE_NOT_NAMESPACE_SPECIFIC => "Feature Not Namespace Specific",
                 command_specific::CONFLICTING_ATTRIBUTES => "Conflicting Attributes",
-                command_specific::INVALID_PROTECTION_INFORMATION => {
-                    "Invalid Protection Information"
-                }
+                command_specific::INVALID_PROTECTION_INFORMATION => "Invalid Protection Information",
                 command_specific::WRITE_TO_READ_ONLY_RANGE => "Attempted Write to Read Only Range",
                 _ => return None,
             },
@@ -396,13 +383,7 @@ impl Status {
 /// `unknown (SCT 3h, SC 12h)`.
 impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} (SCT {:X}h, SC {:02X}h",
-            self.name().unwrap_or("unknown"),
-            self.sct & 7,
-            self.sc
-        )?;
+        write!(f, "{} (SCT {:X}h, SC {:02X}h", self.name().unwrap_or("unknown"), self.sct & 7, self.sc)?;
         if self.crd & 3 != 0 {
             write!(f, ", CRD {}", self.crd & 3)?;
         }
@@ -435,10 +416,7 @@ mod tests {
     fn field_bits() {
         let st = Status::generic(generic::LBA_OUT_OF_RANGE).with_dnr(true);
         assert_eq!(st.to_field(false), 0x80 << 1 | 1 << 15);
-        let st = Status::new(7, 0xFF)
-            .with_crd(3)
-            .with_more(true)
-            .with_dnr(true);
+        let st = Status::new(7, 0xFF).with_crd(3).with_more(true).with_dnr(true);
         assert_eq!(st.to_field(true), 0xFFFF);
         assert_eq!(Status::from_field(0xFFFF), st);
         assert_eq!(Status::from_field(1), Status::SUCCESS);
@@ -453,14 +431,8 @@ mod tests {
     #[test]
     fn sct_kind() {
         assert_eq!(Status::generic(0).sct_kind(), StatusCodeType::Generic);
-        assert_eq!(
-            Status::command_specific(0).sct_kind(),
-            StatusCodeType::CommandSpecific
-        );
-        assert_eq!(
-            Status::media(0x80).sct_kind(),
-            StatusCodeType::MediaAndDataIntegrity
-        );
+        assert_eq!(Status::command_specific(0).sct_kind(), StatusCodeType::CommandSpecific);
+        assert_eq!(Status::media(0x80).sct_kind(), StatusCodeType::MediaAndDataIntegrity);
         assert_eq!(Status::path(0).sct_kind(), StatusCodeType::PathRelated);
         assert_eq!(Status::new(7, 0).sct_kind(), StatusCodeType::VendorSpecific);
         assert_eq!(Status::new(5, 0).sct_kind(), StatusCodeType::Reserved(5));
@@ -474,28 +446,14 @@ mod tests {
     fn display() {
         let st = Status::generic(generic::LBA_OUT_OF_RANGE).with_dnr(true);
         assert_eq!(format!("{st}"), "LBA Out of Range (SCT 0h, SC 80h, DNR)");
+        assert_eq!(format!("{}", Status::new(3, 0x12)), "unknown (SCT 3h, SC 12h)");
+        assert_eq!(format!("{}", Status::SUCCESS), "Successful Completion (SCT 0h, SC 00h)");
         assert_eq!(
-            format!("{}", Status::new(3, 0x12)),
-            "unknown (SCT 3h, SC 12h)"
-        );
-        assert_eq!(
-            format!("{}", Status::SUCCESS),
-            "Successful Completion (SCT 0h, SC 00h)"
-        );
-        assert_eq!(
-            format!(
-                "{}",
-                Status::generic(generic::INVALID_OPCODE)
-                    .with_crd(1)
-                    .with_more(true)
-            ),
+            format!("{}", Status::generic(generic::INVALID_OPCODE).with_crd(1).with_more(true)),
             "Invalid Command Opcode (SCT 0h, SC 01h, CRD 1, M)"
         );
         assert_eq!(
-            format!(
-                "{}",
-                Status::command_specific(command_specific::INVALID_QUEUE_IDENTIFIER)
-            ),
+            format!("{}", Status::command_specific(command_specific::INVALID_QUEUE_IDENTIFIER)),
             "Invalid Queue Identifier (SCT 1h, SC 01h)"
         );
         assert_eq!(

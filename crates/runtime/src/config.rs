@@ -69,13 +69,8 @@ use serde::{Deserialize, Serialize, Serializer};
 pub struct ByteSize(pub u64);
 
 /// The units [`ByteSize`] accepts, largest first, with their multipliers.
-const BYTE_UNITS: [(&str, u64); 5] = [
-    ("TiB", 1 << 40),
-    ("GiB", 1 << 30),
-    ("MiB", 1 << 20),
-    ("KiB", 1 << 10),
-    ("B", 1),
-];
+const BYTE_UNITS: [(&str, u64); 5] =
+    [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1)];
 
 const BYTE_SIZE_EXPECTED: &str = "expected an integer number of bytes, or an integer with unit \
      B, KiB, MiB, GiB or TiB (e.g. 128KiB); K/KB/M/MB/G/GB/T/TB and fractions are not accepted";
@@ -160,14 +155,10 @@ impl std::str::FromStr for ByteSize {
         let digits_end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
         let (digits, rest) = s.split_at(digits_end);
         if digits.is_empty() {
-            return Err(ByteSizeParseError::NotANumber {
-                input: input.to_owned(),
-            });
+            return Err(ByteSizeParseError::NotANumber { input: input.to_owned() });
         }
         if rest.starts_with(['.', ',']) {
-            return Err(ByteSizeParseError::Fraction {
-                input: input.to_owned(),
-            });
+            return Err(ByteSizeParseError::Fraction { input: input.to_owned() });
         }
         let unit = rest.trim_start();
         let multiplier = if unit.is_empty() {
@@ -183,9 +174,7 @@ impl std::str::FromStr for ByteSize {
                 }
             }
         };
-        let overflow = || ByteSizeParseError::Overflow {
-            input: input.to_owned(),
-        };
+        let overflow = || ByteSizeParseError::Overflow { input: input.to_owned() };
         let n: u64 = digits.parse().map_err(|_| overflow())?;
         n.checked_mul(multiplier).map(ByteSize).ok_or_else(overflow)
     }
@@ -195,7 +184,7 @@ impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (name, m) = BYTE_UNITS
             .iter()
-            .find(|(_, m)| self.0 != 0 && self.0 % m == 0)
+            .find(|(_, m)| self.0 != 0 && self.0.is_multiple_of(*m))
             .copied()
             .unwrap_or(("B", 1));
         write!(f, "{}{}", self.0 / m, name)
@@ -206,7 +195,7 @@ impl Serialize for ByteSize {
     /// Serialized as its [`Display`](fmt::Display) form (`128KiB`), or as a
     /// plain integer when that has no larger unit than `B`.
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        if self.0 % 1024 == 0 && self.0 != 0 {
+        if self.0.is_multiple_of(1024) && self.0 != 0 {
             serializer.collect_str(self)
         } else {
             serializer.serialize_u64(self.0)
@@ -234,18 +223,14 @@ impl<'de> Deserialize<'de> for ByteSize {
 
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<ByteSize, E> {
                 u64::try_from(v).map(ByteSize).map_err(|_| {
-                    E::custom(format_args!(
-                        "invalid byte size {v}: negative; {BYTE_SIZE_EXPECTED}"
-                    ))
+                    E::custom(format_args!("invalid byte size {v}: negative; {BYTE_SIZE_EXPECTED}"))
                 })
             }
 
             fn visit_u128<E: de::Error>(self, v: u128) -> Result<ByteSize, E> {
-                u64::try_from(v).map(ByteSize).map_err(|_| {
-                    E::custom(format_args!(
-                        "invalid byte size {v}: larger than 2^64 - 1 bytes"
-                    ))
-                })
+                u64::try_from(v)
+                    .map(ByteSize)
+                    .map_err(|_| E::custom(format_args!("invalid byte size {v}: larger than 2^64 - 1 bytes")))
             }
 
             fn visit_i128<E: de::Error>(self, v: i128) -> Result<ByteSize, E> {
@@ -605,7 +590,9 @@ pub enum ConfigError {
         block_size: u32,
     },
     /// A namespace capacity that is zero or not a multiple of its block size.
-    #[error("{path}: invalid capacity {capacity}: must be a non-zero multiple of the block size {block_size}")]
+    #[error(
+        "{path}: invalid capacity {capacity}: must be a non-zero multiple of the block size {block_size}"
+    )]
     Capacity {
         /// Path of the capacity.
         path: String,
@@ -655,9 +642,7 @@ pub enum ConfigError {
         drive: String,
     },
     /// A drive used by a second datapath (one owner per drive).
-    #[error(
-        "{path}: drive {drive:?} is already used by datapath {owner:?} (one datapath per drive)"
-    )]
+    #[error("{path}: drive {drive:?} is already used by datapath {owner:?} (one datapath per drive)")]
     DriveAlreadyOwned {
         /// Path of the second use.
         path: String,
@@ -679,9 +664,7 @@ pub enum ConfigError {
         owner: String,
     },
     /// A stripe unit that is not a power of two or is below 4096 bytes.
-    #[error(
-        "{path}: invalid stripe unit {stripe_unit}: must be a power of two and at least 4096 bytes"
-    )]
+    #[error("{path}: invalid stripe unit {stripe_unit}: must be a power of two and at least 4096 bytes")]
     StripeUnit {
         /// Path of the stripe unit.
         path: String,
@@ -703,7 +686,9 @@ pub enum ConfigError {
         block_size: u32,
     },
     /// A queue depth above the drive's maximum queue size (CAP.MQES + 1).
-    #[error("{path}: queue depth {queue_depth} exceeds drive {drive:?}'s maximum queue size {max} (CAP.MQES + 1)")]
+    #[error(
+        "{path}: queue depth {queue_depth} exceeds drive {drive:?}'s maximum queue size {max} (CAP.MQES + 1)"
+    )]
     QueueDepthExceedsMqes {
         /// Path of the queue depth.
         path: String,
@@ -795,10 +780,8 @@ impl Config {
     /// [`Config::from_yaml_str`].
     pub fn from_path(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
         let path = path.as_ref();
-        let yaml = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
-            file: path.to_owned(),
-            source,
-        })?;
+        let yaml = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Io { file: path.to_owned(), source })?;
         Self::from_yaml_str(&yaml)
     }
 
@@ -859,12 +842,10 @@ impl Config {
     /// multiples of 4096 are reported by [`Config::validate`].
     pub fn builtin_striped_ram(drives: usize, capacity_per_drive: u64, slot_size: u64) -> Config {
         let names: Vec<String> = (0..drives).map(|i| format!("d{i}")).collect();
-        let drive = DriveConfig::Emulated(EmulatedDriveConfig::with_namespaces(vec![
-            NamespaceConfig {
-                capacity: ByteSize(capacity_per_drive),
-                block_size: 4096,
-            },
-        ]));
+        let drive = DriveConfig::Emulated(EmulatedDriveConfig::with_namespaces(vec![NamespaceConfig {
+            capacity: ByteSize(capacity_per_drive),
+            block_size: 4096,
+        }]));
         let (dp_name, datapath) = if drives == 1 {
             (
                 "local",
@@ -891,17 +872,12 @@ impl Config {
             drives: names.into_iter().map(|n| (n, drive.clone())).collect(),
             resolvers: BTreeMap::from([(
                 "kv".to_owned(),
-                ResolverConfig::Slab(SlabConfig {
-                    slot_size: ByteSize(slot_size),
-                }),
+                ResolverConfig::Slab(SlabConfig { slot_size: ByteSize(slot_size) }),
             )]),
             datapaths: BTreeMap::from([(dp_name.to_owned(), datapath)]),
             stores: BTreeMap::from([(
                 "kv".to_owned(),
-                StoreConfig {
-                    resolver: "kv".to_owned(),
-                    datapath: dp_name.to_owned(),
-                },
+                StoreConfig { resolver: "kv".to_owned(), datapath: dp_name.to_owned() },
             )]),
         }
     }
@@ -983,10 +959,7 @@ impl Config {
                         let path = format!("{base}.drives[{i}]");
                         let drive = self.drive(&path, dname)?;
                         if c.drives[..i].contains(dname) {
-                            return Err(ConfigError::DuplicateStripeDrive {
-                                path,
-                                drive: dname.clone(),
-                            });
+                            return Err(ConfigError::DuplicateStripeDrive { path, drive: dname.clone() });
                         }
                         claim(&mut owners, &path, dname, name)?;
                         check_queues(
@@ -997,8 +970,7 @@ impl Config {
                             dname,
                             drive,
                         )?;
-                        if let Some(ns) = namespace(&format!("{base}.nsid"), dname, drive, c.nsid)?
-                        {
+                        if let Some(ns) = namespace(&format!("{base}.nsid"), dname, drive, c.nsid)? {
                             if su.0 % u64::from(ns.block_size) != 0 {
                                 return Err(ConfigError::StripeUnitBlockSize {
                                     path: format!("{base}.stripe_unit"),
@@ -1054,22 +1026,18 @@ impl Config {
     }
 
     fn drive(&self, path: &str, name: &str) -> Result<&DriveConfig, ConfigError> {
-        self.drives
-            .get(name)
-            .ok_or_else(|| ConfigError::UnknownReference {
-                path: path.to_owned(),
-                kind: RefKind::Drive,
-                name: name.to_owned(),
-            })
+        self.drives.get(name).ok_or_else(|| ConfigError::UnknownReference {
+            path: path.to_owned(),
+            kind: RefKind::Drive,
+            name: name.to_owned(),
+        })
     }
 }
 
 impl EmulatedDriveConfig {
     fn validate(&self, base: &str) -> Result<(), ConfigError> {
         if self.namespaces.is_empty() {
-            return Err(ConfigError::NoNamespaces {
-                path: format!("{base}.namespaces"),
-            });
+            return Err(ConfigError::NoNamespaces { path: format!("{base}.namespaces") });
         }
         for (i, ns) in self.namespaces.iter().enumerate() {
             if ns.block_size != 512 && ns.block_size != 4096 {
@@ -1105,9 +1073,7 @@ impl EmulatedDriveConfig {
 
 fn check_name(section: &str, name: &str) -> Result<(), ConfigError> {
     if name.is_empty() {
-        return Err(ConfigError::EmptyName {
-            path: section.to_owned(),
-        });
+        return Err(ConfigError::EmptyName { path: section.to_owned() });
     }
     Ok(())
 }
@@ -1116,12 +1082,7 @@ fn range(base: &str, field: &str, value: u64, min: u64, max: u64) -> Result<(), 
     if (min..=max).contains(&value) {
         Ok(())
     } else {
-        Err(ConfigError::OutOfRange {
-            path: format!("{base}.{field}"),
-            value,
-            min,
-            max,
-        })
+        Err(ConfigError::OutOfRange { path: format!("{base}.{field}"), value, min, max })
     }
 }
 
@@ -1187,9 +1148,7 @@ fn namespace<'a>(
 ) -> Result<Option<&'a NamespaceConfig>, ConfigError> {
     match drive {
         DriveConfig::Emulated(emu) => {
-            let ns = (nsid as usize)
-                .checked_sub(1)
-                .and_then(|i| emu.namespaces.get(i));
+            let ns = (nsid as usize).checked_sub(1).and_then(|i| emu.namespaces.get(i));
             match ns {
                 Some(ns) => Ok(Some(ns)),
                 None => Err(ConfigError::UnknownNamespace {

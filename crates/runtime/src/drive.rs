@@ -61,7 +61,12 @@ fn emulator_config(name: &str, cfg: &EmulatedDriveConfig) -> EmulatorConfig {
 impl Drive {
     /// Starts the drive's device, brings its controller up and creates the
     /// I/O queue pairs `usage` asks for.
-    pub fn start(index: usize, name: &str, cfg: &DriveConfig, usage: Option<DriveUse>) -> Result<Self, Error> {
+    pub fn start(
+        index: usize,
+        name: &str,
+        cfg: &DriveConfig,
+        usage: Option<DriveUse>,
+    ) -> Result<Self, Error> {
         let device: Arc<dyn NvmeDevice> = match cfg {
             DriveConfig::Emulated(e) => Emulator::start(emulator_config(name, e))
                 .map_err(|source| Error::Emulator { drive: name.to_owned(), source })?,
@@ -74,9 +79,8 @@ impl Drive {
         )
         .map_err(ctrl_err)?;
         let nsid = usage.map_or(1, |u| u.nsid);
-        let ns = *controller
-            .namespace(nsid)
-            .ok_or_else(|| Error::NoNamespace { drive: name.to_owned(), nsid })?;
+        let ns =
+            *controller.namespace(nsid).ok_or_else(|| Error::NoNamespace { drive: name.to_owned(), nsid })?;
         let mut queues = Vec::new();
         if let Some(u) = usage {
             let depth = u.queue_depth;

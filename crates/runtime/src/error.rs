@@ -124,7 +124,9 @@ pub enum RequestError {
     },
     /// The memory range lies outside the registered region, or is not
     /// dword aligned (PRP1 must be).
-    #[error("memory range {offset:#x}+{len:#x} is outside the {region_len:#x}-byte region or not 4-byte aligned")]
+    #[error(
+        "memory range {offset:#x}+{len:#x} is outside the {region_len:#x}-byte region or not 4-byte aligned"
+    )]
     MemoryRange {
         /// Offset in the region, bytes.
         offset: u64,

@@ -192,13 +192,7 @@ impl<T> HandleTable<T> {
     /// An empty table for handles of `kind` minted by runtime `runtime_id`
     /// (from [`next_runtime_id`]).
     pub(crate) fn new(runtime_id: u32, kind: HandleKind) -> Self {
-        Self {
-            runtime: runtime_id,
-            kind,
-            slots: Vec::new(),
-            free: Vec::new(),
-            len: 0,
-        }
+        Self { runtime: runtime_id, kind, slots: Vec::new(), free: Vec::new(), len: 0 }
     }
 
     /// The runtime id this table mints handles for.
@@ -221,10 +215,7 @@ impl<T> HandleTable<T> {
             Some(slot) => slot,
             None => {
                 let slot = u32::try_from(self.slots.len()).expect("handle table full");
-                self.slots.push(Slot {
-                    generation: 0,
-                    value: None,
-                });
+                self.slots.push(Slot { generation: 0, value: None });
                 slot
             }
         };
@@ -234,11 +225,7 @@ impl<T> HandleTable<T> {
         entry.generation += 1;
         entry.value = Some(value);
         self.len += 1;
-        RawHandle {
-            runtime: self.runtime,
-            slot,
-            generation: entry.generation,
-        }
+        RawHandle { runtime: self.runtime, slot, generation: entry.generation }
     }
 
     fn check(&self, h: RawHandle) -> Result<usize, HandleError> {
@@ -249,10 +236,7 @@ impl<T> HandleTable<T> {
                 got_runtime: h.runtime,
             });
         }
-        let forged = HandleError::Forged {
-            kind: self.kind,
-            slot: h.slot,
-        };
+        let forged = HandleError::Forged { kind: self.kind, slot: h.slot };
         let Some(entry) = self.slots.get(h.slot as usize) else {
             return Err(forged);
         };
@@ -264,11 +248,7 @@ impl<T> HandleTable<T> {
         if h.generation == entry.generation && entry.value.is_some() {
             Ok(h.slot as usize)
         } else {
-            Err(HandleError::Stale {
-                kind: self.kind,
-                slot: h.slot,
-                generation: h.generation,
-            })
+            Err(HandleError::Stale { kind: self.kind, slot: h.slot, generation: h.generation })
         }
     }
 
@@ -346,16 +326,7 @@ impl<T> HandleTable<T> {
         let runtime = self.runtime;
         self.slots.iter_mut().enumerate().filter_map(move |(i, s)| {
             let generation = s.generation;
-            s.value.as_mut().map(|v| {
-                (
-                    RawHandle {
-                        runtime,
-                        slot: i as u32,
-                        generation,
-                    },
-                    v,
-                )
-            })
+            s.value.as_mut().map(|v| (RawHandle { runtime, slot: i as u32, generation }, v))
         })
     }
 }
@@ -393,11 +364,7 @@ mod tests {
         let mut t = table();
         let a = t.insert("a".to_owned());
         t.remove(a).unwrap();
-        let stale = HandleError::Stale {
-            kind: HandleKind::Target,
-            slot: a.slot,
-            generation: a.generation,
-        };
+        let stale = HandleError::Stale { kind: HandleKind::Target, slot: a.slot, generation: a.generation };
         assert_eq!(t.get(a), Err(stale));
         assert_eq!(t.remove(a), Err(stale));
         let c = t.insert("c".to_owned());
@@ -438,28 +405,14 @@ mod tests {
         let zero_gen = RawHandle { generation: 0, ..h };
         for f in [past_end, future_gen, zero_gen] {
             let err = t.get(f).unwrap_err();
-            assert_eq!(
-                err,
-                HandleError::Forged {
-                    kind: HandleKind::Operation,
-                    slot: f.slot
-                }
-            );
+            assert_eq!(err, HandleError::Forged { kind: HandleKind::Operation, slot: f.slot });
             assert!(err.to_string().contains("forged operation handle"));
         }
-        let all_zero = RawHandle {
-            runtime: 0,
-            slot: 0,
-            generation: 0,
-        };
+        let all_zero = RawHandle { runtime: 0, slot: 0, generation: 0 };
         assert!(t.get(all_zero).is_err());
         let t_same_rt_zero: HandleTable<u8> = HandleTable::new(t.runtime_id(), HandleKind::Target);
         assert!(matches!(
-            t_same_rt_zero.get(RawHandle {
-                runtime: t.runtime_id(),
-                slot: 0,
-                generation: 0
-            }),
+            t_same_rt_zero.get(RawHandle { runtime: t.runtime_id(), slot: 0, generation: 0 }),
             Err(HandleError::Forged { .. })
         ));
         assert_eq!(*t.get(h).unwrap(), 7);
@@ -469,14 +422,7 @@ mod tests {
     fn public_handles_round_trip_raw_parts() {
         let h = TargetHandle::from_raw_parts(3, 4, 5);
         assert_eq!(h.to_raw_parts(), (3, 4, 5));
-        assert_eq!(
-            h.0,
-            RawHandle {
-                runtime: 3,
-                slot: 4,
-                generation: 5
-            }
-        );
+        assert_eq!(h.0, RawHandle { runtime: 3, slot: 4, generation: 5 });
         assert_eq!(MemoryHandle::from(h.0).to_raw_parts(), (3, 4, 5));
         assert_eq!(OpHandle::from_raw_parts(0, 0, 0).to_raw_parts(), (0, 0, 0));
     }
@@ -494,10 +440,7 @@ mod tests {
         let mut t: HandleTable<u8> = HandleTable::new(next_runtime_id(), HandleKind::Target);
         let h = t.insert(1);
         t.slots[0].generation = u32::MAX;
-        let h = RawHandle {
-            generation: u32::MAX,
-            ..h
-        };
+        let h = RawHandle { generation: u32::MAX, ..h };
         t.remove(h).unwrap();
         let n = t.insert(2);
         assert_ne!(n.slot, h.slot, "a slot at u32::MAX is never reused");

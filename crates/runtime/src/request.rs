@@ -33,13 +33,25 @@ pub struct Request {
 impl Request {
     /// A read of `len` bytes at `offset` of `target` into `memory` at
     /// `memory_offset`.
-    pub fn read(target: TargetHandle, offset: u64, len: u64, memory: MemoryHandle, memory_offset: u64) -> Self {
+    pub fn read(
+        target: TargetHandle,
+        offset: u64,
+        len: u64,
+        memory: MemoryHandle,
+        memory_offset: u64,
+    ) -> Self {
         Self { direction: Direction::Read, target, offset, len, memory, memory_offset }
     }
 
     /// A write of `len` bytes from `memory` at `memory_offset` to `offset`
     /// of `target`.
-    pub fn write(target: TargetHandle, offset: u64, len: u64, memory: MemoryHandle, memory_offset: u64) -> Self {
+    pub fn write(
+        target: TargetHandle,
+        offset: u64,
+        len: u64,
+        memory: MemoryHandle,
+        memory_offset: u64,
+    ) -> Self {
         Self { direction: Direction::Write, target, offset, len, memory, memory_offset }
     }
 }

@@ -27,7 +27,9 @@ use crate::config::{Config, DataPathConfig, ResolverConfig};
 use crate::datapath::{DataPath, LocalNvme, StripedLocalNvme};
 use crate::drive::{Drive, DriveUse};
 use crate::error::{Error, RequestError, RequestStatus};
-use crate::handle::{next_runtime_id, HandleError, HandleKind, HandleTable, MemoryHandle, OpHandle, RawHandle, TargetHandle};
+use crate::handle::{
+    next_runtime_id, HandleError, HandleKind, HandleTable, MemoryHandle, OpHandle, RawHandle, TargetHandle,
+};
 use crate::request::{Direction, Request, Submission};
 use crate::resolver::Slab;
 
@@ -78,6 +80,15 @@ impl Drop for Region {
             }
         }
     }
+}
+
+/// A validated request: its datapath, extent, memory and command count.
+#[derive(Debug)]
+struct Planned {
+    datapath: usize,
+    extent: Extent,
+    region: Arc<Region>,
+    commands: u32,
 }
 
 #[derive(Debug)]
@@ -185,11 +196,17 @@ impl Runtime {
         for dp in config.datapaths.values() {
             match dp {
                 DataPathConfig::LocalNvme(l) => {
-                    usage.insert(&l.drive, DriveUse { nsid: l.nsid, queues: l.queues, queue_depth: l.queue_depth });
+                    usage.insert(
+                        &l.drive,
+                        DriveUse { nsid: l.nsid, queues: l.queues, queue_depth: l.queue_depth },
+                    );
                 }
                 DataPathConfig::StripedLocalNvme(s) => {
                     for d in &s.drives {
-                        usage.insert(d, DriveUse { nsid: s.nsid, queues: s.queues_per_drive, queue_depth: s.queue_depth });
+                        usage.insert(
+                            d,
+                            DriveUse { nsid: s.nsid, queues: s.queues_per_drive, queue_depth: s.queue_depth },
+                        );
                     }
                 }
             }
@@ -209,9 +226,10 @@ impl Runtime {
                 DataPathConfig::LocalNvme(l) => Arc::new(LocalNvme::new(name, get_drive(&l.drive))),
                 DataPathConfig::StripedLocalNvme(s) => {
                     let ds = s.drives.iter().map(get_drive).collect();
-                    Arc::new(StripedLocalNvme::new(name, ds, s.stripe_unit.0).ok_or_else(|| {
-                        Error::Uri { uri: name.clone(), reason: "empty stripe".into() }
-                    })?)
+                    Arc::new(
+                        StripedLocalNvme::new(name, ds, s.stripe_unit.0)
+                            .ok_or_else(|| Error::Uri { uri: name.clone(), reason: "empty stripe".into() })?,
+                    )
                 }
             };
             dp_index.insert(name.clone(), datapaths.len());
@@ -220,12 +238,14 @@ impl Runtime {
         let mut stores = Vec::new();
         let mut store_index = HashMap::new();
         for (name, sc) in &config.stores {
-            let (resolver, slot_size): (Box<dyn Resolver>, Option<u64>) = match &config.resolvers[&sc.resolver] {
+            let (resolver, slot_size): (Box<dyn Resolver>, Option<u64>) = match &config.resolvers
+                [&sc.resolver]
+            {
                 ResolverConfig::Slab(s) => (
-                    Box::new(Slab::new(s.slot_size.0).ok_or_else(|| Error::Uri {
-                        uri: name.clone(),
-                        reason: "slot size 0".into(),
-                    })?),
+                    Box::new(
+                        Slab::new(s.slot_size.0)
+                            .ok_or_else(|| Error::Uri { uri: name.clone(), reason: "slot size 0".into() })?,
+                    ),
                     Some(s.slot_size.0),
                 ),
             };
@@ -274,9 +294,8 @@ impl Runtime {
             return Err(Error::ShuttingDown);
         }
         let bad = |reason: String| Error::Uri { uri: uri.to_owned(), reason };
-        let rest = uri
-            .strip_prefix(URI_SCHEME)
-            .ok_or_else(|| bad(format!("expected the scheme {URI_SCHEME}")))?;
+        let rest =
+            uri.strip_prefix(URI_SCHEME).ok_or_else(|| bad(format!("expected the scheme {URI_SCHEME}")))?;
         let (store, key) = rest.split_once('/').ok_or_else(|| bad("expected <store>/<key>".into()))?;
         let si = *self.store_index.get(store).ok_or_else(|| bad(format!("no store named {store:?}")))?;
         let s = &self.stores[si];
@@ -347,7 +366,10 @@ impl Runtime {
                 Err(e) => {
                     // Undo the mappings made so far (Region's Drop).
                     drop(Region { lead, len, mappings, devices });
-                    return Err(Error::Memory { reason: format!("mapping for drive {:?}", d.name), source: Some(e) });
+                    return Err(Error::Memory {
+                        reason: format!("mapping for drive {:?}", d.name),
+                        source: Some(e),
+                    });
                 }
             }
         }
@@ -376,14 +398,18 @@ impl Runtime {
     pub fn submit(&self, requests: &[Request]) -> Submission {
         if self.shutting_down.load(Ordering::Acquire) || requests.len() > MAX_BATCH {
             let e = if requests.len() > MAX_BATCH {
-                RequestError::OutOfRange { offset: 0, len: requests.len() as u64, target_len: MAX_BATCH as u64 }
+                RequestError::OutOfRange {
+                    offset: 0,
+                    len: requests.len() as u64,
+                    target_len: MAX_BATCH as u64,
+                }
             } else {
                 RequestError::ShuttingDown
             };
             return Submission { op: None, states: requests.iter().map(|_| Err(e.clone())).collect() };
         }
         // 1. Validate and plan (count commands) under the read locks.
-        let mut plans: Vec<Option<(usize, Extent, Arc<Region>, u32)>> = Vec::with_capacity(requests.len());
+        let mut plans: Vec<Option<Planned>> = Vec::with_capacity(requests.len());
         let mut states = Vec::with_capacity(requests.len());
         {
             let targets = self.targets.read().unwrap_or_else(|p| p.into_inner());
@@ -405,21 +431,23 @@ impl Runtime {
             return Submission { op: None, states };
         }
         // 2. Register the operation with every request's command count.
-        let mut dps: Vec<usize> = plans.iter().flatten().map(|p| p.0).collect();
+        let mut dps: Vec<usize> = plans.iter().flatten().map(|p| p.datapath).collect();
         dps.sort_unstable();
         dps.dedup();
         let mut regions: Vec<Arc<Region>> = Vec::new();
         for p in plans.iter().flatten() {
-            if !regions.iter().any(|r| Arc::ptr_eq(r, &p.2)) {
-                regions.push(p.2.clone());
+            if !regions.iter().any(|r| Arc::ptr_eq(r, &p.region)) {
+                regions.push(p.region.clone());
             }
         }
         let reqs: Vec<ReqState> = plans
             .iter()
             .zip(&states)
             .map(|(p, s)| match (p, s) {
-                (Some(p), _) => ReqState { remaining: p.3, status: None, done: false },
-                (None, Err(e)) => ReqState { remaining: 0, status: Some(RequestStatus::NotAccepted(e.clone())), done: true },
+                (Some(p), _) => ReqState { remaining: p.commands, status: None, done: false },
+                (None, Err(e)) => {
+                    ReqState { remaining: 0, status: Some(RequestStatus::NotAccepted(e.clone())), done: true }
+                }
                 (None, Ok(())) => unreachable!("unplanned requests carry their error"),
             })
             .collect();
@@ -435,8 +463,8 @@ impl Runtime {
         });
         // 3. Queue the commands.
         for (i, (r, p)) in requests.iter().zip(&plans).enumerate() {
-            if let Some((dpi, extent, region, _)) = p {
-                self.queue_request(op, i, r, *dpi, *extent, region);
+            if let Some(p) = p {
+                self.queue_request(op, i, r, p.datapath, p.extent, &p.region);
             }
         }
         Submission { op: Some(OpHandle(op)), states }
@@ -447,7 +475,7 @@ impl Runtime {
         targets: &HandleTable<Target>,
         memory: &HandleTable<Arc<Region>>,
         r: &Request,
-    ) -> Result<(usize, Extent, Arc<Region>, u32), RequestError> {
+    ) -> Result<Planned, RequestError> {
         let t = *targets.get(r.target.0).map_err(RequestError::Target)?;
         let region = memory.get(r.memory.0).map_err(RequestError::Memory)?.clone();
         if r.len == 0 {
@@ -455,17 +483,29 @@ impl Runtime {
         }
         match r.offset.checked_add(r.len) {
             Some(end) if end <= t.extent.len => {}
-            _ => return Err(RequestError::OutOfRange { offset: r.offset, len: r.len, target_len: t.extent.len }),
+            _ => {
+                return Err(RequestError::OutOfRange {
+                    offset: r.offset,
+                    len: r.len,
+                    target_len: t.extent.len,
+                })
+            }
         }
         let dpi = self.stores[t.store].datapath;
         let dp = &self.datapaths[dpi];
         let bs = u64::from(dp.block_size());
-        if r.offset % bs != 0 || r.len % bs != 0 {
-            return Err(RequestError::Unaligned { offset: r.offset, len: r.len, block_size: dp.block_size() });
+        if !r.offset.is_multiple_of(bs) || !r.len.is_multiple_of(bs) {
+            return Err(RequestError::Unaligned {
+                offset: r.offset,
+                len: r.len,
+                block_size: dp.block_size(),
+            });
         }
-        let mem_bad = RequestError::MemoryRange { offset: r.memory_offset, len: r.len, region_len: region.len as u64 };
+        let mem_bad =
+            RequestError::MemoryRange { offset: r.memory_offset, len: r.len, region_len: region.len as u64 };
         match r.memory_offset.checked_add(r.len) {
-            Some(end) if end <= region.len as u64 && (region.lead as u64 + r.memory_offset) % 4 == 0 => {}
+            Some(end)
+                if end <= region.len as u64 && (region.lead as u64 + r.memory_offset).is_multiple_of(4) => {}
             _ => return Err(mem_bad),
         }
         // Count commands; a drive-level refusal (should not happen after the
@@ -476,18 +516,35 @@ impl Runtime {
             let d = &dp.drives()[p.drive];
             match plan_io(&d.ns, p.drive_offset, p.len, d.max_transfer) {
                 Ok(plan) => commands += plan.commands() as u64,
-                Err(_) => err = Some(RequestError::Unaligned { offset: r.offset, len: r.len, block_size: d.ns.block_size }),
+                Err(_) => {
+                    err = Some(RequestError::Unaligned {
+                        offset: r.offset,
+                        len: r.len,
+                        block_size: d.ns.block_size,
+                    })
+                }
             }
         });
         if let Some(e) = err {
             return Err(e);
         }
-        let commands = u32::try_from(commands)
-            .map_err(|_| RequestError::OutOfRange { offset: r.offset, len: r.len, target_len: t.extent.len })?;
-        Ok((dpi, t.extent, region, commands))
+        let commands = u32::try_from(commands).map_err(|_| RequestError::OutOfRange {
+            offset: r.offset,
+            len: r.len,
+            target_len: t.extent.len,
+        })?;
+        Ok(Planned { datapath: dpi, extent: t.extent, region, commands })
     }
 
-    fn queue_request(&self, op: RawHandle, index: usize, r: &Request, dpi: usize, extent: Extent, region: &Region) {
+    fn queue_request(
+        &self,
+        op: RawHandle,
+        index: usize,
+        r: &Request,
+        dpi: usize,
+        extent: Extent,
+        region: &Region,
+    ) {
         let dp = &self.datapaths[dpi];
         let tag = make_tag(op, index);
         let io = match r.direction {
@@ -578,7 +635,8 @@ impl Runtime {
             return;
         }
         st.outstanding = st.outstanding.saturating_sub(1);
-        let failure = (!c.status.is_success()).then(|| RequestStatus::Nvme { drive: d.name.clone(), status: c.status });
+        let failure =
+            (!c.status.is_success()).then(|| RequestStatus::Nvme { drive: d.name.clone(), status: c.status });
         finish_commands(st, index, 1, failure);
         if st.retired && st.outstanding == 0 {
             let _ = ops.remove(h);
@@ -612,7 +670,12 @@ impl Runtime {
             let ops = lock(&self.ops);
             let st = ops.get(op.0)?;
             if st.retired {
-                return Err(HandleError::Stale { kind: HandleKind::Operation, slot: op.0.slot, generation: op.0.generation }.into());
+                return Err(HandleError::Stale {
+                    kind: HandleKind::Operation,
+                    slot: op.0.slot,
+                    generation: op.0.generation,
+                }
+                .into());
             }
             st.datapaths.clone()
         };
@@ -626,7 +689,13 @@ impl Runtime {
                     let statuses = st
                         .reqs
                         .iter_mut()
-                        .map(|r| if r.done { r.status.take().unwrap_or(RequestStatus::Success) } else { RequestStatus::Timeout })
+                        .map(|r| {
+                            if r.done {
+                                r.status.take().unwrap_or(RequestStatus::Success)
+                            } else {
+                                RequestStatus::Timeout
+                            }
+                        })
                         .collect();
                     if st.outstanding == 0 {
                         ops.remove(op.0)?;
@@ -651,7 +720,10 @@ impl Runtime {
 
     /// Counters summed over every queue pair.
     pub fn stats(&self) -> RuntimeStats {
-        let mut s = RuntimeStats { late_completions: self.late_completions.load(Ordering::Relaxed), ..Default::default() };
+        let mut s = RuntimeStats {
+            late_completions: self.late_completions.load(Ordering::Relaxed),
+            ..Default::default()
+        };
         for d in &self.drives {
             for q in &d.queues {
                 let qs = lock(q).stats();
@@ -683,7 +755,8 @@ impl Runtime {
         loop {
             let (pending, cmds) = {
                 let ops = lock(&self.ops);
-                ops.iter().fold((0, 0), |(p, c), (_, st)| (p + usize::from(st.unfinished > 0), c + st.outstanding))
+                ops.iter()
+                    .fold((0, 0), |(p, c), (_, st)| (p + usize::from(st.unfinished > 0), c + st.outstanding))
             };
             report.ops_in_flight = pending;
             report.commands_in_flight = cmds;
@@ -730,7 +803,12 @@ fn finish_commands(st: &mut OpState, index: usize, n: u32, failure: Option<Reque
     }
 }
 
-fn check_binding(store: &str, resolver_name: &str, resolver: &dyn Resolver, dp: &dyn DataPath) -> Result<(), Error> {
+fn check_binding(
+    store: &str,
+    resolver_name: &str,
+    resolver: &dyn Resolver,
+    dp: &dyn DataPath,
+) -> Result<(), Error> {
     let (p, c) = (resolver.binding(), dp.binding());
     if p != c {
         return Err(Error::BindingMismatch {

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use tutti::{Config, Error, HandleError, MemoryHandle, Request, RequestError, RequestStatus, Runtime, TargetHandle};
+use tutti::{
+    Config, Error, HandleError, MemoryHandle, Request, RequestError, RequestStatus, Runtime, TargetHandle,
+};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -56,14 +58,23 @@ fn write_then_read_back_across_four_striped_drives() {
     let mut dst = Buf::new(4 << 20);
     fill(&mut src.bytes()[..], 7);
     let (ms, md) = (src.register(&rt), dst.register(&rt));
-    let targets: Vec<TargetHandle> = (0..4).map(|i| rt.open(&format!("tutti://kv/{}", i * 3)).unwrap()).collect();
-    let writes: Vec<_> = targets.iter().enumerate().map(|(i, &t)| Request::write(t, 0, 1 << 20, ms, (i as u64) << 20)).collect();
+    let targets: Vec<TargetHandle> =
+        (0..4).map(|i| rt.open(&format!("tutti://kv/{}", i * 3)).unwrap()).collect();
+    let writes: Vec<_> = targets
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| Request::write(t, 0, 1 << 20, ms, (i as u64) << 20))
+        .collect();
     let sub = rt.submit(&writes);
     assert_eq!(sub.accepted(), 4);
     let st = rt.wait(sub.op().unwrap(), T).unwrap();
     assert!(st.iter().all(RequestStatus::is_success), "{st:?}");
     // Read back in reverse order into the other buffer.
-    let reads: Vec<_> = targets.iter().enumerate().map(|(i, &t)| Request::read(t, 0, 1 << 20, md, ((3 - i) as u64) << 20)).collect();
+    let reads: Vec<_> = targets
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| Request::read(t, 0, 1 << 20, md, ((3 - i) as u64) << 20))
+        .collect();
     let sub = rt.submit(&reads);
     let st = rt.wait(sub.op().unwrap(), T).unwrap();
     assert!(st.iter().all(RequestStatus::is_success), "{st:?}");
@@ -141,7 +152,10 @@ fn forged_stale_and_foreign_handles_are_refused() {
     // The operation handle is consumed by wait.
     assert!(matches!(rt.wait(op, T), Err(Error::Handle(HandleError::Stale { .. }))));
     let (orid, os, og) = op.to_raw_parts();
-    assert!(matches!(rt.wait(tutti::OpHandle::from_raw_parts(orid, os + 1000, og), T), Err(Error::Handle(HandleError::Forged { .. }))));
+    assert!(matches!(
+        rt.wait(tutti::OpHandle::from_raw_parts(orid, os + 1000, og), T),
+        Err(Error::Handle(HandleError::Forged { .. }))
+    ));
     assert!(matches!(other.unregister_memory(m), Err(Error::Handle(HandleError::Foreign { .. }))));
 }
 

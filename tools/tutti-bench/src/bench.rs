@@ -150,7 +150,7 @@ struct StripePoint {
 /// local_nvme for one drive) with the timing model on.
 pub fn stripe(a: &StripeArgs) -> Result<(), String> {
     let req = a.request_kib << 10;
-    if req == 0 || req % 4096 != 0 {
+    if req == 0 || !req.is_multiple_of(4096) {
         return Err("--request-kib must be a non-zero multiple of 4".into());
     }
     let mut points: Vec<StripePoint> = Vec::new();
@@ -169,10 +169,8 @@ pub fn stripe(a: &StripeArgs) -> Result<(), String> {
             e.mdts = 5;
         }
         let rt = Runtime::from_config(cfg).map_err(err)?;
-        let targets: Vec<_> = (0..slots)
-            .map(|i| rt.open(&format!("tutti://kv/{i}")))
-            .collect::<Result<_, _>>()
-            .map_err(err)?;
+        let targets: Vec<_> =
+            (0..slots).map(|i| rt.open(&format!("tutti://kv/{i}"))).collect::<Result<_, _>>().map_err(err)?;
         let mut buf = vec![0u64; (slots * req / 8) as usize];
         // SAFETY: `buf` outlives the registration (unregistered below) and
         // is not touched while reads are in flight.

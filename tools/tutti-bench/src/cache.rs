@@ -163,31 +163,18 @@ impl BlockCache {
             self.touch(i);
             let node = &mut self.nodes[i as usize];
             node.version += 1;
-            return Ok(Insert {
-                slot: self.slot(i),
-                evicted: None,
-            });
+            return Ok(Insert { slot: self.slot(i), evicted: None });
         }
         let (index, evicted) = if let Some(i) = self.free.pop() {
             (i, None)
         } else if (self.nodes.len() as u64) < u64::from(self.slots) {
             let i = self.nodes.len() as u32;
-            self.nodes.push(Node {
-                hash,
-                version: 0,
-                epoch: 0,
-                prev: NIL,
-                next: NIL,
-                resident: false,
-            });
+            self.nodes.push(Node { hash, version: 0, epoch: 0, prev: NIL, next: NIL, resident: false });
             (i, None)
         } else {
             let t = self.tail;
             if t == NIL || self.nodes[t as usize].epoch == self.epoch {
-                return Err(Uncacheable {
-                    hash,
-                    slots: self.slots,
-                });
+                return Err(Uncacheable { hash, slots: self.slots });
             }
             let old = self.nodes[t as usize].hash;
             self.unlink(t);
@@ -203,10 +190,7 @@ impl BlockCache {
         node.resident = true;
         self.push_front(index);
         self.map.insert(hash, index);
-        Ok(Insert {
-            slot: self.slot(index),
-            evicted,
-        })
+        Ok(Insert { slot: self.slot(index), evicted })
     }
 
     /// Drops `hash` from the cache (e.g. after a failed write), freeing its
@@ -234,10 +218,7 @@ impl BlockCache {
     }
 
     fn slot(&self, i: u32) -> Slot {
-        Slot {
-            index: i,
-            version: self.nodes[i as usize].version,
-        }
+        Slot { index: i, version: self.nodes[i as usize].version }
     }
 
     fn touch(&mut self, i: u32) {
@@ -304,18 +285,9 @@ mod tests {
         assert_eq!(c.lookup(10).map(|s| s.index), Some(0)); // 11 is now LRU
         let ins = c.insert(13).unwrap();
         assert_eq!(ins.evicted, Some(11));
-        assert_eq!(
-            ins.slot,
-            Slot {
-                index: 1,
-                version: 2
-            }
-        );
+        assert_eq!(ins.slot, Slot { index: 1, version: 2 });
         assert_eq!(c.lookup(11), None);
-        assert_eq!(
-            c.iter_mru().map(|(h, _)| h).collect::<Vec<_>>(),
-            vec![13, 10, 12]
-        );
+        assert_eq!(c.iter_mru().map(|(h, _)| h).collect::<Vec<_>>(), vec![13, 10, 12]);
     }
 
     #[test]

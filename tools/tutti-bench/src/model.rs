@@ -42,11 +42,7 @@ pub struct ModelGeometry {
 impl ModelGeometry {
     /// KV-cache bytes for one token: `layers * 2 * kv_heads * head_dim * dtype_bytes`.
     pub const fn bytes_per_token(&self) -> u64 {
-        self.layers as u64
-            * 2
-            * self.kv_heads as u64
-            * self.head_dim as u64
-            * self.dtype_bytes as u64
+        self.layers as u64 * 2 * self.kv_heads as u64 * self.head_dim as u64 * self.dtype_bytes as u64
     }
 
     /// KV-cache bytes for one block of `block_tokens` tokens.
@@ -57,49 +53,16 @@ impl ModelGeometry {
 
 /// All presets, in the order they are listed in help text.
 pub const PRESETS: &[ModelGeometry] = &[
-    ModelGeometry {
-        name: "llama-3.1-8b",
-        layers: 32,
-        kv_heads: 8,
-        head_dim: 128,
-        dtype_bytes: 2,
-    },
-    ModelGeometry {
-        name: "llama-3.1-70b",
-        layers: 80,
-        kv_heads: 8,
-        head_dim: 128,
-        dtype_bytes: 2,
-    },
-    ModelGeometry {
-        name: "qwen2.5-7b",
-        layers: 28,
-        kv_heads: 4,
-        head_dim: 128,
-        dtype_bytes: 2,
-    },
-    ModelGeometry {
-        name: "qwen2.5-0.5b",
-        layers: 24,
-        kv_heads: 2,
-        head_dim: 64,
-        dtype_bytes: 2,
-    },
-    ModelGeometry {
-        name: "mistral-7b",
-        layers: 32,
-        kv_heads: 8,
-        head_dim: 128,
-        dtype_bytes: 2,
-    },
+    ModelGeometry { name: "llama-3.1-8b", layers: 32, kv_heads: 8, head_dim: 128, dtype_bytes: 2 },
+    ModelGeometry { name: "llama-3.1-70b", layers: 80, kv_heads: 8, head_dim: 128, dtype_bytes: 2 },
+    ModelGeometry { name: "qwen2.5-7b", layers: 28, kv_heads: 4, head_dim: 128, dtype_bytes: 2 },
+    ModelGeometry { name: "qwen2.5-0.5b", layers: 24, kv_heads: 2, head_dim: 64, dtype_bytes: 2 },
+    ModelGeometry { name: "mistral-7b", layers: 32, kv_heads: 8, head_dim: 128, dtype_bytes: 2 },
 ];
 
 /// Looks a preset up by name (ASCII case-insensitive), e.g. `"llama-3.1-8b"`.
 pub fn preset(name: &str) -> Option<ModelGeometry> {
-    PRESETS
-        .iter()
-        .find(|p| p.name.eq_ignore_ascii_case(name))
-        .copied()
+    PRESETS.iter().find(|p| p.name.eq_ignore_ascii_case(name)).copied()
 }
 
 #[cfg(test)]

@@ -95,11 +95,7 @@ pub fn verify_block(buf: &[u8], hash: u64, version: u64) -> Result<(), Mismatch>
     let want = word(k, i).to_le_bytes();
     for (j, (&got, &exp)) in rem.iter().zip(want.iter()).enumerate() {
         if got != exp {
-            return Err(Mismatch {
-                offset: i as usize * 8 + j,
-                expected: exp,
-                actual: got,
-            });
+            return Err(Mismatch { offset: i as usize * 8 + j, expected: exp, actual: got });
         }
     }
     Ok(())
@@ -141,11 +137,7 @@ mod tests {
             b[off] ^= 0x20;
             assert_eq!(
                 verify_block(&b, 0xABCD, 17),
-                Err(Mismatch {
-                    offset: off,
-                    expected: orig,
-                    actual: orig ^ 0x20
-                })
+                Err(Mismatch { offset: off, expected: orig, actual: orig ^ 0x20 })
             );
             b[off] = orig;
         }

@@ -66,7 +66,9 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
     }
     let block_bytes = model.block_bytes(a.block_tokens);
     if block_bytes % 4096 != 0 {
-        return Err(format!("a block of {block_bytes} bytes is not a multiple of 4096; change --block-tokens"));
+        return Err(format!(
+            "a block of {block_bytes} bytes is not a multiple of 4096; change --block-tokens"
+        ));
     }
     let trace: Vec<TraceRequest> = match &a.trace {
         Some(p) => read_trace(p, a.requests).map_err(err)?,
@@ -222,7 +224,9 @@ fn run_batch(
         let what = if write { "save" } else { "load" };
         let block = blocks[i].0;
         return Err(match st {
-            RequestStatus::Nvme { drive, status } => format!("{what} of block {block} failed on {drive}: {status}"),
+            RequestStatus::Nvme { drive, status } => {
+                format!("{what} of block {block} failed on {drive}: {status}")
+            }
             other => format!("{what} of block {block} failed: {other:?}"),
         });
     }

@@ -72,11 +72,7 @@ impl LatencyRecorder {
             0
         } else {
             // NaN and negatives count as 0.0.
-            let q = if quantile >= 0.0 {
-                quantile.min(1.0)
-            } else {
-                0.0
-            };
+            let q = if quantile >= 0.0 { quantile.min(1.0) } else { 0.0 };
             self.hist.value_at_quantile(q)
         }
     }
@@ -247,10 +243,7 @@ impl Summary {
                     self.load_latency_p50_us, self.load_latency_p99_us, self.load_latency_max_us
                 ),
             ),
-            (
-                "blocks verified",
-                format!("{} of {} loaded", self.blocks_verified, self.blocks_loaded),
-            ),
+            ("blocks verified", format!("{} of {} loaded", self.blocks_verified, self.blocks_loaded)),
             ("elapsed", format!("{:.3} s", self.elapsed_seconds)),
             ("units", "GB = 10^9 bytes, MiB = 2^20 bytes".to_string()),
         ];

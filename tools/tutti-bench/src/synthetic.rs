@@ -105,11 +105,7 @@ impl Generator {
 
 /// One generated request and, for tests, the conversation it belongs to.
 fn generate(requests: usize, seed: u64) -> Vec<(TraceRequest, Option<usize>)> {
-    let mut g = Generator {
-        rng: SplitMix64(seed),
-        next_hash: 0,
-        system: Vec::new(),
-    };
+    let mut g = Generator { rng: SplitMix64(seed), next_hash: 0, system: Vec::new() };
     for &n in &SYSTEM_PROMPT_BLOCKS {
         let mut p = Vec::new();
         g.new_blocks(&mut p, n as u64);
@@ -145,18 +141,10 @@ fn generate(requests: usize, seed: u64) -> Vec<(TraceRequest, Option<usize>)> {
                 conversations += 1;
                 // planned 2..=5 turns, this first one included
                 let turns_left = g.rng.range(1, 4) as u32;
-                live.push(Conversation {
-                    id,
-                    hash_ids: ids.clone(),
-                    turns_left,
-                });
+                live.push(Conversation { id, hash_ids: ids.clone(), turns_left });
                 (ids, Some(id))
             } else {
-                let mut ids = if g.rng.percent(50) {
-                    g.system_prompt()
-                } else {
-                    Vec::new()
-                };
+                let mut ids = if g.rng.percent(50) { g.system_prompt() } else { Vec::new() };
                 let new = g.rng.range(1, 10);
                 g.new_blocks(&mut ids, new);
                 (ids, None)
@@ -177,10 +165,7 @@ fn generate(requests: usize, seed: u64) -> Vec<(TraceRequest, Option<usize>)> {
 /// Generates `requests` requests of the synthetic workload described in the
 /// [module documentation](self), deterministically from `seed`.
 pub fn synthetic_trace(requests: usize, seed: u64) -> Vec<TraceRequest> {
-    generate(requests, seed)
-        .into_iter()
-        .map(|(r, _)| r)
-        .collect()
+    generate(requests, seed).into_iter().map(|(r, _)| r).collect()
 }
 
 #[cfg(test)]
@@ -243,11 +228,7 @@ mod tests {
     fn default_hit_ratio_in_range() {
         for seed in 0..20 {
             let s = TraceStats::from_requests(&synthetic_trace(DEFAULT_REQUESTS, seed));
-            assert!(
-                (0.40..=0.70).contains(&s.ideal_hit_ratio),
-                "seed {seed}: {}",
-                s.ideal_hit_ratio
-            );
+            assert!((0.40..=0.70).contains(&s.ideal_hit_ratio), "seed {seed}: {}", s.ideal_hit_ratio);
         }
     }
 }

@@ -105,10 +105,7 @@ fn parse_line_bytes(line: &[u8]) -> Result<TraceRequest, ParseLineError> {
 /// count. Lines are read as bytes, so invalid UTF-8 is a [`TraceError::Parse`]
 /// for that line rather than an I/O error.
 pub fn read_trace(path: &Path, limit: Option<usize>) -> Result<Vec<TraceRequest>, TraceError> {
-    let file = File::open(path).map_err(|source| TraceError::Open {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let file = File::open(path).map_err(|source| TraceError::Open { path: path.to_path_buf(), source })?;
     let mut reader = BufReader::with_capacity(1 << 16, file);
     let limit = limit.unwrap_or(usize::MAX);
     let mut out = Vec::new();
@@ -116,13 +113,11 @@ pub fn read_trace(path: &Path, limit: Option<usize>) -> Result<Vec<TraceRequest>
     let mut line_no = 0usize;
     while out.len() < limit {
         buf.clear();
-        let n = reader
-            .read_until(b'\n', &mut buf)
-            .map_err(|source| TraceError::Read {
-                path: path.to_path_buf(),
-                line: line_no + 1,
-                source,
-            })?;
+        let n = reader.read_until(b'\n', &mut buf).map_err(|source| TraceError::Read {
+            path: path.to_path_buf(),
+            line: line_no + 1,
+            source,
+        })?;
         if n == 0 {
             break;
         }
@@ -182,11 +177,7 @@ impl TraceStats {
             total_blocks: total,
             unique_blocks: unique,
             reused_blocks: reused,
-            ideal_hit_ratio: if total == 0 {
-                0.0
-            } else {
-                reused as f64 / total as f64
-            },
+            ideal_hit_ratio: if total == 0 { 0.0 } else { reused as f64 / total as f64 },
             span_ms,
         }
     }
@@ -199,10 +190,8 @@ mod tests {
 
     /// The real trace: `<workspace>/../shared/traces/...`, i.e. three levels
     /// up from this package (`<workspace>/tools/tutti-bench`).
-    const REAL_TRACE: &str = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/traces/mooncake_conversation_trace.jsonl"
-    );
+    const REAL_TRACE: &str =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/traces/mooncake_conversation_trace.jsonl");
 
     fn temp_file(name: &str, contents: &[u8]) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("tutti-bench-trace-{}", std::process::id()));
@@ -333,8 +322,6 @@ mod tests {
         assert_eq!(first.timestamp_ms, 0);
         assert_eq!(first.hash_ids.len(), 14);
         assert_eq!(first.hash_ids, (0..14).collect::<Vec<u64>>());
-        assert!(reqs
-            .windows(2)
-            .all(|w| w[0].timestamp_ms <= w[1].timestamp_ms));
+        assert!(reqs.windows(2).all(|w| w[0].timestamp_ms <= w[1].timestamp_ms));
     }
 }

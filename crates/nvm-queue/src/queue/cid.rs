@@ -122,9 +122,10 @@ impl<T> CidTable<T> {
 
     /// Iterates over `(cid, value)` of outstanding commands.
     pub fn iter(&self) -> impl Iterator<Item = (u16, &T)> + '_ {
-        self.slots.iter().enumerate().filter_map(|(i, s)| {
-            s.value.as_ref().map(|v| (self.cid(i as u16, s.generation), v))
-        })
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.value.as_ref().map(|v| (self.cid(i as u16, s.generation), v)))
     }
 
     /// Removes every outstanding command (after a controller reset).

@@ -133,8 +133,7 @@ impl QueuePair {
     pub fn new(device: &Arc<dyn NvmeDevice>, cfg: QueuePairConfig) -> Result<Self, QueueError> {
         let sq_ring = Ring::new(cfg.sq_entries).ok_or(QueueError::BadConfig("SQ entries"))?;
         let cq_ring = Ring::new(cfg.cq_entries).ok_or(QueueError::BadConfig("CQ entries"))?;
-        let cids = CidTable::new(cfg.max_outstanding)
-            .ok_or(QueueError::BadConfig("max_outstanding"))?;
+        let cids = CidTable::new(cfg.max_outstanding).ok_or(QueueError::BadConfig("max_outstanding"))?;
         let prp = PrpBuilder::new(cfg.page_size).map_err(|_| QueueError::BadConfig("page size"))?;
         if cfg.max_transfer == 0 {
             return Err(QueueError::BadConfig("max_transfer"));
@@ -150,8 +149,7 @@ impl QueuePair {
         let sq_mem = DmaBuffer::new(device, cfg.sq_entries as usize * SQE_SIZE)?;
         let cq_mem = DmaBuffer::new(device, cfg.cq_entries as usize * CQE_SIZE)?;
         // Worst case: PRP1 one dword before a page boundary.
-        let list_pages_per_cmd =
-            prp.list_pages_needed(cfg.page_size as u64 - 4, cfg.max_transfer);
+        let list_pages_per_cmd = prp.list_pages_needed(cfg.page_size as u64 - 4, cfg.max_transfer);
         let (lists, lists_offset) = if list_pages_per_cmd == 0 {
             (None, 0)
         } else {
@@ -317,4 +315,3 @@ impl QueuePair {
         s
     }
 }
-

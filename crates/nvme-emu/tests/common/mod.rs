@@ -67,9 +67,7 @@ impl Queue {
         let cid = self.next_cid;
         self.next_cid = self.next_cid.wrapping_add(1);
         sqe.set_cid(cid);
-        self.sq
-            .write_bytes(self.sq_tail as usize * 64, sqe.as_bytes())
-            .unwrap();
+        self.sq.write_bytes(self.sq_tail as usize * 64, sqe.as_bytes()).unwrap();
         self.sq_tail = (self.sq_tail + 1) % self.sq_size;
         cid
     }
@@ -110,22 +108,11 @@ pub struct Harness {
 }
 
 pub fn config(name: &str) -> EmulatorConfig {
-    EmulatorConfig::new(
-        name,
-        vec![
-            NamespaceSpec::new(1024, 4096),
-            NamespaceSpec::new(4096, 512),
-        ],
-    )
+    EmulatorConfig::new(name, vec![NamespaceSpec::new(1024, 4096), NamespaceSpec::new(4096, 512)])
 }
 
 pub fn cc_enable() -> Cc {
-    Cc(0)
-        .with_iosqes(6)
-        .with_iocqes(4)
-        .with_mps(0)
-        .with_css(Cc::CSS_NVM)
-        .with_en(true)
+    Cc(0).with_iosqes(6).with_iocqes(4).with_mps(0).with_css(Cc::CSS_NVM).with_en(true)
 }
 
 impl Harness {
@@ -134,32 +121,19 @@ impl Harness {
         let emu = Emulator::start(config).unwrap();
         let dev: Arc<dyn NvmeDevice> = emu.clone();
         let admin = Queue::new(&dev, 0, 32, 32);
-        let h = Harness {
-            emu,
-            dev,
-            admin,
-            dstrd,
-        };
+        let h = Harness { emu, dev, admin, dstrd };
         h.program_admin();
         h.write_cc(cc_enable());
-        assert!(
-            h.wait_csts(|c| c.rdy()).is_some(),
-            "CSTS.RDY did not become 1"
-        );
+        assert!(h.wait_csts(|c| c.rdy()).is_some(), "CSTS.RDY did not become 1");
         h
     }
 
     pub fn program_admin(&self) {
         let bar = self.dev.bar0();
-        bar.write32(
-            offset::AQA,
-            Aqa::new(self.admin.sq_size as u16 - 1, self.admin.cq_size as u16 - 1).0,
-        )
-        .unwrap();
-        bar.write64(offset::ASQ, self.admin.sq.device_addr(0).unwrap())
+        bar.write32(offset::AQA, Aqa::new(self.admin.sq_size as u16 - 1, self.admin.cq_size as u16 - 1).0)
             .unwrap();
-        bar.write64(offset::ACQ, self.admin.cq.device_addr(0).unwrap())
-            .unwrap();
+        bar.write64(offset::ASQ, self.admin.sq.device_addr(0).unwrap()).unwrap();
+        bar.write64(offset::ACQ, self.admin.cq.device_addr(0).unwrap()).unwrap();
     }
 
     pub fn write_cc(&self, cc: Cc) {
@@ -171,17 +145,11 @@ impl Harness {
     }
 
     pub fn ring_sq(&self, qid: u16, tail: u32) {
-        self.dev
-            .bar0()
-            .write32(doorbell_offset(qid, false, self.dstrd), tail)
-            .unwrap();
+        self.dev.bar0().write32(doorbell_offset(qid, false, self.dstrd), tail).unwrap();
     }
 
     pub fn ring_cq(&self, qid: u16, head: u32) {
-        self.dev
-            .bar0()
-            .write32(doorbell_offset(qid, true, self.dstrd), head)
-            .unwrap();
+        self.dev.bar0().write32(doorbell_offset(qid, true, self.dstrd), head).unwrap();
     }
 
     /// Submits on `q`, waits for the CQE, consumes it and rings the CQ head.
@@ -207,15 +175,11 @@ impl Harness {
 /// Submits on `q`, waits for the CQE, consumes it and rings the CQ head.
 pub fn submit(dev: &dyn NvmeDevice, dstrd: u8, q: &mut Queue, sqe: Sqe) -> Cqe {
     let cid = q.push(sqe);
-    dev.bar0()
-        .write32(doorbell_offset(q.qid, false, dstrd), q.sq_tail)
-        .unwrap();
+    dev.bar0().write32(doorbell_offset(q.qid, false, dstrd), q.sq_tail).unwrap();
     let cqe = wait_for(|| q.peek())
         .unwrap_or_else(|| panic!("no CQE for opcode {:#x} on queue {}", sqe.opcode(), q.qid));
     q.pop();
-    dev.bar0()
-        .write32(doorbell_offset(q.qid, true, dstrd), q.cq_head)
-        .unwrap();
+    dev.bar0().write32(doorbell_offset(q.qid, true, dstrd), q.cq_head).unwrap();
     assert_eq!(cqe.cid, cid, "CID");
     assert_eq!(cqe.sqid, q.qid, "SQID");
     cqe
@@ -257,9 +221,7 @@ pub fn rw(opcode: u8, nsid: u32, slba: u64, nlb: u32, prp1: u64, prp2: u64) -> S
 
 /// A byte pattern that differs per offset and per `seed`.
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
-        .collect()
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8).collect()
 }
 
 pub fn generic(sc: u8) -> Status {

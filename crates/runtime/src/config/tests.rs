@@ -74,12 +74,7 @@ fn err(yaml: &str) -> ConfigError {
 fn parse_err_at(yaml: &str, path: &str) -> ConfigError {
     let e = err(yaml);
     match &e {
-        ConfigError::Parse {
-            path: p,
-            line,
-            column,
-            ..
-        } => {
+        ConfigError::Parse { path: p, line, column, .. } => {
             assert_eq!(p, path, "{e}");
             assert!(line.is_some() && column.is_some(), "{e}");
         }
@@ -99,11 +94,7 @@ fn full_config_parses_and_validates() {
     assert_eq!(d0.namespaces[1].block_size, 512);
     assert_eq!(
         d0.timing,
-        Some(TimingConfig {
-            latency_us: 80,
-            bandwidth_mb_s: Some(2000),
-            iops: Some(500_000)
-        })
+        Some(TimingConfig { latency_us: 80, bandwidth_mb_s: Some(2000), iops: Some(500_000) })
     );
     let DriveConfig::Emulated(d1) = &c.drives["d1"];
     assert_eq!(d1.backing, Backing::Null);
@@ -113,12 +104,7 @@ fn full_config_parses_and_validates() {
     let DriveConfig::Emulated(d3) = &c.drives["d3"];
     assert_eq!(d3.namespaces[0].capacity, ByteSize::gib(1));
     assert_eq!(d3.timing, Some(TimingConfig::default()));
-    assert_eq!(
-        c.resolvers["kv"],
-        ResolverConfig::Slab(SlabConfig {
-            slot_size: ByteSize::mib(1)
-        })
-    );
+    assert_eq!(c.resolvers["kv"], ResolverConfig::Slab(SlabConfig { slot_size: ByteSize::mib(1) }));
     assert_eq!(
         c.datapaths["stripe"],
         DataPathConfig::StripedLocalNvme(StripedConfig {
@@ -129,13 +115,7 @@ fn full_config_parses_and_validates() {
             queue_depth: 256,
         })
     );
-    assert_eq!(
-        c.stores["meta"],
-        StoreConfig {
-            resolver: "small".into(),
-            datapath: "one".into()
-        }
-    );
+    assert_eq!(c.stores["meta"], StoreConfig { resolver: "small".into(), datapath: "one".into() });
 }
 
 #[test]
@@ -165,42 +145,23 @@ fn defaults_applied() {
             queue_depth: 256
         })
     );
-    let c =
-        Config::from_yaml_str(&minimal("", "striped_local_nvme: { drives: [d0, d1] }")).unwrap();
-    let DataPathConfig::StripedLocalNvme(s) = &c.datapaths["dp"] else {
-        panic!()
-    };
-    assert_eq!(
-        (s.nsid, s.stripe_unit, s.queues_per_drive, s.queue_depth),
-        (1, ByteSize::kib(128), 2, 256)
-    );
+    let c = Config::from_yaml_str(&minimal("", "striped_local_nvme: { drives: [d0, d1] }")).unwrap();
+    let DataPathConfig::StripedLocalNvme(s) = &c.datapaths["dp"] else { panic!() };
+    assert_eq!((s.nsid, s.stripe_unit, s.queues_per_drive, s.queue_depth), (1, ByteSize::kib(128), 2, 256));
     let c = Config::from_yaml_str(
         "drives:\n  d0:\n    emulated:\n      namespaces: [{capacity: 1GiB, block_size: 4096}]\n      timing: { iops: 10 }\n",
     )
     .unwrap();
     let DriveConfig::Emulated(d) = &c.drives["d0"];
-    assert_eq!(
-        d.timing,
-        Some(TimingConfig {
-            latency_us: 0,
-            bandwidth_mb_s: None,
-            iops: Some(10)
-        })
-    );
+    assert_eq!(d.timing, Some(TimingConfig { latency_us: 0, bandwidth_mb_s: None, iops: Some(10) }));
     // Every section may be omitted.
     assert_eq!(Config::from_yaml_str("{}").unwrap(), Config::default());
 }
 
 #[test]
 fn unknown_keys_refused_with_path() {
-    parse_err_at(
-        &format!("{}bogus: 1\n", minimal("", "local_nvme: { drive: d0 }")),
-        "bogus",
-    );
-    parse_err_at(
-        &minimal("      colour: blue", "local_nvme: { drive: d0 }"),
-        "drives.d0.emulated.colour",
-    );
+    parse_err_at(&format!("{}bogus: 1\n", minimal("", "local_nvme: { drive: d0 }")), "bogus");
+    parse_err_at(&minimal("      colour: blue", "local_nvme: { drive: d0 }"), "drives.d0.emulated.colour");
     parse_err_at(
         "drives:\n  d0:\n    emulated:\n      namespaces: [{capacity: 1GiB, block_size: 4096, nsid: 1}]\n",
         "drives.d0.emulated.namespaces[0].nsid",
@@ -209,22 +170,13 @@ fn unknown_keys_refused_with_path() {
         "drives:\n  d0:\n    emulated:\n      namespaces: [{capacity: 1GiB, block_size: 4096}]\n      timing: { latency_ms: 1 }\n",
         "drives.d0.emulated.timing.latency_ms",
     );
-    parse_err_at(
-        &minimal("", "local_nvme: { drive: d0, depth: 3 }"),
-        "datapaths.dp.local_nvme.depth",
-    );
+    parse_err_at(&minimal("", "local_nvme: { drive: d0, depth: 3 }"), "datapaths.dp.local_nvme.depth");
     parse_err_at(
         &minimal("", "striped_local_nvme: { drives: [d0, d1], stripe: 4096 }"),
         "datapaths.dp.striped_local_nvme.stripe",
     );
-    parse_err_at(
-        "resolvers:\n  kv:\n    slab: { slot_size: 1MiB, slots: 3 }\n",
-        "resolvers.kv.slab.slots",
-    );
-    parse_err_at(
-        "stores:\n  kv: { resolver: kv, datapath: dp, cache: yes }\n",
-        "stores.kv.cache",
-    );
+    parse_err_at("resolvers:\n  kv:\n    slab: { slot_size: 1MiB, slots: 3 }\n", "resolvers.kv.slab.slots");
+    parse_err_at("stores:\n  kv: { resolver: kv, datapath: dp, cache: yes }\n", "stores.kv.cache");
     // Unknown kinds.
     let e = parse_err_at("drives:\n  d0:\n    pci: { address: x }\n", "drives.d0");
     assert!(e.to_string().contains("pci"), "{e}");
@@ -245,10 +197,7 @@ fn mixed_kind_keys_refused() {
     let e = err("drives:\n  d0:\n    emulated:\n      namespaces: [{capacity: 1GiB, block_size: 4096}]\n    pci: {}\n");
     assert!(e.to_string().contains("exactly one kind"), "{e}");
     parse_err_at(
-        &minimal(
-            "",
-            "local_nvme: { drive: d0 }\n    striped_local_nvme: { drives: [d1, d2] }",
-        ),
+        &minimal("", "local_nvme: { drive: d0 }\n    striped_local_nvme: { drives: [d1, d2] }"),
         "datapaths.dp.local_nvme",
     );
     parse_err_at(
@@ -265,21 +214,9 @@ fn mixed_kind_keys_refused() {
 
 #[test]
 fn missing_references_refused_with_path() {
-    let e = err(&minimal(
-        "",
-        "striped_local_nvme: { drives: [d0, d1, d9, d2] }",
-    ));
-    assert_eq!(
-        e.to_string(),
-        "datapaths.dp.striped_local_nvme.drives[2]: unknown drive \"d9\""
-    );
-    assert!(matches!(
-        e,
-        ConfigError::UnknownReference {
-            kind: RefKind::Drive,
-            ..
-        }
-    ));
+    let e = err(&minimal("", "striped_local_nvme: { drives: [d0, d1, d9, d2] }"));
+    assert_eq!(e.to_string(), "datapaths.dp.striped_local_nvme.drives[2]: unknown drive \"d9\"");
+    assert!(matches!(e, ConfigError::UnknownReference { kind: RefKind::Drive, .. }));
     let e = err(&minimal("", "local_nvme: { drive: dx }"));
     assert_eq!(e.path(), "datapaths.dp.local_nvme.drive");
     let e = err(&minimal("", "local_nvme: { drive: d0 }").replace("resolver: kv", "resolver: kw"));
@@ -290,43 +227,23 @@ fn missing_references_refused_with_path() {
 
 #[test]
 fn stripe_width_enforced() {
-    let e = err(&minimal(
-        "",
-        "striped_local_nvme: { drives: [d0, d1, d2, d3, d4] }",
-    ));
-    assert!(
-        matches!(e, ConfigError::StripeWidth { count: 5, .. }),
-        "{e}"
-    );
-    assert!(e
-        .to_string()
-        .starts_with("datapaths.dp.striped_local_nvme.drives: "));
+    let e = err(&minimal("", "striped_local_nvme: { drives: [d0, d1, d2, d3, d4] }"));
+    assert!(matches!(e, ConfigError::StripeWidth { count: 5, .. }), "{e}");
+    assert!(e.to_string().starts_with("datapaths.dp.striped_local_nvme.drives: "));
     let e = err(&minimal("", "striped_local_nvme: { drives: [d0] }"));
-    assert!(
-        matches!(e, ConfigError::StripeWidth { count: 1, .. }),
-        "{e}"
-    );
+    assert!(matches!(e, ConfigError::StripeWidth { count: 1, .. }), "{e}");
     let e = err(&minimal("", "striped_local_nvme: { drives: [] }"));
-    assert!(
-        matches!(e, ConfigError::StripeWidth { count: 0, .. }),
-        "{e}"
-    );
+    assert!(matches!(e, ConfigError::StripeWidth { count: 0, .. }), "{e}");
     let e = err(&minimal("", "striped_local_nvme: { drives: [d0, d1, d0] }"));
     assert!(matches!(e, ConfigError::DuplicateStripeDrive { .. }), "{e}");
     assert_eq!(e.path(), "datapaths.dp.striped_local_nvme.drives[2]");
-    Config::from_yaml_str(&minimal(
-        "",
-        "striped_local_nvme: { drives: [d0, d1, d2, d3] }",
-    ))
-    .unwrap();
+    Config::from_yaml_str(&minimal("", "striped_local_nvme: { drives: [d0, d1, d2, d3] }")).unwrap();
 }
 
 #[test]
 fn one_datapath_per_drive() {
-    let yaml = minimal("", "local_nvme: { drive: d0 }").replace(
-        "\nstores:",
-        "\n  dq:\n    striped_local_nvme: { drives: [d1, d0] }\nstores:",
-    );
+    let yaml = minimal("", "local_nvme: { drive: d0 }")
+        .replace("\nstores:", "\n  dq:\n    striped_local_nvme: { drives: [d1, d0] }\nstores:");
     let e = err(&yaml);
     assert_eq!(
         e.to_string(),
@@ -338,16 +255,7 @@ fn one_datapath_per_drive() {
 fn one_store_per_resolver_and_datapath() {
     let base = minimal("", "local_nvme: { drive: d0 }");
     let e = err(&format!("{base}  kv2: {{ resolver: kv, datapath: dp }}\n"));
-    assert!(
-        matches!(
-            e,
-            ConfigError::AlreadyInStore {
-                kind: RefKind::Resolver,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, ConfigError::AlreadyInStore { kind: RefKind::Resolver, .. }), "{e}");
     assert_eq!(e.path(), "stores.kv2.resolver");
 }
 
@@ -359,31 +267,11 @@ fn semantic_ranges() {
         ("      dstrd: 16", dp, "drives.d0.emulated.dstrd"),
         ("      mdts: 32", dp, "drives.d0.emulated.mdts"),
         ("      io_queues: 0", dp, "drives.d0.emulated.io_queues"),
-        (
-            "      timing: { iops: 0 }",
-            dp,
-            "drives.d0.emulated.timing.iops",
-        ),
-        (
-            "      timing: { bandwidth_mb_s: 0 }",
-            dp,
-            "drives.d0.emulated.timing.bandwidth_mb_s",
-        ),
-        (
-            "",
-            "local_nvme: { drive: d0, queue_depth: 1 }",
-            "datapaths.dp.local_nvme.queue_depth",
-        ),
-        (
-            "",
-            "local_nvme: { drive: d0, queue_depth: 65537 }",
-            "datapaths.dp.local_nvme.queue_depth",
-        ),
-        (
-            "",
-            "local_nvme: { drive: d0, queues: 0 }",
-            "datapaths.dp.local_nvme.queues",
-        ),
+        ("      timing: { iops: 0 }", dp, "drives.d0.emulated.timing.iops"),
+        ("      timing: { bandwidth_mb_s: 0 }", dp, "drives.d0.emulated.timing.bandwidth_mb_s"),
+        ("", "local_nvme: { drive: d0, queue_depth: 1 }", "datapaths.dp.local_nvme.queue_depth"),
+        ("", "local_nvme: { drive: d0, queue_depth: 65537 }", "datapaths.dp.local_nvme.queue_depth"),
+        ("", "local_nvme: { drive: d0, queues: 0 }", "datapaths.dp.local_nvme.queues"),
         (
             "",
             "striped_local_nvme: { drives: [d0, d1], queues_per_drive: 0 }",
@@ -394,34 +282,16 @@ fn semantic_ranges() {
         let e = err(&minimal(extra, datapath));
         assert!(matches!(e, ConfigError::OutOfRange { .. }), "{e}");
         assert_eq!(e.path(), *path, "{e}");
-        assert!(
-            e.to_string().starts_with(&format!("{path}: invalid value")),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with(&format!("{path}: invalid value")), "{e}");
     }
 
     // Queue depth vs CAP.MQES + 1, queues vs io_queues.
-    let e = err(&minimal(
-        "      mqes: 63",
-        "local_nvme: { drive: d0, queue_depth: 65 }",
-    ));
-    assert!(
-        matches!(e, ConfigError::QueueDepthExceedsMqes { max: 64, .. }),
-        "{e}"
-    );
-    Config::from_yaml_str(&minimal(
-        "      mqes: 63",
-        "local_nvme: { drive: d0, queue_depth: 64 }",
-    ))
-    .unwrap();
-    let e = err(&minimal(
-        "      io_queues: 2",
-        "striped_local_nvme: { drives: [d1, d0], queues_per_drive: 3 }",
-    ));
-    assert!(
-        matches!(e, ConfigError::QueuesExceedIoQueues { io_queues: 2, .. }),
-        "{e}"
-    );
+    let e = err(&minimal("      mqes: 63", "local_nvme: { drive: d0, queue_depth: 65 }"));
+    assert!(matches!(e, ConfigError::QueueDepthExceedsMqes { max: 64, .. }), "{e}");
+    Config::from_yaml_str(&minimal("      mqes: 63", "local_nvme: { drive: d0, queue_depth: 64 }")).unwrap();
+    let e =
+        err(&minimal("      io_queues: 2", "striped_local_nvme: { drives: [d1, d0], queues_per_drive: 3 }"));
+    assert!(matches!(e, ConfigError::QueuesExceedIoQueues { io_queues: 2, .. }), "{e}");
     assert_eq!(e.path(), "datapaths.dp.striped_local_nvme.queues_per_drive");
 
     // Namespaces.
@@ -429,19 +299,8 @@ fn semantic_ranges() {
     let e = err(&ns("[]"));
     assert!(matches!(e, ConfigError::NoNamespaces { .. }), "{e}");
     assert_eq!(e.path(), "drives.d0.emulated.namespaces");
-    let e = err(&ns(
-        "[{capacity: 1GiB, block_size: 4096}, {capacity: 1GiB, block_size: 1024}]",
-    ));
-    assert!(
-        matches!(
-            e,
-            ConfigError::BlockSize {
-                block_size: 1024,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    let e = err(&ns("[{capacity: 1GiB, block_size: 4096}, {capacity: 1GiB, block_size: 1024}]"));
+    assert!(matches!(e, ConfigError::BlockSize { block_size: 1024, .. }), "{e}");
     assert_eq!(e.path(), "drives.d0.emulated.namespaces[1].block_size");
     let e = err(&ns("[{capacity: 0, block_size: 512}]"));
     assert!(matches!(e, ConfigError::Capacity { .. }), "{e}");
@@ -450,26 +309,10 @@ fn semantic_ranges() {
 
     // NSID.
     let e = err(&minimal("", "local_nvme: { drive: d0, nsid: 2 }"));
-    assert!(
-        matches!(
-            e,
-            ConfigError::UnknownNamespace {
-                nsid: 2,
-                namespaces: 1,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, ConfigError::UnknownNamespace { nsid: 2, namespaces: 1, .. }), "{e}");
     assert_eq!(e.path(), "datapaths.dp.local_nvme.nsid");
-    let e = err(&minimal(
-        "",
-        "striped_local_nvme: { drives: [d0, d1], nsid: 0 }",
-    ));
-    assert!(
-        matches!(e, ConfigError::UnknownNamespace { nsid: 0, .. }),
-        "{e}"
-    );
+    let e = err(&minimal("", "striped_local_nvme: { drives: [d0, d1], nsid: 0 }"));
+    assert!(matches!(e, ConfigError::UnknownNamespace { nsid: 0, .. }), "{e}");
 
     // Slot size.
     for bad in ["0", "1000", "6KiB"] {
@@ -481,23 +324,16 @@ fn semantic_ranges() {
 
     // Stripe unit.
     for bad in ["0", "2048", "96KiB", "12288"] {
-        let e = err(&minimal(
-            "",
-            &format!("striped_local_nvme: {{ drives: [d0, d1], stripe_unit: {bad} }}"),
-        ));
+        let e = err(&minimal("", &format!("striped_local_nvme: {{ drives: [d0, d1], stripe_unit: {bad} }}")));
         assert!(matches!(e, ConfigError::StripeUnit { .. }), "{bad}: {e}");
         assert_eq!(e.path(), "datapaths.dp.striped_local_nvme.stripe_unit");
     }
-    Config::from_yaml_str(&minimal(
-        "",
-        "striped_local_nvme: { drives: [d0, d1], stripe_unit: 4KiB }",
-    ))
-    .unwrap();
+    Config::from_yaml_str(&minimal("", "striped_local_nvme: { drives: [d0, d1], stripe_unit: 4KiB }"))
+        .unwrap();
     // A power of two that is not a multiple of a block size cannot occur with
     // block sizes 512/4096 and stripe_unit >= 4096, so the block-size check is
     // exercised through `validate` on a hand-built config.
-    let mut c =
-        Config::from_yaml_str(&minimal("", "striped_local_nvme: { drives: [d0, d1] }")).unwrap();
+    let mut c = Config::from_yaml_str(&minimal("", "striped_local_nvme: { drives: [d0, d1] }")).unwrap();
     let DriveConfig::Emulated(d1) = c.drives.get_mut("d1").unwrap();
     d1.namespaces[0].block_size = 4096;
     if let DataPathConfig::StripedLocalNvme(s) = c.datapaths.get_mut("dp").unwrap() {
@@ -506,28 +342,21 @@ fn semantic_ranges() {
     c.validate().unwrap();
 
     // Empty names.
-    let e = err(
-        "drives:\n  \"\":\n    emulated:\n      namespaces: [{capacity: 1GiB, block_size: 4096}]\n",
-    );
+    let e = err("drives:\n  \"\":\n    emulated:\n      namespaces: [{capacity: 1GiB, block_size: 4096}]\n");
     assert!(matches!(e, ConfigError::EmptyName { .. }), "{e}");
     assert_eq!(e.path(), "drives");
 }
 
 #[test]
 fn schema_type_errors_carry_path() {
-    let e = parse_err_at(
-        &minimal("      mqes: 70000", "local_nvme: { drive: d0 }"),
-        "drives.d0.emulated.mqes",
-    );
+    let e =
+        parse_err_at(&minimal("      mqes: 70000", "local_nvme: { drive: d0 }"), "drives.d0.emulated.mqes");
     assert!(e.to_string().contains("line 5"), "{e}");
     parse_err_at(
         "drives:\n  d0:\n    emulated:\n      namespaces: [{capacity: 1GiB}]\n",
         "drives.d0.emulated.namespaces[0]",
     );
-    parse_err_at(
-        "drives:\n  d0:\n    emulated:\n      backing: ram\n",
-        "drives.d0.emulated",
-    );
+    parse_err_at("drives:\n  d0:\n    emulated:\n      backing: ram\n", "drives.d0.emulated");
     // `backing:` with no value is YAML null, not the `null` backing.
     parse_err_at(
         "drives:\n  d0:\n    emulated:\n      namespaces: [{capacity: 1GiB, block_size: 4096}]\n      backing:\n",
@@ -561,10 +390,7 @@ fn bad_byte_sizes_refused() {
         let e = parse_err_at(&yaml, "drives.d0.emulated.namespaces[0].capacity");
         let msg = e.to_string();
         if bad != "[1]" {
-            assert!(
-                msg.contains("KiB, MiB, GiB or TiB") || msg.contains("2^64"),
-                "{bad}: {msg}"
-            );
+            assert!(msg.contains("KiB, MiB, GiB or TiB") || msg.contains("2^64"), "{bad}: {msg}");
         }
     }
 }
@@ -597,22 +423,10 @@ fn byte_size_parse_and_display() {
     for (s, v) in ok {
         assert_eq!(s.parse::<ByteSize>(), Ok(ByteSize(v)), "{s}");
     }
-    assert!(matches!(
-        "1.5GiB".parse::<ByteSize>(),
-        Err(ByteSizeParseError::Fraction { .. })
-    ));
-    assert!(matches!(
-        "1 parsec".parse::<ByteSize>(),
-        Err(ByteSizeParseError::UnknownUnit { .. })
-    ));
-    assert!(matches!(
-        "-1".parse::<ByteSize>(),
-        Err(ByteSizeParseError::NotANumber { .. })
-    ));
-    assert!(matches!(
-        "17179869184GiB".parse::<ByteSize>(),
-        Err(ByteSizeParseError::Overflow { .. })
-    ));
+    assert!(matches!("1.5GiB".parse::<ByteSize>(), Err(ByteSizeParseError::Fraction { .. })));
+    assert!(matches!("1 parsec".parse::<ByteSize>(), Err(ByteSizeParseError::UnknownUnit { .. })));
+    assert!(matches!("-1".parse::<ByteSize>(), Err(ByteSizeParseError::NotANumber { .. })));
+    assert!(matches!("17179869184GiB".parse::<ByteSize>(), Err(ByteSizeParseError::Overflow { .. })));
     assert_eq!(ByteSize::kib(128).to_string(), "128KiB");
     assert_eq!(ByteSize::gib(1).to_string(), "1GiB");
     assert_eq!(ByteSize(1536).to_string(), "1536B");
@@ -635,38 +449,20 @@ fn builtin_striped_ram_validates() {
     let c = Config::builtin_striped_ram(4, 1 << 30, 1 << 20);
     c.validate().unwrap();
     assert_eq!(c.drives.len(), 4);
-    let DataPathConfig::StripedLocalNvme(s) = &c.datapaths["stripe"] else {
-        panic!()
-    };
+    let DataPathConfig::StripedLocalNvme(s) = &c.datapaths["stripe"] else { panic!() };
     assert_eq!(s.drives, ["d0", "d1", "d2", "d3"]);
     assert_eq!(s.stripe_unit, ByteSize::kib(128));
-    assert_eq!(
-        c.stores["kv"],
-        StoreConfig {
-            resolver: "kv".into(),
-            datapath: "stripe".into()
-        }
-    );
+    assert_eq!(c.stores["kv"], StoreConfig { resolver: "kv".into(), datapath: "stripe".into() });
     for d in c.drives.values() {
         let DriveConfig::Emulated(e) = d;
         assert_eq!(e.backing, Backing::Ram);
-        assert_eq!(
-            e.namespaces,
-            [NamespaceConfig {
-                capacity: ByteSize::gib(1),
-                block_size: 4096
-            }]
-        );
+        assert_eq!(e.namespaces, [NamespaceConfig { capacity: ByteSize::gib(1), block_size: 4096 }]);
     }
-    Config::builtin_striped_ram(2, 1 << 20, 4096)
-        .validate()
-        .unwrap();
+    Config::builtin_striped_ram(2, 1 << 20, 4096).validate().unwrap();
     let one = Config::builtin_striped_ram(1, 1 << 20, 4096);
     one.validate().unwrap();
     assert_eq!(one.stores["kv"].datapath, "local");
-    assert!(Config::builtin_striped_ram(5, 1 << 20, 4096)
-        .validate()
-        .is_err());
+    assert!(Config::builtin_striped_ram(5, 1 << 20, 4096).validate().is_err());
 }
 
 #[test]
@@ -688,10 +484,7 @@ fn from_path_reads_and_reports_io_errors() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("c.yaml");
     std::fs::write(&file, FULL).unwrap();
-    assert_eq!(
-        Config::from_path(&file).unwrap(),
-        Config::from_yaml_str(FULL).unwrap()
-    );
+    assert_eq!(Config::from_path(&file).unwrap(), Config::from_yaml_str(FULL).unwrap());
     std::fs::remove_file(&file).unwrap();
     let e = Config::from_path(&file).unwrap_err();
     assert!(matches!(e, ConfigError::Io { .. }), "{e}");
