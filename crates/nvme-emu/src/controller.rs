@@ -29,10 +29,10 @@ use crate::timing::Timing;
 pub(crate) const BATCH: u32 = 256;
 /// Idle time spent spinning before yielding.
 const SPIN: Duration = Duration::from_micros(30);
-/// Idle time spent yielding before sleeping.
-const YIELD: Duration = Duration::from_micros(100);
 /// Sleep of a briefly idle controller.
 const SLEEP: Duration = Duration::from_micros(50);
+/// How early the thread wakes before a scheduled completion.
+const WAKE_MARGIN: Duration = Duration::from_micros(60);
 /// Idle time after which the controller sleeps 200 us at a time.
 const DEEP_IDLE: Duration = Duration::from_millis(5);
 /// Idle time after which the controller sleeps 1 ms at a time.
@@ -311,7 +311,7 @@ impl Controller {
         drop(dma);
         self.flush_stats(sh);
         match r {
-            Ok(work) => (work, self.timing.as_ref().and_then(Timing::next_due)),
+            Ok(work) => (work, self.timing.as_ref().and_then(|t| t.next_wake(now))),
             Err(Fatal) => {
                 self.fatal(sh);
                 (true, None)
@@ -545,10 +545,18 @@ pub(crate) fn run(shared: Arc<Shared>, mut ctrl: Controller) {
         }
         let idle = now.saturating_duration_since(idle_since);
         let until_due = next_due.map(|d| d.saturating_duration_since(now));
-        if idle < SPIN || until_due.is_some_and(|d| d < Duration::from_micros(5)) {
+        // Completions are scheduled and the media channel is busy until
+        // then: sleep through most of the wait instead of spinning, leaving
+        // the CPU to the host and to other emulated drives (the timer
+        // oversleeps by tens of microseconds, hence the margin).
+        if let Some(d) = until_due.filter(|d| *d > WAKE_MARGIN * 2) {
+            std::thread::sleep(d - WAKE_MARGIN);
+            continue;
+        }
+        // No sched_yield phase: on small (virtual) machines a yield is a
+        // costly system call that mostly returns at once.
+        if idle < SPIN || until_due.is_some_and(|d| d < WAKE_MARGIN * 2) {
             std::hint::spin_loop();
-        } else if idle < YIELD || until_due.is_some_and(|d| d < Duration::from_micros(20)) {
-            std::thread::yield_now();
         } else {
             // Deeper sleeps the longer the controller has been idle, so idle
             // emulators cost little CPU on small machines; the first command

@@ -81,6 +81,16 @@ impl Timing {
     }
 
     /// Earliest due time, if any.
+    /// When the controller thread must be awake again, given that nothing
+    /// new arrives: the earliest due completion, or, if the media channel
+    /// is still busy, when it frees up (a command fetched before then starts
+    /// no earlier, so sleeping until then costs no throughput). `None` when
+    /// nothing is scheduled.
+    pub(crate) fn next_wake(&self, now: Instant) -> Option<Instant> {
+        let due = self.next_due()?;
+        Some(if self.channel_free_at > now { due.min(self.channel_free_at) } else { due })
+    }
+
     pub(crate) fn next_due(&self) -> Option<Instant> {
         self.heap.peek().map(|s| s.due)
     }

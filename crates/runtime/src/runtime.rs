@@ -709,11 +709,7 @@ impl Runtime {
                 idle = 0;
             } else {
                 idle += 1;
-                if idle > 256 {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
+                backoff(idle);
             }
         }
     }
@@ -783,6 +779,18 @@ impl Drop for Runtime {
                 tracing::warn!(commands = r.commands_in_flight, "runtime dropped with commands in flight");
             }
         }
+    }
+}
+
+/// Idle back-off of a polling waiter: spin briefly (completions usually
+/// follow within microseconds), then sleep in short naps so that
+/// a waiter on a slow drive does not take a core from the drives and other
+/// threads.
+fn backoff(idle_polls: u32) {
+    if idle_polls < 256 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::sleep(Duration::from_micros(20));
     }
 }
 

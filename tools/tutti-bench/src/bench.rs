@@ -122,7 +122,7 @@ pub struct StripeArgs {
     /// Request size, KiB (one slot of the store).
     #[arg(long, default_value_t = 1024)]
     pub request_kib: u64,
-    /// Requests per batch (all in flight together).
+    /// Requests per batch; two batches are kept in flight.
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
     /// Seconds of reads per drive count.
@@ -131,6 +131,10 @@ pub struct StripeArgs {
     /// Largest drive count to measure (1..=4).
     #[arg(long, default_value_t = 4)]
     pub max_drives: usize,
+    /// Emulated drives keep data in RAM (`ram`, the default: every byte is
+    /// really copied) or move none (`null`: timing model only).
+    #[arg(long, default_value = "ram", value_parser = ["ram", "null"])]
+    pub backing: String,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -167,27 +171,50 @@ pub fn stripe(a: &StripeArgs) -> Result<(), String> {
                 iops: None,
             });
             e.mdts = 5;
+            if a.backing == "null" {
+                e.backing = tutti::config::Backing::Null;
+            }
         }
         let rt = Runtime::from_config(cfg).map_err(err)?;
         let targets: Vec<_> =
             (0..slots).map(|i| rt.open(&format!("tutti://kv/{i}"))).collect::<Result<_, _>>().map_err(err)?;
-        let mut buf = vec![0u64; (slots * req / 8) as usize];
+        // Two batches, each with its own half of the buffer, are kept in
+        // flight (like fio's iodepth): while one is being waited on, the
+        // other keeps every drive's queue non-empty.
+        let mut buf = vec![0u64; (2 * slots * req / 8) as usize];
         // SAFETY: `buf` outlives the registration (unregistered below) and
         // is not touched while reads are in flight.
         #[allow(unsafe_code)]
         let mem = unsafe { rt.register_memory(buf.as_mut_ptr().cast(), buf.len() * 8) }.map_err(err)?;
-        let reqs: Vec<Request> =
-            targets.iter().enumerate().map(|(i, &t)| Request::read(t, 0, req, mem, i as u64 * req)).collect();
-        let mut bytes = 0u64;
+        let batch = |half: u64| -> Vec<Request> {
+            targets
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| Request::read(t, 0, req, mem, (half * slots + i as u64) * req))
+                .collect()
+        };
+        let reqs = [batch(0), batch(1)];
+        let submit = |r: &[Request]| rt.submit(r).op().ok_or_else(|| "batch refused".to_string());
         let start = Instant::now();
-        while start.elapsed().as_secs_f64() < a.seconds {
-            let sub = rt.submit(&reqs);
-            let op = sub.op().ok_or("batch refused")?;
-            let st = rt.wait(op, Duration::from_secs(60)).map_err(err)?;
+        let mut inflight = [submit(&reqs[0])?, submit(&reqs[1])?];
+        let mut bytes = 0u64;
+        let mut turn = 0;
+        loop {
+            let st = rt.wait(inflight[turn], Duration::from_secs(60)).map_err(err)?;
             if let Some(bad) = st.iter().find(|s| !s.is_success()) {
                 return Err(format!("read failed: {bad:?}"));
             }
             bytes += req * slots;
+            if start.elapsed().as_secs_f64() >= a.seconds {
+                let other = rt.wait(inflight[1 - turn], Duration::from_secs(60)).map_err(err)?;
+                if other.iter().any(|s| !s.is_success()) {
+                    return Err("read failed".into());
+                }
+                bytes += req * slots;
+                break;
+            }
+            inflight[turn] = submit(&reqs[turn])?;
+            turn = 1 - turn;
         }
         let secs = start.elapsed().as_secs_f64();
         rt.unregister_memory(mem).map_err(err)?;
