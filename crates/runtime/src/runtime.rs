@@ -409,25 +409,14 @@ impl Runtime {
             return Submission { op: None, states: requests.iter().map(|_| Err(e.clone())).collect() };
         }
         // 1. Validate and plan (count commands) under the read locks.
-        let mut plans: Vec<Option<Planned>> = Vec::with_capacity(requests.len());
-        let mut states = Vec::with_capacity(requests.len());
-        {
+        let plans: Vec<Result<Planned, RequestError>> = {
             let targets = self.targets.read().unwrap_or_else(|p| p.into_inner());
             let memory = self.memory.read().unwrap_or_else(|p| p.into_inner());
-            for r in requests {
-                match self.validate(&targets, &memory, r) {
-                    Ok(p) => {
-                        plans.push(Some(p));
-                        states.push(Ok(()));
-                    }
-                    Err(e) => {
-                        plans.push(None);
-                        states.push(Err(e));
-                    }
-                }
-            }
-        }
-        if plans.iter().all(Option::is_none) {
+            requests.iter().map(|r| self.validate(&targets, &memory, r)).collect()
+        };
+        let states: Vec<Result<(), RequestError>> =
+            plans.iter().map(|p| p.as_ref().map(|_| ()).map_err(Clone::clone)).collect();
+        if plans.iter().all(Result::is_err) {
             return Submission { op: None, states };
         }
         // 2. Register the operation with every request's command count.
@@ -442,13 +431,11 @@ impl Runtime {
         }
         let reqs: Vec<ReqState> = plans
             .iter()
-            .zip(&states)
-            .map(|(p, s)| match (p, s) {
-                (Some(p), _) => ReqState { remaining: p.commands, status: None, done: false },
-                (None, Err(e)) => {
+            .map(|p| match p {
+                Ok(p) => ReqState { remaining: p.commands, status: None, done: false },
+                Err(e) => {
                     ReqState { remaining: 0, status: Some(RequestStatus::NotAccepted(e.clone())), done: true }
                 }
-                (None, Ok(())) => unreachable!("unplanned requests carry their error"),
             })
             .collect();
         let unfinished = reqs.iter().filter(|r| !r.done).count();
@@ -463,7 +450,7 @@ impl Runtime {
         });
         // 3. Queue the commands.
         for (i, (r, p)) in requests.iter().zip(&plans).enumerate() {
-            if let Some(p) = p {
+            if let Ok(p) = p {
                 self.queue_request(op, i, r, p.datapath, p.extent, &p.region);
             }
         }
