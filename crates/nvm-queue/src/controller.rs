@@ -568,3 +568,117 @@ fn wait_csts(
         std::thread::sleep(Duration::from_micros(50));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{DeviceError, DmaMapping};
+    use crate::mmio::Mmio;
+    use std::ptr::NonNull;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A register page that never changes by itself: no controller behind
+    /// it. Enough to test the driver's bounded waits.
+    #[derive(Debug)]
+    struct DeadDevice {
+        _page: Box<[u32]>,
+        mmio: Mmio,
+        next_iova: AtomicU64,
+    }
+
+    impl DeadDevice {
+        fn new(cap: Cap, csts: u32) -> Arc<dyn NvmeDevice> {
+            let mut page = vec![0u32; 0x2000 / 4].into_boxed_slice();
+            page[0] = cap.lo();
+            page[1] = cap.hi();
+            page[offset::CSTS / 4] = csts;
+            // SAFETY: the boxed page lives as long as the device (moved into
+            // it; a boxed slice's heap memory does not move) and is only
+            // accessed through `mmio` afterwards.
+            let mmio = unsafe { Mmio::new(page.as_mut_ptr().cast(), 0x2000) }.unwrap();
+            Arc::new(Self { _page: page, mmio, next_iova: AtomicU64::new(0x1_0000_0000) })
+        }
+    }
+
+    impl NvmeDevice for DeadDevice {
+        fn name(&self) -> &str {
+            "dead"
+        }
+        fn bar0(&self) -> &Mmio {
+            &self.mmio
+        }
+        unsafe fn dma_map(&self, _host: NonNull<u8>, len: usize) -> Result<DmaMapping, DeviceError> {
+            let iova =
+                self.next_iova.fetch_add((len as u64).next_multiple_of(4096) + 4096, Ordering::Relaxed);
+            Ok(DmaMapping::contiguous(iova, len))
+        }
+        fn dma_unmap(&self, _mapping: &DmaMapping) -> Result<(), DeviceError> {
+            Ok(())
+        }
+    }
+
+    fn cap(to_500ms: u8) -> Cap {
+        Cap(0).with_mqes_z(63).with_css_nvm(true).with_to_500ms(to_500ms)
+    }
+
+    #[test]
+    fn csts_cfs_ends_the_enable_wait_at_once() {
+        // CAP.TO = 60 s; CFS must not wait for it.
+        let dev = DeadDevice::new(cap(120), 0b10);
+        let t = Instant::now();
+        let e = Controller::init(dev, ControllerOptions::default()).unwrap_err();
+        assert!(matches!(e, ControllerError::Fatal { .. }), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn ready_that_never_comes_times_out_at_cap_to() {
+        // CAP.TO = 1 (500 ms): RDY stays 0 after CC.EN = 1.
+        let dev = DeadDevice::new(cap(1), 0);
+        let t = Instant::now();
+        let e = Controller::init(dev, ControllerOptions::default()).unwrap_err();
+        assert!(matches!(e, ControllerError::Timeout { what: "CSTS.RDY = 1 after CC.EN = 1", .. }), "{e}");
+        let waited = t.elapsed();
+        assert!(waited >= Duration::from_millis(500) && waited < Duration::from_secs(5), "{waited:?}");
+    }
+
+    #[test]
+    fn cap_to_zero_gets_the_documented_floor() {
+        let dev = DeadDevice::new(cap(0), 0);
+        let t = Instant::now();
+        assert!(matches!(
+            Controller::init(dev, ControllerOptions::default()),
+            Err(ControllerError::Timeout { .. })
+        ));
+        assert!(t.elapsed() >= MIN_READY_TIMEOUT);
+    }
+
+    #[test]
+    fn all_ones_registers_mean_the_device_is_gone() {
+        let dev = DeadDevice::new(Cap(u64::MAX), u32::MAX);
+        assert!(matches!(
+            Controller::init(dev, ControllerOptions::default()),
+            Err(ControllerError::DeviceGone { register: "CAP" })
+        ));
+        // CAP fine, CSTS all ones (surprise removal during bring-up).
+        let dev = DeadDevice::new(cap(1), u32::MAX);
+        assert!(matches!(
+            Controller::init(dev, ControllerOptions::default()),
+            Err(ControllerError::DeviceGone { register: "CSTS" })
+        ));
+    }
+
+    #[test]
+    fn aqa_asq_acq_are_programmed_before_enable() {
+        let dev = DeadDevice::new(cap(1), 0);
+        let _ = Controller::init(dev.clone(), ControllerOptions { admin_entries: 16, ..Default::default() });
+        let bar = dev.bar0();
+        let aqa = Aqa(bar.read32(offset::AQA).unwrap());
+        assert_eq!((aqa.asqs_z(), aqa.acqs_z()), (15, 15));
+        let (asq, acq) = (bar.read64(offset::ASQ).unwrap(), bar.read64(offset::ACQ).unwrap());
+        assert!(asq >= 0x1_0000_0000 && asq % 4096 == 0 && acq % 4096 == 0 && asq != acq);
+        let cc = Cc(bar.read32(offset::CC).unwrap());
+        assert!(cc.en());
+        assert_eq!((cc.iosqes(), cc.iocqes(), cc.mps(), cc.css()), (6, 4, 0, 0));
+    }
+}
