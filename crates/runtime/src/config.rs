@@ -524,8 +524,18 @@ impl fmt::Display for RefKind {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
+    /// Two emulated drives name the same backing file.
+    #[error("{path}: backing file {} is already used by drive {other:?}", file.display())]
+    SharedBackingFile {
+        /// Key path of the second drive's backing.
+        path: String,
+        /// The file.
+        file: PathBuf,
+        /// The drive that uses it first.
+        other: String,
+    },
     /// The config file could not be read.
-    #[error("{}: cannot read config file: {source}", file.display())]
+    #[error("{}: cannot read config file", file.display())]
     Io {
         /// The file.
         file: PathBuf,
@@ -743,7 +753,8 @@ impl ConfigError {
             | ConfigError::StripeUnit { path, .. }
             | ConfigError::StripeUnitBlockSize { path, .. }
             | ConfigError::QueueDepthExceedsMqes { path, .. }
-            | ConfigError::QueuesExceedIoQueues { path, .. } => path.clone(),
+            | ConfigError::QueuesExceedIoQueues { path, .. }
+            | ConfigError::SharedBackingFile { path, .. } => path.clone(),
         }
     }
 }
@@ -905,10 +916,25 @@ impl Config {
     ///
     /// The first rule broken, as a [`ConfigError`] naming its key path.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut files: BTreeMap<PathBuf, &str> = BTreeMap::new();
         for (name, drive) in &self.drives {
             check_name("drives", name)?;
             match drive {
-                DriveConfig::Emulated(emu) => emu.validate(&format!("drives.{name}.emulated"))?,
+                DriveConfig::Emulated(emu) => {
+                    emu.validate(&format!("drives.{name}.emulated"))?;
+                    if let Backing::File(f) = &emu.backing {
+                        // Two drives on one file would overwrite each other's
+                        // blocks; compare canonical paths where the file exists.
+                        let key = std::fs::canonicalize(f).unwrap_or_else(|_| f.clone());
+                        if let Some(other) = files.insert(key, name) {
+                            return Err(ConfigError::SharedBackingFile {
+                                path: format!("drives.{name}.emulated.backing"),
+                                file: f.clone(),
+                                other: other.to_owned(),
+                            });
+                        }
+                    }
+                }
             }
         }
         for (name, resolver) in &self.resolvers {

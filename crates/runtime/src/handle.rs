@@ -58,7 +58,7 @@ pub enum HandleError {
     },
     /// The handle's object was removed (closed, deregistered, completed);
     /// its slot may since hold another object.
-    #[error("stale {kind} handle: slot {slot} generation {generation} was released")]
+    #[error("stale {kind} handle (slot {slot}, generation {generation}): closed, consumed or released")]
     Stale {
         /// The table's kind.
         kind: HandleKind,

@@ -379,9 +379,15 @@ impl Runtime {
     }
 
     /// Unregisters memory; refused with [`Error::MemoryBusy`] while an
-    /// operation (including one that timed out and whose commands are still
-    /// outstanding) uses it.
+    /// operation uses it: one not yet returned by [`Runtime::wait`], or one
+    /// that timed out and whose commands are still outstanding on a drive
+    /// (completions that have arrived are reaped first).
     pub fn unregister_memory(&self, memory: MemoryHandle) -> Result<(), Error> {
+        // Late completions of timed-out operations may be waiting in a CQ:
+        // reap them first so that memory they no longer pin can go.
+        if Arc::strong_count(self.memory.read().unwrap_or_else(|p| p.into_inner()).get(memory.0)?) > 1 {
+            self.reap();
+        }
         let mut m = self.memory.write().unwrap_or_else(|p| p.into_inner());
         let users = Arc::strong_count(m.get(memory.0)?) - 1;
         if users > 0 {
@@ -648,57 +654,75 @@ impl Runtime {
 
     /// Waits until every request of `op` is final or `timeout` passes, and
     /// returns one status per request of the batch, in submission order.
-    /// Requests not final at the deadline are [`RequestStatus::Timeout`].
-    /// Either way the handle is consumed: a second wait is a stale-handle
-    /// error.
+    /// Completions are always reaped once before the deadline is checked,
+    /// so a zero timeout is a non-blocking poll. Requests not final at the
+    /// deadline are [`RequestStatus::Timeout`]. Either way the handle is
+    /// consumed: a second wait is a stale-handle error. A timed-out
+    /// request's commands stay tracked, and its memory busy, until their
+    /// completions arrive (reaped by later waits, [`Runtime::reap`] or
+    /// [`Runtime::unregister_memory`]) or the runtime shuts down.
     pub fn wait(&self, op: OpHandle, timeout: Duration) -> Result<Vec<RequestStatus>, Error> {
         let deadline = Instant::now().checked_add(timeout);
-        let dps = {
-            let ops = lock(&self.ops);
-            let st = ops.get(op.0)?;
-            if st.retired {
-                return Err(HandleError::Stale {
-                    kind: HandleKind::Operation,
-                    slot: op.0.slot,
-                    generation: op.0.generation,
-                }
-                .into());
-            }
-            st.datapaths.clone()
-        };
+        let dps = self.live_op_datapaths(op)?;
         let mut idle = 0u32;
+        // Completions are reaped at least once before a deadline is
+        // honoured, so `wait(op, Duration::ZERO)` is a non-blocking poll
+        // that still sees work the drives have finished.
+        let mut polled = false;
         loop {
             {
                 let mut ops = lock(&self.ops);
                 let st = ops.get_mut(op.0)?;
-                let expired = deadline.is_some_and(|d| Instant::now() >= d);
+                let expired = polled && deadline.is_some_and(|d| Instant::now() >= d);
                 if st.unfinished == 0 || expired {
-                    let statuses = st
-                        .reqs
-                        .iter_mut()
-                        .map(|r| {
-                            if r.done {
-                                r.status.take().unwrap_or(RequestStatus::Success)
-                            } else {
-                                RequestStatus::Timeout
-                            }
-                        })
-                        .collect();
-                    if st.outstanding == 0 {
-                        ops.remove(op.0)?;
-                    } else {
-                        st.retired = true;
-                    }
-                    return Ok(statuses);
+                    return finalize(&mut ops, op.0);
                 }
             }
-            if self.poll_datapaths(&dps) > 0 {
+            let n = self.poll_datapaths(&dps);
+            polled = true;
+            if n > 0 {
                 idle = 0;
             } else {
                 idle += 1;
                 backoff(idle);
             }
         }
+    }
+
+    /// Non-blocking wait: reaps the operation's completions once and returns
+    /// its statuses if every request is final (consuming the handle, as
+    /// [`Runtime::wait`] does), or `None` (the handle stays valid).
+    pub fn try_wait(&self, op: OpHandle) -> Result<Option<Vec<RequestStatus>>, Error> {
+        let dps = self.live_op_datapaths(op)?;
+        self.poll_datapaths(&dps);
+        let mut ops = lock(&self.ops);
+        if ops.get(op.0)?.unfinished > 0 {
+            return Ok(None);
+        }
+        finalize(&mut ops, op.0).map(Some)
+    }
+
+    fn live_op_datapaths(&self, op: OpHandle) -> Result<Vec<usize>, Error> {
+        let ops = lock(&self.ops);
+        let st = ops.get(op.0)?;
+        if st.retired {
+            return Err(HandleError::Stale {
+                kind: HandleKind::Operation,
+                slot: op.0.slot,
+                generation: op.0.generation,
+            }
+            .into());
+        }
+        Ok(st.datapaths.clone())
+    }
+
+    /// Reaps every queue's completions once, from the calling thread: late
+    /// completions of timed-out operations are matched and their memory
+    /// released. [`Runtime::wait`] does this for its own operation's
+    /// datapaths; this covers the rest. Returns completions consumed.
+    pub fn reap(&self) -> usize {
+        let all: Vec<usize> = (0..self.datapaths.len()).collect();
+        self.poll_datapaths(&all)
     }
 
     /// Counters summed over every queue pair.
@@ -767,6 +791,30 @@ impl Drop for Runtime {
             }
         }
     }
+}
+
+/// Takes the final statuses of operation `h` (requests not final become
+/// [`RequestStatus::Timeout`]) and consumes its handle: the entry goes away,
+/// or is retired until its outstanding commands complete.
+fn finalize(ops: &mut HandleTable<OpState>, h: RawHandle) -> Result<Vec<RequestStatus>, Error> {
+    let st = ops.get_mut(h)?;
+    let statuses =
+        st.reqs
+            .iter_mut()
+            .map(|r| {
+                if r.done {
+                    r.status.take().unwrap_or(RequestStatus::Success)
+                } else {
+                    RequestStatus::Timeout
+                }
+            })
+            .collect();
+    if st.outstanding == 0 {
+        ops.remove(h)?;
+    } else {
+        st.retired = true;
+    }
+    Ok(statuses)
 }
 
 /// Idle back-off of a polling waiter: spin briefly (completions usually

@@ -242,3 +242,52 @@ fn requests_larger_than_mdts_are_split_per_drive() {
     assert!(st[0].is_success());
     assert!(back.bytes() == b.bytes());
 }
+
+fn slow_drive(latency_us: u64) -> Runtime {
+    let yaml = format!(
+        "drives: {{ d0: {{ emulated: {{ namespaces: [{{ capacity: 16MiB, block_size: 4096 }}], timing: {{ latency_us: {latency_us} }} }} }} }}
+resolvers: {{ r: {{ slab: {{ slot_size: 1MiB }} }} }}
+datapaths: {{ one: {{ local_nvme: {{ drive: d0 }} }} }}
+stores: {{ kv: {{ resolver: r, datapath: one }} }}
+"
+    );
+    Runtime::from_config(Config::from_yaml_str(&yaml).unwrap()).unwrap()
+}
+
+#[test]
+fn zero_timeout_wait_and_try_wait_see_finished_work() {
+    let rt = slow_drive(20_000);
+    let mut b = Buf::new(1 << 20);
+    let m = b.register(&rt);
+    let t = rt.open("tutti://kv/0").unwrap();
+    let op = rt.submit(&[Request::write(t, 0, 4096, m, 0)]).op().unwrap();
+    assert_eq!(rt.try_wait(op).unwrap(), None, "20 ms latency: not done yet");
+    std::thread::sleep(Duration::from_millis(200));
+    let st = rt.wait(op, Duration::ZERO).unwrap();
+    assert_eq!(st, [RequestStatus::Success]);
+    let op = rt.submit(&[Request::read(t, 0, 4096, m, 0)]).op().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(rt.try_wait(op).unwrap(), Some(vec![RequestStatus::Success]));
+    assert!(rt.try_wait(op).is_err(), "consumed");
+    rt.unregister_memory(m).unwrap();
+}
+
+#[test]
+fn timed_out_request_keeps_its_memory_until_the_drive_completes() {
+    let rt = slow_drive(300_000);
+    let mut b = Buf::new(1 << 20);
+    let m = b.register(&rt);
+    let t = rt.open("tutti://kv/0").unwrap();
+    let op = rt.submit(&[Request::read(t, 0, 65536, m, 0)]).op().unwrap();
+    let st = rt.wait(op, Duration::from_millis(20)).unwrap();
+    assert_eq!(st, [RequestStatus::Timeout]);
+    assert!(matches!(rt.wait(op, T), Err(Error::Handle(HandleError::Stale { .. }))));
+    // The drive may still write the buffer: it stays registered.
+    assert!(matches!(rt.unregister_memory(m), Err(Error::MemoryBusy { .. })));
+    std::thread::sleep(Duration::from_millis(600));
+    // The late completion is reaped; nothing pins the memory any more.
+    rt.unregister_memory(m).unwrap();
+    assert_eq!(rt.stats().late_completions, 0, "matched to its retired operation, not dropped");
+    let r = rt.shutdown(T);
+    assert_eq!(r.commands_in_flight, 0);
+}

@@ -12,6 +12,13 @@ use serde::Serialize;
 use tutti::config::{DriveConfig, TimingConfig};
 use tutti::{error_chain, Config, Request, Runtime};
 
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.1..=600.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds in 0.1..=600")),
+    }
+}
+
 fn err(e: impl std::error::Error) -> String {
     error_chain(&e)
 }
@@ -22,11 +29,12 @@ pub struct RateArgs {
     /// Commands to complete.
     #[arg(long, default_value_t = 5_000_000)]
     pub commands: u64,
-    /// I/O queue entries (CAP.MQES + 1 of the emulator is 1024).
-    #[arg(long, default_value_t = 1024)]
+    /// I/O queue entries, 2..=1024 (the emulator's CAP.MQES + 1).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(2..=1024))]
     pub queue_depth: u32,
-    /// Commands written per doorbell write.
-    #[arg(long, default_value_t = 64)]
+    /// Commands written per doorbell write (queue pair) or per submit call
+    /// (runtime), 1..=4096.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub batch: u32,
     /// Measure through the runtime API (`submit`/`wait` batches of `batch`
     /// 4 KiB reads on a `local_nvme` datapath) instead of the queue pair.
@@ -61,13 +69,13 @@ pub fn rate(a: &RateArgs) -> Result<(), String> {
     let dev: Arc<dyn NvmeDevice> = Emulator::start(cfg).map_err(err)?;
     let mut ctrl = Controller::init(dev.clone(), ControllerOptions { io_queues: 1, ..Default::default() })
         .map_err(err)?;
-    let depth = a.queue_depth.clamp(2, ctrl.cap().max_queue_entries());
+    let depth = a.queue_depth.min(ctrl.cap().max_queue_entries());
     let mut qp = ctrl.create_io_queue_pair(1, depth, (depth - 1) as u16).map_err(err)?;
     let buf = DmaBuffer::new(&dev, 4096).map_err(err)?;
     let mapping = buf.mapping().clone();
     let data = DataRef { mapping: &mapping, offset: 0, len: 4096 };
     let nlb = Nlb::from_blocks(1).ok_or("nlb")?;
-    let batch = a.batch.max(1);
+    let batch = a.batch;
     let (mut submitted, mut completed, mut failed) = (0u64, 0u64, 0u64);
     let start = Instant::now();
     while completed < a.commands {
@@ -133,10 +141,10 @@ fn rate_runtime(a: &RateArgs) -> Result<(), String> {
          resolvers:\n  kv:\n    slab: {{ slot_size: 4KiB }}\n\
          datapaths:\n  one:\n    local_nvme: {{ drive: d0, queues: 1, queue_depth: {} }}\n\
          stores:\n  kv: {{ resolver: kv, datapath: one }}\n",
-        a.queue_depth.clamp(2, 1024)
+        a.queue_depth
     );
     let rt = Runtime::from_config(Config::from_yaml_str(&yaml).map_err(err)?).map_err(err)?;
-    let batch = a.batch.clamp(1, 4096) as usize;
+    let batch = a.batch as usize;
     let targets: Vec<_> =
         (0..batch).map(|i| rt.open(&format!("tutti://kv/{i}"))).collect::<Result<_, _>>().map_err(err)?;
     let mut buf = vec![0u64; batch * 512];
@@ -183,18 +191,18 @@ pub struct StripeArgs {
     /// Per-command latency of the timing model, microseconds.
     #[arg(long, default_value_t = 80)]
     pub latency_us: u64,
-    /// Request size, KiB (one slot of the store).
-    #[arg(long, default_value_t = 1024)]
+    /// Request size, KiB (one slot of the store), 4..=65536, a multiple of 4.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(4..=65536))]
     pub request_kib: u64,
-    /// Requests per batch; two batches are kept in flight.
-    #[arg(long, default_value_t = 32)]
-    pub batch: usize,
-    /// Seconds of reads per drive count.
-    #[arg(long, default_value_t = 2.0)]
+    /// Requests per batch, 1..=1024; two batches are kept in flight.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub batch: u64,
+    /// Seconds of reads per drive count (0.1..=600).
+    #[arg(long, default_value_t = 2.0, value_parser = seconds)]
     pub seconds: f64,
     /// Largest drive count to measure (1..=4).
-    #[arg(long, default_value_t = 4)]
-    pub max_drives: usize,
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=4))]
+    pub max_drives: u64,
     /// Emulated drives keep data in RAM (`ram`, the default: every byte is
     /// really copied) or move none (`null`: timing model only).
     #[arg(long, default_value = "ram", value_parser = ["ram", "null"])]
@@ -222,8 +230,8 @@ pub fn stripe(a: &StripeArgs) -> Result<(), String> {
         return Err("--request-kib must be a non-zero multiple of 4".into());
     }
     let mut points: Vec<StripePoint> = Vec::new();
-    for n in 1..=a.max_drives.clamp(1, 4) {
-        let slots = a.batch.max(1) as u64;
+    for n in 1..=a.max_drives as usize {
+        let slots = a.batch;
         // Enough capacity per drive for every slot, rounded to whole units.
         let per_drive = (slots * req).div_ceil(n as u64).next_multiple_of(128 << 10) + (1 << 20);
         let mut cfg = Config::builtin_striped_ram(n, per_drive, req);
@@ -293,7 +301,7 @@ pub fn stripe(a: &StripeArgs) -> Result<(), String> {
         println!("{}", serde_json::to_string_pretty(&points).unwrap_or_default());
     } else {
         println!(
-            "striped reads, {} KiB requests x {} in flight, timing model {} MB/s + {} us per drive:",
+            "striped reads, {} KiB requests, 2 batches of {} in flight, timing model {} MB/s + {} us per drive:",
             a.request_kib, a.batch, a.drive_mb_s, a.latency_us
         );
         for p in &points {

@@ -53,12 +53,13 @@ pub struct ReplayArgs {
     /// scales every block's bytes down so a run fits a small machine.
     #[arg(long, default_value_t = 16)]
     pub block_tokens: u32,
-    /// Emulated drives in the built-in configuration (1 to 4).
-    #[arg(long, default_value_t = 4)]
+    /// Emulated drives in the built-in configuration (1 to 4; 1 uses
+    /// `local_nvme`, 2 to 4 `striped_local_nvme`).
+    #[arg(long, default_value_t = 4, conflicts_with = "config")]
     pub drives: usize,
     /// Capacity of each emulated drive, MiB (the store holds
     /// drives x capacity; fewer slots than distinct blocks means eviction).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, conflicts_with = "config")]
     pub drive_mib: u64,
     /// Runtime configuration (YAML) instead of the built-in one; its store
     /// named by --store must use a `slab` resolver.

@@ -22,6 +22,8 @@ use crate::ReplayArgs;
 const WAIT: Duration = Duration::from_secs(60);
 /// Blocks per batch (bounds the staging buffer).
 const BATCH_BLOCKS: usize = 64;
+/// Byte written over the staging area before each load.
+const POISON: u8 = 0xA5;
 
 /// Page-aligned staging memory owned by the replay.
 struct Staging {
@@ -74,13 +76,23 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
         Some(p) => read_trace(p, a.requests).map_err(err)?,
         None => synthetic_trace(a.requests.unwrap_or(tutti_bench::synthetic::DEFAULT_REQUESTS), a.seed),
     };
+    if trace.is_empty() {
+        return Err(match &a.trace {
+            Some(p) => format!("trace {} has no requests", p.display()),
+            None => "--requests must be at least 1".into(),
+        });
+    }
     let config = match &a.config {
         Some(p) => Config::from_path(p).map_err(err)?,
         None => {
             if !(1..=4).contains(&a.drives) {
                 return Err("--drives must be 1 to 4".into());
             }
-            Config::builtin_striped_ram(a.drives, a.drive_mib << 20, block_bytes)
+            let per_drive = a
+                .drive_mib
+                .checked_mul(1 << 20)
+                .ok_or_else(|| format!("--drive-mib {} is too large", a.drive_mib))?;
+            Config::builtin_striped_ram(a.drives, per_drive, block_bytes)
         }
     };
     let rt = Runtime::from_config(config).map_err(err)?;
@@ -128,6 +140,11 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
         loads.clear();
         saves.clear();
         for &h in &req.hash_ids {
+            // A hash id repeated within one request is the same block: it is
+            // saved (or loaded) once.
+            if loads.iter().chain(&saves).any(|&(x, _, _)| x == h) {
+                continue;
+            }
             if let Some(slot) = cache.lookup(h) {
                 loads.push((h, slot.index, slot.version));
             } else {
@@ -140,11 +157,20 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
         // Loads first (the prefix a serving engine would fetch), then saves.
         let t0 = Instant::now();
         for chunk in loads.chunks(BATCH_BLOCKS) {
+            // Poison the staging area first, so that a read that moves no
+            // data (or not all of it) cannot pass verification with bytes
+            // left over from an earlier save.
+            staging.bytes()[..chunk.len() * block_bytes as usize].fill(POISON);
             run_batch(&rt, mem, &targets, chunk, block_bytes, false)?;
             for (i, &(h, _, v)) in chunk.iter().enumerate() {
                 let b = i * block_bytes as usize;
                 verify_block(&staging.bytes()[b..b + block_bytes as usize], h, v)
-                    .map_err(|m| format!("block {h} (slot version {v}) loaded wrong data: {m:?}"))?;
+                    .map_err(|m| {
+                        format!(
+                            "block {h} (slot version {v}) loaded wrong data: byte {} is {:#04x}, expected {:#04x}",
+                            m.offset, m.actual, m.expected
+                        )
+                    })?;
                 s.blocks_verified += 1;
             }
         }

@@ -491,3 +491,16 @@ fn from_path_reads_and_reports_io_errors() {
     assert!(e.to_string().contains("c.yaml"), "{e}");
     std::fs::remove_dir(&dir).ok();
 }
+
+#[test]
+fn two_drives_on_one_backing_file_are_refused() {
+    let yaml = "
+drives:
+  a: { emulated: { namespaces: [{ capacity: 1MiB, block_size: 4096 }], backing: { file: /tmp/tutti-shared.img } } }
+  b: { emulated: { namespaces: [{ capacity: 1MiB, block_size: 4096 }], backing: { file: /tmp/tutti-shared.img } } }
+";
+    let e = Config::from_yaml_str(yaml).unwrap_err();
+    assert!(matches!(e, ConfigError::SharedBackingFile { .. }), "{e}");
+    assert_eq!(e.path(), "drives.b.emulated.backing");
+    assert!(e.to_string().contains("\"a\""), "{e}");
+}
