@@ -587,7 +587,7 @@ mod tests {
     }
 
     impl DeadDevice {
-        fn new(cap: Cap, csts: u32) -> Arc<dyn NvmeDevice> {
+        fn start(cap: Cap, csts: u32) -> Arc<dyn NvmeDevice> {
             let mut page = vec![0u32; 0x2000 / 4].into_boxed_slice();
             page[0] = cap.lo();
             page[1] = cap.hi();
@@ -624,7 +624,7 @@ mod tests {
     #[test]
     fn csts_cfs_ends_the_enable_wait_at_once() {
         // CAP.TO = 60 s; CFS must not wait for it.
-        let dev = DeadDevice::new(cap(120), 0b10);
+        let dev = DeadDevice::start(cap(120), 0b10);
         let t = Instant::now();
         let e = Controller::init(dev, ControllerOptions::default()).unwrap_err();
         assert!(matches!(e, ControllerError::Fatal { .. }), "{e}");
@@ -634,7 +634,7 @@ mod tests {
     #[test]
     fn ready_that_never_comes_times_out_at_cap_to() {
         // CAP.TO = 1 (500 ms): RDY stays 0 after CC.EN = 1.
-        let dev = DeadDevice::new(cap(1), 0);
+        let dev = DeadDevice::start(cap(1), 0);
         let t = Instant::now();
         let e = Controller::init(dev, ControllerOptions::default()).unwrap_err();
         assert!(matches!(e, ControllerError::Timeout { what: "CSTS.RDY = 1 after CC.EN = 1", .. }), "{e}");
@@ -644,7 +644,7 @@ mod tests {
 
     #[test]
     fn cap_to_zero_gets_the_documented_floor() {
-        let dev = DeadDevice::new(cap(0), 0);
+        let dev = DeadDevice::start(cap(0), 0);
         let t = Instant::now();
         assert!(matches!(
             Controller::init(dev, ControllerOptions::default()),
@@ -655,13 +655,13 @@ mod tests {
 
     #[test]
     fn all_ones_registers_mean_the_device_is_gone() {
-        let dev = DeadDevice::new(Cap(u64::MAX), u32::MAX);
+        let dev = DeadDevice::start(Cap(u64::MAX), u32::MAX);
         assert!(matches!(
             Controller::init(dev, ControllerOptions::default()),
             Err(ControllerError::DeviceGone { register: "CAP" })
         ));
         // CAP fine, CSTS all ones (surprise removal during bring-up).
-        let dev = DeadDevice::new(cap(1), u32::MAX);
+        let dev = DeadDevice::start(cap(1), u32::MAX);
         assert!(matches!(
             Controller::init(dev, ControllerOptions::default()),
             Err(ControllerError::DeviceGone { register: "CSTS" })
@@ -670,7 +670,7 @@ mod tests {
 
     #[test]
     fn aqa_asq_acq_are_programmed_before_enable() {
-        let dev = DeadDevice::new(cap(1), 0);
+        let dev = DeadDevice::start(cap(1), 0);
         let _ = Controller::init(dev.clone(), ControllerOptions { admin_entries: 16, ..Default::default() });
         let bar = dev.bar0();
         let aqa = Aqa(bar.read32(offset::AQA).unwrap());
