@@ -98,6 +98,13 @@ pub struct DmaListPages<'a> {
 }
 
 impl<'a> DmaListPages<'a> {
+    /// A window already validated by [`DmaListPages::new`] over a larger
+    /// range of the same buffer (the queue pair checks its whole list area
+    /// once at creation, then takes per-command windows on the hot path).
+    pub(crate) fn prevalidated(buf: &'a DmaBuffer, offset: usize, pages: usize, page_size: usize) -> Self {
+        Self { buf, offset, pages, page_size }
+    }
+
     /// Uses `pages` pages of `page_size` bytes of `buf` from byte `offset`.
     /// Returns `None` when the window does not fit in the buffer or is not
     /// page aligned in device addresses.

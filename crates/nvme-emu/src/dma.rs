@@ -114,7 +114,11 @@ impl IovaSpace {
 
     /// Locks the table for reading (one controller poll iteration).
     pub(crate) fn view(&self) -> DmaView<'_> {
-        DmaView { guard: self.regions.read().unwrap_or_else(|e| e.into_inner()), last: Cell::new(None) }
+        DmaView {
+            guard: self.regions.read().unwrap_or_else(|e| e.into_inner()),
+            cache: Default::default(),
+            next: Cell::new(0),
+        }
     }
 }
 
@@ -122,20 +126,30 @@ impl IovaSpace {
 /// to and from device addresses.
 pub(crate) struct DmaView<'a> {
     guard: RwLockReadGuard<'a, Regions>,
-    /// One-entry lookup cache (consecutive accesses mostly hit one buffer).
-    last: Cell<Option<Region>>,
+    /// Small lookup cache: an iteration mostly touches a few buffers (the
+    /// SQ, the CQ, a data buffer, a PRP list), so a handful of entries,
+    /// replaced round robin, spares the tree walk on nearly every access.
+    cache: [Cell<Option<Region>>; CACHE],
+    next: Cell<usize>,
 }
+
+/// Entries of [`DmaView`]'s lookup cache.
+const CACHE: usize = 4;
 
 impl DmaView<'_> {
     fn find(&self, iova: u64) -> Option<Region> {
-        if let Some(r) = self.last.get() {
-            if iova >= r.iova && iova - r.iova < r.len {
-                return Some(r);
+        for c in &self.cache {
+            if let Some(r) = c.get() {
+                if iova >= r.iova && iova - r.iova < r.len {
+                    return Some(r);
+                }
             }
         }
         let (_, r) = self.guard.map.range(..=iova).next_back()?;
         if iova - r.iova < r.len {
-            self.last.set(Some(*r));
+            let i = self.next.get();
+            self.cache[i].set(Some(*r));
+            self.next.set((i + 1) % CACHE);
             Some(*r)
         } else {
             None

@@ -158,6 +158,12 @@ impl QueuePair {
             let base = buf.device_addr(0)?;
             let ps = cfg.page_size as u64;
             let offset = ((ps - base % ps) % ps) as usize;
+            // Check the whole list area once (page aligned and contiguous in
+            // device space, page by page), so submit can skip the check.
+            let total = list_pages_per_cmd * usize::from(cfg.max_outstanding);
+            if DmaListPages::new(&buf, offset, total, cfg.page_size).is_none() {
+                return Err(QueueError::BadConfig("PRP list memory is not page aligned in device space"));
+            }
             (Some(buf), offset)
         };
         Ok(Self {
@@ -232,15 +238,18 @@ impl QueuePair {
 
     fn build_prp(&mut self, cid: u16, d: DataRef<'_>) -> Result<(u64, u64), PrpError> {
         let page = self.prp.page_size();
+        // Transfers of one or two memory pages (the common 4 KiB case) need
+        // no list: skip taking a list window.
+        let first = d.mapping.addr(d.offset).unwrap_or(0);
+        let needs_list = self.prp.list_pages_needed(first, d.len) > 0;
         let prp = match &self.lists {
-            Some(buf) => {
+            Some(buf) if needs_list => {
                 let slot = self.cids.slot_of(cid).unwrap_or(0);
                 let off = self.lists_offset + slot * self.list_pages_per_cmd * page;
-                let mut window = DmaListPages::new(buf, off, self.list_pages_per_cmd, page)
-                    .ok_or(PrpError::ListTooSmall { needed: self.list_pages_per_cmd, available: 0 })?;
+                let mut window = DmaListPages::prevalidated(buf, off, self.list_pages_per_cmd, page);
                 self.prp.build(d.mapping, d.offset, d.len, &mut window)?
             }
-            None => self.prp.build(d.mapping, d.offset, d.len, &mut NoListPages)?,
+            _ => self.prp.build(d.mapping, d.offset, d.len, &mut NoListPages)?,
         };
         Ok((prp.prp1, prp.prp2))
     }
