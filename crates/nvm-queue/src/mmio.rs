@@ -70,6 +70,13 @@ impl Mmio {
         Ok(Self { base, len })
     }
 
+    /// Host address of the window's first byte, for mapping the same window
+    /// into another agent's address space (a GPU, through
+    /// `cuMemHostRegister`). Never dereference it as a Rust reference.
+    pub fn base_ptr(&self) -> *mut u8 {
+        self.base.as_ptr().cast()
+    }
+
     /// Size of the window in bytes.
     pub fn len(&self) -> usize {
         self.len

@@ -1,0 +1,91 @@
+//! The kernel ABI: `#[repr(C)]` mirrors of the structs in
+//! `kernels/tutti_io.cu`, with their sizes checked at compile time.
+
+/// One queue pair as the kernel sees it (`struct TuttiQueue`, 64 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TuttiQueue {
+    /// Device pointer: SQ base, `size` x 64 bytes.
+    pub sq: u64,
+    /// Device pointer: CQ base, `size` x 16 bytes.
+    pub cq: u64,
+    /// Device pointer: the 32-bit SQ tail doorbell.
+    pub sq_doorbell: u64,
+    /// Device pointer: the 32-bit CQ head doorbell.
+    pub cq_doorbell: u64,
+    /// Device pointer: the queue's [`TuttiQueueState`] and its arrays.
+    pub state: u64,
+    /// Device pointer: bus address (IOVA) of each 4 KiB page of the data
+    /// region, as this queue's drive sees it.
+    pub pages: u64,
+    /// Bytes in the data region.
+    pub region_len: u64,
+    /// Entries of the SQ and of the CQ (QSIZE + 1).
+    pub size: u32,
+    /// Queue identifier.
+    pub qid: u32,
+}
+
+/// Per-queue state in device memory (`struct TuttiQueueState`, 48 bytes),
+/// followed by `ready: [u32; size]` and `done: [u32; 65536]`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TuttiQueueState {
+    /// Lock word.
+    pub lock: u32,
+    /// Padding.
+    pub _pad0: u32,
+    /// Next SQ ticket.
+    pub reserve: u64,
+    /// Tickets published (SQ tail, monotonic).
+    pub published: u64,
+    /// CQ entries consumed (monotonic).
+    pub cq_head: u64,
+    /// Phase tag expected at `cq_head`.
+    pub phase: u32,
+    /// CQEs whose CID matched no waiting command (unknown, duplicate, late).
+    pub stale: u32,
+    /// CQEs naming another SQ.
+    pub bad_sqid: u32,
+    /// Padding.
+    pub _pad1: u32,
+}
+
+/// Entries of the per-CID completion table after the ready array.
+pub const DONE_ENTRIES: usize = 65536;
+
+/// One request (`struct TuttiRequest`, 32 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TuttiRequest {
+    /// NVM opcode: 01h Write, 02h Read.
+    pub opcode: u8,
+    /// Padding.
+    pub _pad0: u8,
+    /// Index of the queue (in the batch's queue list) that serves it.
+    pub queue: u16,
+    /// Namespace.
+    pub nsid: u32,
+    /// Starting LBA.
+    pub slba: u64,
+    /// Number of logical blocks, zero-based.
+    pub nlb: u32,
+    /// Transfer length in bytes (at most two 4 KiB memory pages).
+    pub len: u32,
+    /// Byte offset into the data region.
+    pub mem_offset: u64,
+}
+
+const _: () = assert!(size_of::<TuttiQueue>() == 64);
+const _: () = assert!(size_of::<TuttiQueueState>() == 48);
+const _: () = assert!(size_of::<TuttiRequest>() == 32);
+const _: () = assert!(core::mem::offset_of!(TuttiQueue, size) == 56);
+const _: () = assert!(core::mem::offset_of!(TuttiQueueState, reserve) == 8);
+const _: () = assert!(core::mem::offset_of!(TuttiRequest, mem_offset) == 24);
+
+/// Kernel result word: no completion within the budget.
+pub const STATUS_TIMEOUT: u32 = 0x8000_0001;
+/// Kernel result word: the transfer needs a PRP list (more than two pages).
+pub const STATUS_UNSUPPORTED: u32 = 0x8000_0002;
+/// Kernel result word: memory range or queue invalid.
+pub const STATUS_BAD_REQUEST: u32 = 0x8000_0003;

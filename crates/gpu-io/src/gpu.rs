@@ -1,0 +1,414 @@
+//! Context, module, host mappings, queue pairs and launches.
+
+use std::ffi::{c_void, CString};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::result::{self, DriverError};
+use cudarc::driver::{sys, CudaContext};
+use nvm_queue::{DmaMapping, NvmeDevice, QueuePair};
+use nvme_regs::Status;
+
+use crate::abi::{
+    TuttiQueue, TuttiQueueState, TuttiRequest, DONE_ENTRIES, STATUS_BAD_REQUEST, STATUS_TIMEOUT,
+    STATUS_UNSUPPORTED,
+};
+use crate::ptx::{TUTTI_IO_ENTRY, TUTTI_IO_PTX};
+
+/// Errors of the GPU path.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// No CUDA driver library on this machine.
+    #[error("no CUDA driver (libcuda) on this machine")]
+    NoDriver,
+    /// A CUDA driver call failed.
+    #[error("CUDA driver call {call} failed")]
+    Driver {
+        /// The call.
+        call: &'static str,
+        /// The driver's error.
+        #[source]
+        source: DriverError,
+    },
+    /// A batch that cannot be launched as given.
+    #[error("invalid batch: {0}")]
+    Batch(String),
+}
+
+fn drv(call: &'static str) -> impl FnOnce(DriverError) -> GpuError {
+    move |source| GpuError::Driver { call, source }
+}
+
+/// Final state of one request of a GPU batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuStatus {
+    /// Completed with NVMe status 0.
+    Success,
+    /// Completed with an NVMe error status.
+    Nvme(Status),
+    /// No completion within the budget.
+    Timeout,
+    /// Needs a PRP list (more than two 4 KiB pages): not supported yet.
+    Unsupported,
+    /// Memory range or queue invalid.
+    BadRequest,
+    /// The kernel did not reach it (a bug if ever seen).
+    NotRun,
+}
+
+/// Result word the host writes before a launch.
+const STATUS_NOT_RUN: u32 = 0x8000_00FF;
+
+impl GpuStatus {
+    /// Decodes the kernel's result word.
+    pub fn from_word(w: u32) -> Self {
+        match w {
+            0 => GpuStatus::Success,
+            STATUS_TIMEOUT => GpuStatus::Timeout,
+            STATUS_UNSUPPORTED => GpuStatus::Unsupported,
+            STATUS_BAD_REQUEST => GpuStatus::BadRequest,
+            w if w & 0x8000_0000 == 0 => GpuStatus::Nvme(Status::from_field((w << 1) as u16)),
+            _ => GpuStatus::NotRun,
+        }
+    }
+}
+
+/// Device memory from `cuMemAlloc`, freed on drop.
+#[derive(Debug)]
+struct DeviceMem {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl DeviceMem {
+    fn zeroed(ctx: &Arc<CudaContext>, len: usize) -> Result<Self, GpuError> {
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: plain allocation in the bound context; freed in Drop.
+        let ptr = unsafe { result::malloc_sync(len.max(1)) }.map_err(drv("cuMemAlloc"))?;
+        let mem = Self { ptr, len, ctx: ctx.clone() };
+        // SAFETY: `ptr` is a live allocation of at least `len` bytes.
+        unsafe { result::memset_d8_sync(ptr, 0, len.max(1)) }.map_err(drv("cuMemsetD8"))?;
+        Ok(mem)
+    }
+
+    fn from_slice<T: Copy>(ctx: &Arc<CudaContext>, data: &[T]) -> Result<Self, GpuError> {
+        let mem = Self::zeroed(ctx, std::mem::size_of_val(data))?;
+        if !data.is_empty() {
+            // SAFETY: the allocation holds exactly `data`'s bytes; T is plain
+            // data (Copy, repr(C) ABI structs or integers).
+            unsafe { result::memcpy_htod_sync(mem.ptr, data) }.map_err(drv("cuMemcpyHtoD"))?;
+        }
+        Ok(mem)
+    }
+
+    fn read<T: Copy + Default>(&self, n: usize) -> Result<Vec<T>, GpuError> {
+        let mut v = vec![T::default(); n];
+        if n * size_of::<T>() > self.len {
+            return Err(GpuError::Batch("read past a device buffer".into()));
+        }
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: `v` has room for n elements; the allocation holds at least
+        // as many bytes (checked above).
+        unsafe { result::memcpy_dtoh_sync(&mut v, self.ptr) }.map_err(drv("cuMemcpyDtoH"))?;
+        Ok(v)
+    }
+}
+
+impl Drop for DeviceMem {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by `malloc_sync` in this context, freed once.
+        let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+/// Host memory registered with CUDA and mapped into the GPU's address space
+/// (`cuMemHostRegister` with `DEVICEMAP | PORTABLE`); unregistered on drop.
+#[derive(Debug)]
+struct HostMapping {
+    host: *mut c_void,
+    dptr: u64,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the mapping is an address pair; CUDA calls on it bind the context
+// of the thread that makes them.
+unsafe impl Send for HostMapping {}
+// SAFETY: as above; no interior mutability.
+unsafe impl Sync for HostMapping {}
+
+impl HostMapping {
+    /// # Safety
+    ///
+    /// `host..host + len` must stay allocated until the mapping is dropped,
+    /// and must not overlap another registration.
+    unsafe fn new(ctx: &Arc<CudaContext>, host: *mut u8, len: usize) -> Result<Self, GpuError> {
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        // SAFETY: forwarded from this function's contract.
+        unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) }
+            .result()
+            .map_err(drv("cuMemHostRegister"))?;
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: `host` was registered with DEVICEMAP just above.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host.cast(), 0) }.result();
+        let mapping = Self { host: host.cast(), dptr, ctx: ctx.clone() };
+        r.map_err(drv("cuMemHostGetDevicePointer"))?;
+        Ok(mapping)
+    }
+}
+
+impl Drop for HostMapping {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: registered in `new`, unregistered once.
+        let _ = unsafe { sys::cuMemHostUnregister(self.host) };
+    }
+}
+
+/// A GPU with the tutti kernels loaded.
+#[derive(Debug)]
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    func: sys::CUfunction,
+    _module: Module,
+}
+
+#[derive(Debug)]
+struct Module {
+    raw: sys::CUmodule,
+    ctx: Arc<CudaContext>,
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: loaded once in `Gpu::open`, unloaded once.
+        let _ = unsafe { result::module::unload(self.raw) };
+    }
+}
+
+// SAFETY: CUfunction/CUmodule are handles valid in any thread once the
+// context is bound, which every method does first.
+unsafe impl Send for Gpu {}
+// SAFETY: launches are serialised by the caller's `&self` use of the
+// default stream and synchronisation; handles are immutable.
+unsafe impl Sync for Gpu {}
+
+impl Gpu {
+    /// Opens GPU `ordinal` and loads the kernels. [`GpuError::NoDriver`]
+    /// when the CUDA driver library is absent (checked first: nothing else
+    /// touches CUDA then).
+    pub fn open(ordinal: usize) -> Result<Self, GpuError> {
+        // SAFETY: only probes whether the library can be loaded.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(GpuError::NoDriver);
+        }
+        let ctx = CudaContext::new(ordinal).map_err(drv("cuCtxCreate"))?;
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let src = CString::new(TUTTI_IO_PTX).map_err(|_| GpuError::Batch("PTX contains NUL".into()))?;
+        // SAFETY: `src` is a NUL-terminated PTX image.
+        let raw =
+            unsafe { result::module::load_data(src.as_ptr().cast()) }.map_err(drv("cuModuleLoadData"))?;
+        let module = Module { raw, ctx: ctx.clone() };
+        let name = CString::new(TUTTI_IO_ENTRY).map_err(|_| GpuError::Batch("entry name".into()))?;
+        // SAFETY: `raw` is the module just loaded.
+        let func = unsafe { result::module::get_function(raw, name) }.map_err(drv("cuModuleGetFunction"))?;
+        Ok(Self { ctx, func, _module: module })
+    }
+
+    /// The CUDA context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Runs one batch in one kernel launch: `requests[i]` goes to
+    /// `queues[requests[i].queue]`, whose data region is the paired
+    /// [`GpuRegion`]. One block per queue, at most `threads_per_queue`
+    /// (clamped to the queue size - 1 and 1024) commands in flight per
+    /// queue. Returns one status per request, in order.
+    pub fn run(
+        &self,
+        queues: &[(&GpuQueue, &GpuRegion)],
+        requests: &[TuttiRequest],
+        threads_per_queue: u32,
+        budget: Duration,
+    ) -> Result<Vec<GpuStatus>, GpuError> {
+        if queues.is_empty() || queues.len() > u16::MAX as usize || requests.len() > u32::MAX as usize {
+            return Err(GpuError::Batch(format!("{} queues, {} requests", queues.len(), requests.len())));
+        }
+        // Group request indices by queue (offsets[q]..offsets[q+1]).
+        let mut counts = vec![0u32; queues.len() + 1];
+        for (i, r) in requests.iter().enumerate() {
+            let q = usize::from(r.queue);
+            if q >= queues.len() {
+                return Err(GpuError::Batch(format!("request {i} names queue {q} of {}", queues.len())));
+            }
+            counts[q + 1] += 1;
+        }
+        for q in 0..queues.len() {
+            counts[q + 1] += counts[q];
+        }
+        let offsets = counts.clone();
+        let mut order = vec![0u32; requests.len()];
+        let mut fill = counts;
+        for (i, r) in requests.iter().enumerate() {
+            let q = usize::from(r.queue);
+            order[fill[q] as usize] = i as u32;
+            fill[q] += 1;
+        }
+        let descs: Vec<TuttiQueue> = queues
+            .iter()
+            .map(|(q, region)| TuttiQueue {
+                pages: region.pages.ptr,
+                region_len: region.len as u64,
+                ..q.desc
+            })
+            .collect();
+        let max_size = queues.iter().map(|(q, _)| q.desc.size).max().unwrap_or(2);
+        let threads = threads_per_queue.clamp(1, 1024).min(max_size - 1);
+
+        let d_queues = DeviceMem::from_slice(&self.ctx, &descs)?;
+        let d_reqs = DeviceMem::from_slice(&self.ctx, requests)?;
+        let d_order = DeviceMem::from_slice(&self.ctx, &order)?;
+        let d_offsets = DeviceMem::from_slice(&self.ctx, &offsets)?;
+        let d_status = DeviceMem::from_slice(&self.ctx, &vec![STATUS_NOT_RUN; requests.len()])?;
+        let nqueues = queues.len() as u32;
+        let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
+        let mut params: [*mut c_void; 7] = [
+            (&d_queues.ptr as *const u64).cast_mut().cast(),
+            (&nqueues as *const u32).cast_mut().cast(),
+            (&d_reqs.ptr as *const u64).cast_mut().cast(),
+            (&d_order.ptr as *const u64).cast_mut().cast(),
+            (&d_offsets.ptr as *const u64).cast_mut().cast(),
+            (&d_status.ptr as *const u64).cast_mut().cast(),
+            (&budget_ns as *const u64).cast_mut().cast(),
+        ];
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: the parameter list matches `tutti_io`'s signature (7
+        // arguments: 5 device pointers, a u32, a u64) and every pointer
+        // stays valid until the synchronisation below returns.
+        unsafe {
+            result::launch_kernel(
+                self.func,
+                (nqueues, 1, 1),
+                (threads, 1, 1),
+                0,
+                std::ptr::null_mut(),
+                &mut params,
+            )
+        }
+        .map_err(drv("cuLaunchKernel"))?;
+        result::ctx::synchronize().map_err(drv("cuCtxSynchronize"))?;
+        Ok(d_status.read::<u32>(requests.len())?.into_iter().map(GpuStatus::from_word).collect())
+    }
+}
+
+/// A drive's register window mapped into the GPU, for its doorbells.
+#[derive(Debug)]
+pub struct GpuDrive {
+    bar: HostMapping,
+    _device: Arc<dyn NvmeDevice>,
+}
+
+impl GpuDrive {
+    /// Maps `device`'s register window (the emulator's register page: host
+    /// memory) into the GPU.
+    pub fn map(gpu: &Gpu, device: Arc<dyn NvmeDevice>) -> Result<Self, GpuError> {
+        let bar = device.bar0();
+        // SAFETY: the window stays allocated while `device` lives, and this
+        // struct keeps `device` alive longer than the mapping (field order:
+        // `bar` drops first).
+        let bar = unsafe { HostMapping::new(&gpu.ctx, bar.base_ptr(), bar.len()) }?;
+        Ok(Self { bar, _device: device })
+    }
+}
+
+/// An I/O queue pair handed to the GPU. It keeps the [`QueuePair`] (and so
+/// its SQ/CQ memory) alive; from here on only GPU threads drive it.
+#[derive(Debug)]
+pub struct GpuQueue {
+    desc: TuttiQueue,
+    state: DeviceMem,
+    _sq: HostMapping,
+    _cq: HostMapping,
+    qp: QueuePair,
+}
+
+impl GpuQueue {
+    /// Maps `qp`'s SQ and CQ into the GPU and sets up its state from the
+    /// pair's current indexes. `qp` must be idle (nothing outstanding).
+    pub fn new(gpu: &Gpu, drive: &GpuDrive, qp: QueuePair) -> Result<Self, GpuError> {
+        if qp.outstanding() != 0 {
+            return Err(GpuError::Batch("queue pair has commands outstanding".into()));
+        }
+        let size = qp.sq().size();
+        if qp.cq().size() != size {
+            return Err(GpuError::Batch("SQ and CQ sizes differ".into()));
+        }
+        let (sqm, cqm) = (qp.sq().memory(), qp.cq().memory());
+        // SAFETY: the SQ/CQ buffers live in `qp`, which this struct owns and
+        // drops after the mappings (field order).
+        let sq = unsafe { HostMapping::new(&gpu.ctx, sqm.host_ptr(), sqm.len()) }?;
+        // SAFETY: as above.
+        let cq = unsafe { HostMapping::new(&gpu.ctx, cqm.host_ptr(), cqm.len()) }?;
+        let state_len = size_of::<TuttiQueueState>() + 4 * (size as usize + DONE_ENTRIES);
+        let state = DeviceMem::zeroed(&gpu.ctx, state_len)?;
+        let init = TuttiQueueState {
+            reserve: u64::from(qp.sq().tail()),
+            published: u64::from(qp.sq().tail()),
+            cq_head: u64::from(qp.cq().head()),
+            phase: u32::from(qp.cq().phase()),
+            ..Default::default()
+        };
+        // SAFETY: `state` holds at least one TuttiQueueState.
+        unsafe { result::memcpy_htod_sync(state.ptr, std::slice::from_ref(&init)) }
+            .map_err(drv("cuMemcpyHtoD"))?;
+        let bar = drive.bar.dptr;
+        let desc = TuttiQueue {
+            sq: sq.dptr,
+            cq: cq.dptr,
+            sq_doorbell: bar + qp.sq().doorbell_offset() as u64,
+            cq_doorbell: bar + qp.cq().doorbell_offset() as u64,
+            state: state.ptr,
+            pages: 0,
+            region_len: 0,
+            size,
+            qid: u32::from(qp.qid()),
+        };
+        Ok(Self { desc, state, _sq: sq, _cq: cq, qp })
+    }
+
+    /// Queue identifier.
+    pub fn qid(&self) -> u16 {
+        self.qp.qid()
+    }
+
+    /// CQEs the GPU side dropped because their CID matched no waiting
+    /// command (unknown, duplicate or late after a timeout).
+    pub fn stale_completions(&self) -> Result<u32, GpuError> {
+        Ok(self.state.read::<TuttiQueueState>(1)?[0].stale)
+    }
+}
+
+/// A data region as one drive sees it: the bus address of each 4 KiB page,
+/// in device memory for the kernel (PRPs are built from it on the GPU).
+#[derive(Debug)]
+pub struct GpuRegion {
+    pages: DeviceMem,
+    len: usize,
+}
+
+impl GpuRegion {
+    /// Uploads `mapping`'s page addresses; `len` bytes of it are usable.
+    pub fn new(gpu: &Gpu, mapping: &DmaMapping, len: usize) -> Result<Self, GpuError> {
+        if len > mapping.len() || mapping.pages().is_empty() {
+            return Err(GpuError::Batch(format!(
+                "region of {len} bytes over a {}-byte mapping",
+                mapping.len()
+            )));
+        }
+        Ok(Self { pages: DeviceMem::from_slice(&gpu.ctx, mapping.pages())?, len })
+    }
+}

@@ -1,0 +1,25 @@
+//! GPU-initiated NVMe I/O: GPU threads build SQEs, publish the SQ tail and
+//! ring the doorbell, and poll completions by phase tag, with no CPU in the
+//! data path. The device code is `kernels/tutti_io.cu`, committed as PTX
+//! (`kernels/tutti_io.ptx`) and loaded here through the CUDA driver API
+//! (cudarc, dynamically loaded: this crate builds, links and runs its
+//! CPU-only tests on machines without CUDA; [`Gpu::open`] returns
+//! [`GpuError::NoDriver`] there).
+//!
+//! What exists (see docs/gpu.md): queue pairs whose SQ/CQ live in host
+//! memory mapped into the GPU (what the emulator reads), doorbells in the
+//! emulator's register page mapped into the GPU, data in host memory; one
+//! launch serving a batch over several drives (one block per queue). What
+//! does not yet: queue memory in device memory and doorbells in a real BAR0
+//! (`CU_MEMHOSTREGISTER_IOMEMORY`), data in GPU memory, PRP lists (transfers
+//! are at most two 4 KiB pages), and the runtime's GPU execution mode.
+//!
+//! Unsafe code is allowed here: CUDA driver calls and registering host
+//! memory for device access. Each block states what makes it sound.
+#![allow(unsafe_code)]
+
+pub mod abi;
+mod gpu;
+pub mod ptx;
+
+pub use gpu::{Gpu, GpuDrive, GpuError, GpuQueue, GpuRegion, GpuStatus};

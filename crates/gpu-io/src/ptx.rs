@@ -1,0 +1,38 @@
+//! The committed PTX of `kernels/`.
+
+/// PTX of `kernels/tutti_io.cu` (built by `kernels/build.sh`; its first line
+/// records the SHA-256 of the source it was built from).
+pub const TUTTI_IO_PTX: &str = include_str!("../../../kernels/tutti_io.ptx");
+
+/// The kernel entry point in [`TUTTI_IO_PTX`].
+pub const TUTTI_IO_ENTRY: &str = "tutti_io";
+
+/// The source hash recorded on the PTX's first line, if present.
+pub fn recorded_source_sha256(ptx: &str) -> Option<&str> {
+    ptx.lines().next()?.strip_prefix("// tutti source sha256: ").map(str::trim)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The committed PTX was built from the committed source: rebuild with
+    /// `kernels/build.sh` (on a machine with nvcc) after editing the `.cu`.
+    #[test]
+    fn committed_ptx_is_not_older_than_its_source() {
+        use sha2::{Digest, Sha256};
+        let src = include_bytes!("../../../kernels/tutti_io.cu");
+        let hex: String = Sha256::digest(src).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            recorded_source_sha256(TUTTI_IO_PTX),
+            Some(hex.as_str()),
+            "kernels/tutti_io.ptx is stale: run kernels/build.sh"
+        );
+    }
+
+    #[test]
+    fn ptx_has_the_entry_point_and_a_target() {
+        assert!(TUTTI_IO_PTX.contains(&format!(".visible .entry {TUTTI_IO_ENTRY}(")));
+        assert!(TUTTI_IO_PTX.contains(".target sm_75"));
+    }
+}

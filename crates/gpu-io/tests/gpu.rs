@@ -1,0 +1,208 @@
+//! GPU threads driving emulated NVMe controllers. These tests need a CUDA
+//! driver and a GPU; elsewhere each prints why it skipped and passes.
+//! Run on the GPU machine: see docs/gpu.md.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_io::abi::TuttiRequest;
+use gpu_io::{Gpu, GpuDrive, GpuError, GpuQueue, GpuRegion, GpuStatus};
+use nvm_queue::{Controller, ControllerOptions, DmaBuffer, NvmeDevice};
+use nvme_emu::{Emulator, EmulatorConfig, NamespaceSpec};
+use nvme_regs::opcode::nvm_opcode;
+
+const BUDGET: Duration = Duration::from_secs(10);
+
+fn gpu() -> Option<Gpu> {
+    match Gpu::open(0) {
+        Ok(g) => Some(g),
+        Err(e @ (GpuError::NoDriver | GpuError::Driver { .. })) => {
+            eprintln!("skipped: no usable GPU ({e})");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+struct Drive {
+    emu: Arc<Emulator>,
+    dev: Arc<dyn NvmeDevice>,
+    ctrl: Controller,
+    gpu_drive: GpuDrive,
+}
+
+fn drive(gpu: &Gpu, name: &str, f: impl FnOnce(&mut EmulatorConfig)) -> Drive {
+    let mut cfg = EmulatorConfig::new(name, vec![NamespaceSpec::new(65536, 4096)]);
+    f(&mut cfg);
+    let emu = Emulator::start(cfg).unwrap();
+    let dev: Arc<dyn NvmeDevice> = emu.clone();
+    let ctrl = Controller::init(dev.clone(), ControllerOptions::default()).unwrap();
+    let gpu_drive = GpuDrive::map(gpu, dev.clone()).unwrap();
+    Drive { emu, dev, ctrl, gpu_drive }
+}
+
+fn rw(op: u8, queue: u16, lba: u64, mem_offset: u64) -> TuttiRequest {
+    TuttiRequest {
+        opcode: op,
+        queue,
+        nsid: 1,
+        slba: lba,
+        nlb: 0,
+        len: 4096,
+        mem_offset,
+        ..Default::default()
+    }
+}
+
+fn pattern(block: u64) -> Vec<u8> {
+    (0..4096u64).map(|i| (i.wrapping_mul(7) ^ block.wrapping_mul(131) ^ (block >> 3)) as u8).collect()
+}
+
+#[test]
+fn many_warps_submit_to_one_queue_and_every_byte_round_trips() {
+    let Some(gpu) = gpu() else { return };
+    let mut d = drive(&gpu, "warps", |_| {});
+    let qp = d.ctrl.create_io_queue_pair(1, 256, 255).unwrap();
+    let q = GpuQueue::new(&gpu, &d.gpu_drive, qp).unwrap();
+    let n = 4096u64;
+    let buf = DmaBuffer::new(&d.dev, (n * 4096) as usize).unwrap();
+    let region = GpuRegion::new(&gpu, buf.mapping(), buf.len()).unwrap();
+    for b in 0..n {
+        buf.write_bytes((b * 4096) as usize, &pattern(b)).unwrap();
+    }
+    // 255 threads (8 warps) share one queue: 4096 writes, block b -> LBA 2b.
+    let writes: Vec<_> = (0..n).map(|b| rw(nvm_opcode::WRITE, 0, 2 * b, b * 4096)).collect();
+    let st = gpu.run(&[(&q, &region)], &writes, 255, BUDGET).unwrap();
+    assert!(
+        st.iter().all(|s| *s == GpuStatus::Success),
+        "{:?}",
+        st.iter().find(|s| **s != GpuStatus::Success)
+    );
+    buf.fill(0);
+    // Read back in reverse order.
+    let reads: Vec<_> = (0..n).map(|b| rw(nvm_opcode::READ, 0, 2 * (n - 1 - b), b * 4096)).collect();
+    let st = gpu.run(&[(&q, &region)], &reads, 255, BUDGET).unwrap();
+    assert!(st.iter().all(|s| *s == GpuStatus::Success));
+    let mut got = vec![0u8; 4096];
+    for b in 0..n {
+        buf.read_bytes((b * 4096) as usize, &mut got).unwrap();
+        assert!(got == pattern(n - 1 - b), "block {b}");
+    }
+    let stats = d.emu.stats();
+    assert_eq!(stats.doorbell_violations, 0, "the SQ tail never moved backwards or past the ring");
+    assert_eq!(stats.commands - stats.admin_commands, 2 * n);
+    assert_eq!(q.stale_completions().unwrap(), 0);
+}
+
+#[test]
+fn two_entry_queue_wraps_a_thousand_times_from_the_gpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut d = drive(&gpu, "wrap", |_| {});
+    let qp = d.ctrl.create_io_queue_pair(1, 2, 1).unwrap();
+    let q = GpuQueue::new(&gpu, &d.gpu_drive, qp).unwrap();
+    let buf = DmaBuffer::new(&d.dev, 8 * 4096).unwrap();
+    let region = GpuRegion::new(&gpu, buf.mapping(), buf.len()).unwrap();
+    for b in 0..8 {
+        buf.write_bytes(b * 4096, &pattern(b as u64)).unwrap();
+    }
+    // 2000 commands through a 2-entry queue: one in flight at a time, the
+    // CQ phase flips every second completion: 1000 wraps.
+    let reqs: Vec<_> = (0..2000u64).map(|k| rw(nvm_opcode::WRITE, 0, k % 64, (k % 8) * 4096)).collect();
+    let st = gpu.run(&[(&q, &region)], &reqs, 32, BUDGET).unwrap();
+    assert!(
+        st.iter().all(|s| *s == GpuStatus::Success),
+        "{:?}",
+        st.iter().position(|s| *s != GpuStatus::Success)
+    );
+    assert_eq!(d.emu.stats().doorbell_violations, 0);
+    buf.fill(0);
+    let reads: Vec<_> = (0..8u64).map(|b| rw(nvm_opcode::READ, 0, 56 + b, b * 4096)).collect();
+    let st = gpu.run(&[(&q, &region)], &reads, 32, BUDGET).unwrap();
+    assert!(st.iter().all(|s| *s == GpuStatus::Success));
+    let mut got = vec![0u8; 4096];
+    for b in 0..8u64 {
+        // LBA 56 + b was last written by k = 1976 + b, from buffer block b.
+        buf.read_bytes((b * 4096) as usize, &mut got).unwrap();
+        assert!(got == pattern(b), "block {b}");
+    }
+}
+
+#[test]
+fn fused_kernel_over_four_drives_with_data_verified() {
+    let Some(gpu) = gpu() else { return };
+    let mut drives: Vec<Drive> = (0..4).map(|i| drive(&gpu, &format!("fused{i}"), |_| {})).collect();
+    let n = 1024u64;
+    // One host buffer, mapped by each emulated drive (its own IOVA space).
+    let buf = DmaBuffer::new(&drives[0].dev, (n * 4096) as usize).unwrap();
+    let mut queues = Vec::new();
+    let mut regions = Vec::new();
+    for d in &mut drives {
+        let qp = d.ctrl.create_io_queue_pair(1, 128, 127).unwrap();
+        queues.push(GpuQueue::new(&gpu, &d.gpu_drive, qp).unwrap());
+        // Map the same host buffer into this drive's IOVA space.
+        // SAFETY: `buf` outlives every use (dropped after the drives' runs).
+        #[allow(unsafe_code)]
+        let m = unsafe { d.dev.dma_map(std::ptr::NonNull::new(buf.host_ptr()).unwrap(), buf.len()) }.unwrap();
+        regions.push(GpuRegion::new(&gpu, &m, buf.len()).unwrap());
+    }
+    let batch: Vec<_> = queues.iter().zip(&regions).collect();
+    for b in 0..n {
+        buf.write_bytes((b * 4096) as usize, &pattern(b)).unwrap();
+    }
+    // Stripe 4 KiB blocks round robin over the four drives: block b -> drive
+    // b % 4, LBA b / 4. One launch, four blocks of threads.
+    let writes: Vec<_> = (0..n).map(|b| rw(nvm_opcode::WRITE, (b % 4) as u16, b / 4, b * 4096)).collect();
+    let st = gpu.run(&batch, &writes, 127, BUDGET).unwrap();
+    assert!(st.iter().all(|s| *s == GpuStatus::Success));
+    buf.fill(0);
+    let reads: Vec<_> = (0..n).map(|b| rw(nvm_opcode::READ, (b % 4) as u16, b / 4, b * 4096)).collect();
+    let st = gpu.run(&batch, &reads, 127, BUDGET).unwrap();
+    assert!(st.iter().all(|s| *s == GpuStatus::Success));
+    let mut got = vec![0u8; 4096];
+    for b in 0..n {
+        buf.read_bytes((b * 4096) as usize, &mut got).unwrap();
+        assert!(got == pattern(b), "block {b}");
+    }
+    for d in &drives {
+        let s = d.emu.stats();
+        assert_eq!(s.commands - s.admin_commands, 2 * n / 4, "each drive served its quarter");
+        assert_eq!(s.doorbell_violations, 0);
+    }
+}
+
+#[test]
+fn an_nvme_error_reaches_exactly_its_request() {
+    let Some(gpu) = gpu() else { return };
+    let mut d = drive(&gpu, "err", |_| {});
+    let qp = d.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    let q = GpuQueue::new(&gpu, &d.gpu_drive, qp).unwrap();
+    let buf = DmaBuffer::new(&d.dev, 64 * 4096).unwrap();
+    let region = GpuRegion::new(&gpu, buf.mapping(), buf.len()).unwrap();
+    // Request 17 reads past the namespace (65536 blocks): LBA Out of Range.
+    let mut reqs: Vec<_> = (0..64u64).map(|b| rw(nvm_opcode::READ, 0, b, b * 4096)).collect();
+    reqs[17].slba = 65536;
+    // Request 40 asks for a 3-page transfer: needs a PRP list.
+    reqs[40].len = 3 * 4096;
+    reqs[40].nlb = 2;
+    let st = gpu.run(&[(&q, &region)], &reqs, 63, BUDGET).unwrap();
+    for (i, s) in st.iter().enumerate() {
+        match i {
+            17 => match s {
+                GpuStatus::Nvme(status) => assert_eq!((status.sct, status.sc), (0, 0x80), "{status}"),
+                other => panic!("request 17: {other:?}"),
+            },
+            40 => assert_eq!(*s, GpuStatus::Unsupported),
+            _ => assert_eq!(*s, GpuStatus::Success, "request {i}"),
+        }
+    }
+}
+
+#[test]
+fn without_a_driver_open_is_a_typed_error() {
+    // On the GPU machine this opens the GPU; elsewhere it must be NoDriver,
+    // never a panic.
+    match Gpu::open(0) {
+        Ok(_) | Err(GpuError::NoDriver) | Err(GpuError::Driver { .. }) => {}
+        Err(e) => panic!("{e}"),
+    }
+}

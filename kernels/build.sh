@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Rebuilds the committed PTX from its CUDA source. Needs nvcc (CUDA 12 or
+# 13); run it on the GPU machine. The first line of each PTX records the
+# SHA-256 of the source it was built from; `cargo test -p gpu-io` fails when
+# the committed PTX is older than its source.
+#
+#   kernels/build.sh           rebuild
+#   kernels/build.sh --check   rebuild into a temporary file and fail if the
+#                              committed PTX differs (stale or hand-edited)
+set -euo pipefail
+cd "$(dirname "$0")"
+# compute_75 (Turing): the oldest target CUDA 13 still accepts; the kernel needs
+# sm_70 or later for independent thread scheduling (the
+# per-queue lock is taken by threads of one warp) and %globaltimer. The
+# driver JIT-compiles it for the GPU at hand (sm_90 on an H200).
+ARCH=${ARCH:-compute_75}
+build() {
+    local src=$1 out=$2
+    local sum
+    sum=$(sha256sum "$src" | cut -d' ' -f1)
+    {
+        echo "// tutti source sha256: $sum"
+        nvcc -arch="$ARCH" -O3 -ptx "$src" -o -
+    } > "$out"
+}
+for src in *.cu; do
+    ptx=${src%.cu}.ptx
+    if [ "${1:-}" = "--check" ]; then
+        tmp=$(mktemp)
+        build "$src" "$tmp"
+        if ! diff -q <(tail -n +2 "$tmp" | grep -v '^//') <(tail -n +2 "$ptx" | grep -v '^//') >/dev/null \
+            || [ "$(head -1 "$tmp")" != "$(head -1 "$ptx")" ]; then
+            echo "kernels/$ptx is stale: rebuild with kernels/build.sh" >&2
+            exit 1
+        fi
+        rm -f "$tmp"
+        echo "kernels/$ptx is up to date"
+    else
+        build "$src" "$ptx"
+        echo "built kernels/$ptx"
+    fi
+done

@@ -1,0 +1,291 @@
+// tutti_io.cu: GPU threads submit NVMe commands and poll their completions
+// themselves: build the 64-byte SQE, reserve an SQ slot, publish the SQ tail
+// in order behind a system-scope fence, ring the doorbell with one 32-bit
+// store, and poll the CQ by phase tag with a %globaltimer budget.
+//
+// Queue memory (SQ, CQ) and doorbells live in host memory mapped into the
+// GPU (the emulator's queues and register page), or, on real hardware, in
+// device memory / a registered BAR0. Layouts follow the NVM Express Base
+// Specification 2.0: SQE 64 bytes (4.2), CQE 16 bytes (4.2.1), doorbells
+// (3.1.4.23/24).
+//
+// Built to PTX by kernels/build.sh (nvcc -arch=compute_75 -ptx); the PTX is
+// committed so CI machines need no CUDA toolkit. Oldest architecture the PTX
+// targets: sm_75 (Turing; CUDA 13 dropped Volta). The code itself needs
+// sm_70+ for independent thread scheduling (a per-queue
+// lock taken by threads of one warp) and %globaltimer.
+//
+// ABI shared with crates/gpu-io/src/abi.rs: keep the two in sync (sizes are
+// checked there).
+
+#include <stdint.h>
+
+// One queue pair as the kernel sees it (64 bytes).
+struct TuttiQueue {
+    uint64_t sq;           // device pointer: SQ base, `size` x 64 bytes
+    uint64_t cq;           // device pointer: CQ base, `size` x 16 bytes
+    uint64_t sq_doorbell;  // device pointer: 32-bit SQ tail doorbell
+    uint64_t cq_doorbell;  // device pointer: 32-bit CQ head doorbell
+    uint64_t state;        // device pointer: TuttiQueueState
+    uint64_t pages;        // device pointer: u64 bus address (IOVA) of each
+                           // 4 KiB page of the data region, for this drive
+    uint64_t region_len;   // bytes in the data region
+    uint32_t size;         // entries of the SQ and of the CQ (QSIZE + 1)
+    uint32_t qid;          // queue identifier (for SQID checks)
+};
+
+// Per-queue mutable state in device memory (initialised by the host).
+// Counters are monotonic (mod 2^32); ring index = counter % size.
+// Tickets are 64-bit so that `ticket % size` never jumps at a wrap.
+struct TuttiQueueState {
+    uint32_t lock;                 // lock guarding publication and reaping
+    uint32_t _pad0;
+    unsigned long long reserve;    // next SQ ticket to hand out
+    unsigned long long published;  // tickets published to the controller (SQ tail)
+    unsigned long long cq_head;    // CQ entries consumed
+    uint32_t phase;                // phase tag expected at cq_head (1 on first pass)
+    uint32_t stale;                // CQEs whose CID matched no waiting command
+    uint32_t bad_sqid;             // CQEs naming another SQ
+    uint32_t _pad1;
+    // followed by: uint32_t ready[size]; uint32_t done[65536] (by CID).
+};
+
+// done[cid]: 0 = nobody waits; WAITING = a submitted command waits for it;
+// anything else = its completion: status field (31:17) | 0x10000 | CID.
+#define WAITING 1u
+
+// One request (32 bytes).
+struct TuttiRequest {
+    uint8_t opcode;        // 01h Write, 02h Read
+    uint8_t _pad0;
+    uint16_t queue;        // index into the queues array (host-side grouping)
+    uint32_t nsid;
+    uint64_t slba;         // starting LBA
+    uint32_t nlb;          // number of logical blocks, zero-based (CDW12 15:0)
+    uint32_t len;          // bytes (to pick PRP2); <= 2 memory pages
+    uint64_t mem_offset;   // byte offset into the registered region
+};
+
+// Per-request result, written by the kernel.
+//   0                 success
+//   bit 31 clear      NVMe status field (CQE DW3 bits 31:17: SC 7:0, SCT
+//                     10:8, CRD 12:11, M 13, DNR 14)
+//   0x80000001        TIMEOUT: no completion within the budget
+//   0x80000002        UNSUPPORTED: transfer needs a PRP list
+//   0x80000003        BAD_REQUEST: queue index or memory range invalid
+#define TUTTI_TIMEOUT 0x80000001u
+#define TUTTI_UNSUPPORTED 0x80000002u
+#define TUTTI_BAD_REQUEST 0x80000003u
+#define PAGE 4096u
+
+__device__ __forceinline__ uint64_t globaltimer() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
+    uint32_t v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ uint32_t load_volatile(const uint32_t* p) {
+    return *(const volatile uint32_t*)p;
+}
+
+__device__ __forceinline__ void store_volatile(uint32_t* p, uint32_t v) {
+    *(volatile uint32_t*)p = v;
+}
+
+// Try-lock: a thread that finds the lock taken skips the work, because the
+// holder publishes and reaps for every thread of the queue, and every waiter
+// retries on its next poll.
+__device__ __forceinline__ bool try_lock(uint32_t* l) {
+    if (atomicCAS(l, 0u, 1u) != 0u) {
+        return false;
+    }
+    // Acquire: what the previous holder wrote is visible.
+    __threadfence();
+    return true;
+}
+
+__device__ __forceinline__ void unlock(uint32_t* l) {
+    __threadfence();
+    atomicExch(l, 0u);
+}
+
+// Publishes every contiguous filled slot from `published` on and rings the
+// SQ tail doorbell once. Caller holds the lock. The tail only moves forward,
+// and only over slots whose SQE stores are complete.
+__device__ void publish(const TuttiQueue& q, TuttiQueueState* st, uint32_t* ready) {
+    unsigned long long p = st->published;
+    unsigned long long start = p;
+    while (load_volatile(&ready[p % q.size]) == (uint32_t)(p + 1u)) {
+        p++;
+    }
+    if (p != start) {
+        // Orders the SQE stores (made visible by their writers' fences)
+        // and this thread's view before the doorbell store, system-wide.
+        __threadfence_system();
+        st->published = p;
+        store_volatile((uint32_t*)q.sq_doorbell, (uint32_t)(p % q.size));
+    }
+}
+
+// Consumes every posted CQE at the head (phase tag match), hands each
+// completion to the command waiting on its CID, and writes the CQ head
+// doorbell once.
+// Caller holds the lock.
+__device__ void reap(const TuttiQueue& q, TuttiQueueState* st, uint32_t* done) {
+    unsigned long long head = st->cq_head;
+    uint32_t phase = st->phase;
+    uint32_t consumed = 0;
+    while (consumed < q.size) {
+        const uint32_t* cqe = (const uint32_t*)(q.cq + (uint64_t)(head % q.size) * 16u);
+        // The dword with the phase tag first (acquire), then the body.
+        uint32_t dw3 = load_acquire_sys(cqe + 3);
+        if (((dw3 >> 16) & 1u) != phase) {
+            break;
+        }
+        uint32_t dw2 = load_volatile(cqe + 2);
+        uint32_t sqid = dw2 >> 16;
+        if (sqid != q.qid) {
+            st->bad_sqid++;
+        }
+        uint32_t cid = dw3 & 0xFFFFu;
+        uint32_t value = (dw3 & 0xFFFE0000u) | 0x10000u | cid;
+        // Only a command that waits for this CID takes it; an unknown,
+        // duplicate or late (timed-out) completion is counted and dropped.
+        if (atomicCAS(&done[cid], WAITING, value) != WAITING) {
+            st->stale++;
+        }
+        head++;
+        consumed++;
+        if (head % q.size == 0u) {
+            phase ^= 1u;
+        }
+    }
+    if (consumed) {
+        st->cq_head = head;
+        st->phase = phase;
+        __threadfence_system();
+        store_volatile((uint32_t*)q.cq_doorbell, (uint32_t)(head % q.size));
+    }
+}
+
+// One launch serves a batch over up to `nqueues` queue pairs (one block per
+// queue, the fused multi-drive kernel): block b handles the requests
+// order[offsets[b] .. offsets[b+1]] on queues[b], with at most
+// min(blockDim.x, size - 1) commands outstanding. So the CQ cannot overflow,
+// and a ticket's SQ slot is free: the ticket `size` before it was fetched
+// (some ticket after that one has completed, and the controller fetches in
+// order), unless commands time out without ever being fetched.
+// Every request gets its own status; the kernel returns when each one has
+// completed, failed or timed out.
+extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, const TuttiRequest* reqs,
+                                    const uint32_t* order, const uint32_t* offsets, uint32_t* status,
+                                    uint64_t budget_ns) {
+    uint32_t b = blockIdx.x;
+    if (b >= nqueues) {
+        return;
+    }
+    const TuttiQueue q = queues[b];
+    TuttiQueueState* st = (TuttiQueueState*)q.state;
+    uint32_t* ready = (uint32_t*)(st + 1);
+    uint32_t* done = ready + q.size;  // 65536 entries
+    uint32_t active = min((uint32_t)blockDim.x, q.size - 1u);
+    if (threadIdx.x >= active) {
+        return;
+    }
+    for (uint32_t k = offsets[b] + threadIdx.x; k < offsets[b + 1]; k += active) {
+        uint32_t i = order[k];
+        TuttiRequest r = reqs[i];
+        const uint64_t* pages = (const uint64_t*)q.pages;
+        uint64_t end = r.mem_offset + r.len;
+        if (r.len == 0 || end > q.region_len || end < r.mem_offset || (r.mem_offset & 3u)) {
+            status[i] = TUTTI_BAD_REQUEST;
+            continue;
+        }
+        uint64_t prp1 = pages[r.mem_offset / PAGE] + (r.mem_offset % PAGE);
+        uint64_t first = PAGE - (r.mem_offset % PAGE);
+        uint64_t prp2 = 0;
+        if (r.len > first) {
+            if (r.len - first > PAGE) {
+                status[i] = TUTTI_UNSUPPORTED;
+                continue;
+            }
+            prp2 = pages[r.mem_offset / PAGE + 1];
+        }
+
+        // Reserve a ticket: SQ slot ticket % size, CID = ticket % 65536.
+        unsigned long long ticket = atomicAdd(&st->reserve, 1ull);
+        uint32_t slot = (uint32_t)(ticket % q.size);
+        uint32_t cid = (uint32_t)(ticket & 0xFFFFu);
+
+        // Claim the CID's completion cell before the command can complete
+        // (replacing any leftover of a command that timed out 65536 tickets
+        // ago).
+        atomicExch(&done[cid], WAITING);
+
+        // Build the SQE in its slot (NVMe Base 2.0 4.2; NVM Read/Write CDW10-12).
+        uint32_t* sqe = (uint32_t*)(q.sq + (uint64_t)slot * 64u);
+        uint32_t dw[16];
+        dw[0] = (uint32_t)r.opcode | (cid << 16);  // OPC, FUSE=0, PSDT=0 (PRP), CID
+        dw[1] = r.nsid;
+        dw[2] = 0;
+        dw[3] = 0;
+        dw[4] = 0;  // MPTR
+        dw[5] = 0;
+        dw[6] = (uint32_t)prp1;
+        dw[7] = (uint32_t)(prp1 >> 32);
+        dw[8] = (uint32_t)prp2;
+        dw[9] = (uint32_t)(prp2 >> 32);
+        dw[10] = (uint32_t)r.slba;
+        dw[11] = (uint32_t)(r.slba >> 32);
+        dw[12] = r.nlb & 0xFFFFu;
+        dw[13] = 0;
+        dw[14] = 0;
+        dw[15] = 0;
+        for (int j = 0; j < 16; j++) {
+            store_volatile(&sqe[j], dw[j]);
+        }
+        // The SQE is complete and visible system-wide before its slot is
+        // marked ready (whoever publishes rings the doorbell after it).
+        __threadfence_system();
+        store_volatile(&ready[slot], (uint32_t)(ticket + 1u));
+
+        if (try_lock(&st->lock)) {
+            publish(q, st, ready);
+            unlock(&st->lock);
+        }
+
+        // Poll for the completion, reaping for everyone, within the budget.
+        uint64_t deadline = globaltimer() + budget_ns;
+        uint32_t result = TUTTI_TIMEOUT;
+        for (;;) {
+            uint32_t v = load_volatile(&done[cid]);
+            if (v != WAITING) {
+                result = v >> 17;  // NVMe status field; 0 = success
+                atomicExch(&done[cid], 0u);
+                break;
+            }
+            if (try_lock(&st->lock)) {
+                publish(q, st, ready);  // ours, if an earlier ticket held it back
+                reap(q, st, done);
+                unlock(&st->lock);
+            }
+            if (globaltimer() > deadline) {
+                // Stop waiting; if the completion lands at this instant, take it.
+                uint32_t late = atomicCAS(&done[cid], WAITING, 0u);
+                if (late != WAITING) {
+                    result = late >> 17;
+                    atomicExch(&done[cid], 0u);
+                }
+                break;
+            }
+            __nanosleep(256);
+        }
+        status[i] = result;
+    }
+}
