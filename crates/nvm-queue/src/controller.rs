@@ -21,6 +21,10 @@ use crate::queue::{Completion, DataRef, QueueError, QueuePair, QueuePairConfig, 
 /// Floor for the CAP.TO-derived wait when a controller reports CAP.TO = 0.
 pub const MIN_READY_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// Least time given to a normal shutdown (CC.SHN) to reach CSTS.SHST =
+/// complete (Linux's default `shutdown_timeout`).
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Options for [`Controller::init`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ControllerOptions {
@@ -158,6 +162,7 @@ pub struct Controller {
     io_queues_granted: u16,
     live_queues: Vec<u16>,
     opts: ControllerOptions,
+    shut_down: bool,
 }
 
 impl Controller {
@@ -193,12 +198,20 @@ impl Controller {
         //    the reset, so CFS is not an error here).
         let cc = Cc(bar.read32(offset::CC)?);
         if cc.en() {
+            // A controller caught mid-enable (EN = 1, RDY = 0) may not
+            // handle EN going to 0 before RDY reaches 1 (SPDK waits too);
+            // a fatal status ends that wait, the reset clears it.
+            if !Csts(bar.read32(offset::CSTS)?).rdy() {
+                let _ = wait_csts(&*device, ready_timeout, "CSTS.RDY = 1 before reset", false, |c| {
+                    c.rdy() || c.cfs()
+                });
+            }
             bar.write32(offset::CC, cc.with_en(false).0)?;
         }
         wait_csts(&*device, ready_timeout, "CSTS.RDY = 0 after CC.EN = 0", false, |c| !c.rdy())?;
 
         // 2. Admin queues, AQA/ASQ/ACQ (64-bit registers as two halves).
-        let admin_entries = opts.admin_entries.clamp(2, 4096).min(cap.max_queue_entries());
+        let admin_entries = opts.admin_entries.min(4096).min(cap.max_queue_entries()).max(2);
         let admin = QueuePair::new(
             &device,
             QueuePairConfig {
@@ -253,6 +266,7 @@ impl Controller {
             io_queues_granted: 0,
             live_queues: Vec::new(),
             opts,
+            shut_down: false,
         };
         ctrl.identify()?;
         ctrl.set_number_of_queues()?;
@@ -436,6 +450,13 @@ impl Controller {
                     return Err(ControllerError::Fatal { during: name });
                 }
                 if Instant::now() >= deadline {
+                    // The controller may still write this command's data:
+                    // never hand the scratch page to another command.
+                    if data.is_some() {
+                        if let Ok(fresh) = DmaBuffer::new(&self.device, 4096) {
+                            std::mem::replace(&mut self.scratch, fresh).leak_until_reset();
+                        }
+                    }
                     return Err(ControllerError::Timeout {
                         what: name,
                         waited: self.opts.admin_timeout,
@@ -461,7 +482,7 @@ impl Controller {
         if qid == 0 || qid > self.io_queues_granted || self.live_queues.contains(&qid) {
             return Err(ControllerError::NoQueue { qid, granted: self.io_queues_granted });
         }
-        let entries = entries.clamp(2, self.cap.max_queue_entries());
+        let entries = entries.min(self.cap.max_queue_entries()).max(2);
         let qp = QueuePair::new(
             &self.device,
             QueuePairConfig {
@@ -474,15 +495,6 @@ impl Controller {
                 dstrd: self.cap.dstrd(),
             },
         )?;
-        let contiguous = |b: &DmaBuffer| {
-            let p = b.mapping().pages();
-            p.windows(2).all(|w| w[1] == w[0] + crate::HOST_PAGE_SIZE as u64)
-        };
-        if !contiguous(qp.cq().memory()) || !contiguous(qp.sq().memory()) {
-            return Err(ControllerError::Unsupported(
-                "queue memory is not contiguous in device address space".into(),
-            ));
-        }
         let cq = CreateIoCq::new(qid, entries).build();
         let mut cq = cq;
         cq.set_prp(qp.cq().memory().device_addr(0)?, 0);
@@ -527,12 +539,33 @@ impl Controller {
         let bar = self.device.bar0();
         let cc = Cc(bar.read32(offset::CC)?);
         bar.write32(offset::CC, cc.with_shn(ShutdownNotification::Normal).0)?;
-        wait_csts(&*self.device, self.ready_timeout, "CSTS.SHST = complete", true, |c| {
-            c.shst() == ShutdownStatus::Complete
-        })?;
+        // CAP.TO bounds ready transitions, not shutdown (RTD3E does); like
+        // Linux, allow at least SHUTDOWN_TIMEOUT.
+        let t = self.ready_timeout.max(SHUTDOWN_TIMEOUT);
+        wait_csts(&*self.device, t, "CSTS.SHST = complete", true, |c| c.shst() == ShutdownStatus::Complete)?;
+        self.shut_down = true;
         match first_err {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Controller {
+    /// A controller dropped without [`Controller::shutdown`] (an error path,
+    /// a panic) is disabled (CC.EN = 0, bounded wait for CSTS.RDY = 0)
+    /// before its admin queue memory is freed, so it cannot DMA into memory
+    /// that is about to be reused.
+    fn drop(&mut self) {
+        if self.shut_down {
+            return;
+        }
+        let bar = self.device.bar0();
+        if let Ok(cc) = bar.read32(offset::CC).map(Cc) {
+            if cc.en() && bar.write32(offset::CC, cc.with_en(false).0).is_ok() {
+                let _ =
+                    wait_csts(&*self.device, self.ready_timeout, "CSTS.RDY = 0 on drop", false, |c| !c.rdy());
+            }
         }
     }
 }
@@ -572,50 +605,7 @@ fn wait_csts(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{DeviceError, DmaMapping};
-    use crate::mmio::Mmio;
-    use std::ptr::NonNull;
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    /// A register page that never changes by itself: no controller behind
-    /// it. Enough to test the driver's bounded waits.
-    #[derive(Debug)]
-    struct DeadDevice {
-        _page: Box<[u32]>,
-        mmio: Mmio,
-        next_iova: AtomicU64,
-    }
-
-    impl DeadDevice {
-        fn start(cap: Cap, csts: u32) -> Arc<dyn NvmeDevice> {
-            let mut page = vec![0u32; 0x2000 / 4].into_boxed_slice();
-            page[0] = cap.lo();
-            page[1] = cap.hi();
-            page[offset::CSTS / 4] = csts;
-            // SAFETY: the boxed page lives as long as the device (moved into
-            // it; a boxed slice's heap memory does not move) and is only
-            // accessed through `mmio` afterwards.
-            let mmio = unsafe { Mmio::new(page.as_mut_ptr().cast(), 0x2000) }.unwrap();
-            Arc::new(Self { _page: page, mmio, next_iova: AtomicU64::new(0x1_0000_0000) })
-        }
-    }
-
-    impl NvmeDevice for DeadDevice {
-        fn name(&self) -> &str {
-            "dead"
-        }
-        fn bar0(&self) -> &Mmio {
-            &self.mmio
-        }
-        unsafe fn dma_map(&self, _host: NonNull<u8>, len: usize) -> Result<DmaMapping, DeviceError> {
-            let iova =
-                self.next_iova.fetch_add((len as u64).next_multiple_of(4096) + 4096, Ordering::Relaxed);
-            Ok(DmaMapping::contiguous(iova, len))
-        }
-        fn dma_unmap(&self, _mapping: &DmaMapping) -> Result<(), DeviceError> {
-            Ok(())
-        }
-    }
+    use crate::test_device::DeadDevice;
 
     fn cap(to_500ms: u8) -> Cap {
         Cap(0).with_mqes_z(63).with_css_nvm(true).with_to_500ms(to_500ms)

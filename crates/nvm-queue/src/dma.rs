@@ -52,6 +52,7 @@ pub enum DmaError {
 pub struct DmaBuffer {
     ptr: NonNull<u8>,
     len: usize,
+    align: usize,
     mapping: DmaMapping,
     device: Arc<dyn NvmeDevice>,
 }
@@ -66,19 +67,27 @@ impl DmaBuffer {
     /// Allocates `len` bytes (rounded up to whole 4 KiB pages), zeroed, and
     /// maps them for `device`.
     pub fn new(device: &Arc<dyn NvmeDevice>, len: usize) -> Result<Self, DmaError> {
+        Self::new_aligned(device, len, HOST_PAGE_SIZE)
+    }
+
+    /// As [`DmaBuffer::new`], with the host allocation aligned to `align`
+    /// bytes (a power of two of at least 4 KiB; queue memory is aligned to
+    /// the controller's memory page size). The device address alignment is
+    /// the device's business; callers that need it check it.
+    pub fn new_aligned(device: &Arc<dyn NvmeDevice>, len: usize, align: usize) -> Result<Self, DmaError> {
+        let align = align.max(HOST_PAGE_SIZE);
         let rounded = len
             .checked_next_multiple_of(HOST_PAGE_SIZE)
             .filter(|&n| n > 0)
             .ok_or(DmaError::BadSize { len })?;
-        let layout =
-            Layout::from_size_align(rounded, HOST_PAGE_SIZE).map_err(|_| DmaError::BadSize { len })?;
+        let layout = Layout::from_size_align(rounded, align).map_err(|_| DmaError::BadSize { len })?;
         // SAFETY: `layout` has a non-zero size (checked above).
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).ok_or(DmaError::OutOfMemory { len: rounded })?;
         // SAFETY: the allocation lives until `drop`, which unmaps before
         // freeing; we never create references into it.
         match unsafe { device.dma_map(ptr, rounded) } {
-            Ok(mapping) => Ok(Self { ptr, len: rounded, mapping, device: device.clone() }),
+            Ok(mapping) => Ok(Self { ptr, len: rounded, align, mapping, device: device.clone() }),
             Err(e) => {
                 // SAFETY: allocated above with this layout, never mapped.
                 unsafe { alloc::dealloc(raw, layout) };
@@ -196,10 +205,9 @@ impl Drop for DmaBuffer {
             tracing::error!(error = %e, "DMA unmap failed; leaking the buffer");
             return;
         }
-        // SAFETY: allocated in `new` with exactly this layout (len is a
-        // non-zero multiple of the page size, checked there).
-        unsafe {
-            alloc::dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.len, HOST_PAGE_SIZE))
-        };
+        // SAFETY: allocated in `new_aligned` with exactly this layout (len is
+        // a non-zero multiple of the page size, align a power of two, both
+        // checked there by Layout::from_size_align).
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.len, self.align)) };
     }
 }

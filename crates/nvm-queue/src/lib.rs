@@ -23,6 +23,8 @@ pub use prp::{Prp, PrpBuilder, PrpError};
 pub mod controller;
 pub mod io;
 pub mod queue;
+#[cfg(test)]
+mod test_device;
 
 pub use controller::{Controller, ControllerError, ControllerInfo, ControllerOptions};
 pub use io::{plan_io, IoChunk, IoError, IoOp, IoPlan, NamespaceInfo};

@@ -133,7 +133,14 @@ impl Mmio {
 
     /// A pre-checked handle to one 32-bit doorbell register at `offset`, so
     /// the hot path rings it without re-checking bounds.
-    pub fn doorbell(&self, offset: usize) -> Result<Doorbell, MmioError> {
+    ///
+    /// # Safety
+    ///
+    /// The returned [`Doorbell`] carries no lifetime: the caller must keep
+    /// this window mapped (in practice, keep the device that owns it alive)
+    /// for as long as the doorbell exists. `QueuePair` does so by holding the
+    /// device.
+    pub unsafe fn doorbell(&self, offset: usize) -> Result<Doorbell, MmioError> {
         let p = self.check(offset)?;
         Ok(Doorbell {
             // SAFETY: `check` returned an in-bounds, aligned, non-null pointer.
@@ -196,9 +203,11 @@ mod tests {
         assert_eq!(mmio.read32(4094), Err(MmioError::Misaligned { offset: 4094 }));
         assert_eq!(mmio.read32(4096), Err(MmioError::OutOfBounds { offset: 4096, len: 4096 }));
         assert!(mmio.write32(usize::MAX - 3, 1).is_err());
-        let db = mmio.doorbell(0x1000 - 4).unwrap();
+        // SAFETY: `db` is used only while `page` (the window) lives.
+        let db = unsafe { mmio.doorbell(0x1000 - 4) }.unwrap();
         db.ring(7);
         assert_eq!(mmio.read32(0xFFC).unwrap(), 7);
-        assert!(mmio.doorbell(0x1000).is_err());
+        // SAFETY: the error path creates no doorbell.
+        assert!(unsafe { mmio.doorbell(0x1000) }.is_err());
     }
 }

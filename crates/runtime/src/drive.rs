@@ -1,7 +1,7 @@
 //! A drive owned by the runtime: its device (emulated now, vfio-pci later),
 //! its controller and the I/O queue pairs its datapath uses.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -30,6 +30,9 @@ pub(crate) struct Drive {
     pub controller: Mutex<Controller>,
     pub queues: Vec<Mutex<QueuePair>>,
     next_queue: AtomicUsize,
+    /// Cleared when the runtime shuts the controller down: its queues are
+    /// gone, so nothing may ring their doorbells or poll them any more.
+    alive: AtomicBool,
     pub ns: NamespaceInfo,
     pub max_transfer: usize,
 }
@@ -84,7 +87,9 @@ impl Drive {
         let mut queues = Vec::new();
         if let Some(u) = usage {
             let depth = u.queue_depth;
-            let outstanding = depth.clamp(1, 32768) as u16;
+            // One CQ slot always stays empty: never have more commands
+            // outstanding than the CQ can hold.
+            let outstanding = (depth - 1).clamp(1, 32768) as u16;
             for qid in 1..=u.queues {
                 let qp = controller.create_io_queue_pair(qid, depth, outstanding).map_err(ctrl_err)?;
                 queues.push(Mutex::new(qp));
@@ -98,15 +103,30 @@ impl Drive {
             controller: Mutex::new(controller),
             queues,
             next_queue: AtomicUsize::new(0),
+            alive: AtomicBool::new(true),
             ns,
             max_transfer,
         })
     }
 
+    /// `false` once the controller was shut down.
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    /// Marks the drive's queues gone (before deleting them), waiting for any
+    /// thread that is using one of them to let go.
+    pub fn retire_queues(&self) {
+        self.alive.store(false, Ordering::Release);
+        for q in &self.queues {
+            drop(q.lock().unwrap_or_else(|p| p.into_inner()));
+        }
+    }
+
     /// A queue pair for the next request, round robin, locked.
     pub fn pick_queue(&self) -> Option<MutexGuard<'_, QueuePair>> {
         let n = self.queues.len();
-        if n == 0 {
+        if n == 0 || !self.is_alive() {
             return None;
         }
         let start = self.next_queue.fetch_add(1, Ordering::Relaxed);

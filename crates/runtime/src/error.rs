@@ -138,6 +138,12 @@ pub enum RequestError {
     /// The runtime is shutting down.
     #[error("the runtime is shutting down")]
     ShuttingDown,
+    /// Too many operations are in flight (submitted and not yet waited on).
+    #[error("{limit} operations are already in flight; wait on some first")]
+    TooManyOperations {
+        /// Operations that may be in flight at once.
+        limit: u64,
+    },
 }
 
 /// Final status of one request, in the order the batch gave them.

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
@@ -168,12 +168,17 @@ pub struct Runtime {
     ops: Mutex<HandleTable<OpState>>,
     shutting_down: AtomicBool,
     shut_down: AtomicBool,
+    /// Threads inside `submit`.
+    submitters: AtomicUsize,
     late_completions: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+/// Largest operation slot a command tag can carry.
+const TAG_SLOT_MAX: u32 = 0xFF_FFFF;
 
 /// Tag layout: op slot (24 bits) | op generation low 16 bits | request index (24 bits).
 fn make_tag(op: RawHandle, req: usize) -> u64 {
@@ -265,6 +270,7 @@ impl Runtime {
             ops: Mutex::new(HandleTable::new(id, HandleKind::Operation)),
             shutting_down: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
+            submitters: AtomicUsize::new(0),
             late_completions: AtomicU64::new(0),
         })
     }
@@ -402,6 +408,15 @@ impl Runtime {
     /// result carries one state per request, in order, and an operation
     /// handle to [`Runtime::wait`] on when at least one was accepted.
     pub fn submit(&self, requests: &[Request]) -> Submission {
+        // Counted before the shutdown check, so `shutdown` can wait for every
+        // submit that got past it before deleting queues.
+        self.submitters.fetch_add(1, Ordering::AcqRel);
+        let sub = self.submit_inner(requests);
+        self.submitters.fetch_sub(1, Ordering::AcqRel);
+        sub
+    }
+
+    fn submit_inner(&self, requests: &[Request]) -> Submission {
         if self.shutting_down.load(Ordering::Acquire) || requests.len() > MAX_BATCH {
             let e = if requests.len() > MAX_BATCH {
                 RequestError::OutOfRange {
@@ -446,14 +461,24 @@ impl Runtime {
             .collect();
         let unfinished = reqs.iter().filter(|r| !r.done).count();
         let total: u64 = reqs.iter().map(|r| u64::from(r.remaining)).sum();
-        let op = lock(&self.ops).insert(OpState {
-            reqs,
-            unfinished,
-            outstanding: total,
-            retired: false,
-            datapaths: dps,
-            _regions: regions,
-        });
+        let op = {
+            let mut ops = lock(&self.ops);
+            let op = ops.insert(OpState {
+                reqs,
+                unfinished,
+                outstanding: total,
+                retired: false,
+                datapaths: dps,
+                _regions: regions,
+            });
+            if op.slot > TAG_SLOT_MAX {
+                // The slot would not fit in a command tag: refuse the batch.
+                let _ = ops.remove(op);
+                let e = RequestError::TooManyOperations { limit: TAG_SLOT_MAX as u64 + 1 };
+                return Submission { op: None, states: requests.iter().map(|_| Err(e.clone())).collect() };
+            }
+            op
+        };
         // 3. Queue the commands.
         for (i, (r, p)) in requests.iter().zip(&plans).enumerate() {
             if let Ok(p) = p {
@@ -642,6 +667,9 @@ impl Runtime {
         let mut n = 0;
         for &dpi in dps {
             for d in self.datapaths[dpi].drives() {
+                if !d.is_alive() {
+                    continue;
+                }
                 for q in &d.queues {
                     if let Ok(mut qp) = q.try_lock() {
                         n += self.poll_queue(&mut qp, d);
@@ -673,6 +701,11 @@ impl Runtime {
             {
                 let mut ops = lock(&self.ops);
                 let st = ops.get_mut(op.0)?;
+                if st.retired {
+                    // Another thread's wait on the same handle took the
+                    // statuses first.
+                    return Err(stale_op(op));
+                }
                 let expired = polled && deadline.is_some_and(|d| Instant::now() >= d);
                 if st.unfinished == 0 || expired {
                     return finalize(&mut ops, op.0);
@@ -696,7 +729,11 @@ impl Runtime {
         let dps = self.live_op_datapaths(op)?;
         self.poll_datapaths(&dps);
         let mut ops = lock(&self.ops);
-        if ops.get(op.0)?.unfinished > 0 {
+        let st = ops.get(op.0)?;
+        if st.retired {
+            return Err(stale_op(op));
+        }
+        if st.unfinished > 0 {
             return Ok(None);
         }
         finalize(&mut ops, op.0).map(Some)
@@ -706,12 +743,7 @@ impl Runtime {
         let ops = lock(&self.ops);
         let st = ops.get(op.0)?;
         if st.retired {
-            return Err(HandleError::Stale {
-                kind: HandleKind::Operation,
-                slot: op.0.slot,
-                generation: op.0.generation,
-            }
-            .into());
+            return Err(stale_op(op));
         }
         Ok(st.datapaths.clone())
     }
@@ -759,6 +791,10 @@ impl Runtime {
         let all: Vec<usize> = (0..self.datapaths.len()).collect();
         let deadline = Instant::now() + drain;
         let mut report = ShutdownReport::default();
+        // Submits that passed the shutting-down check finish queueing first.
+        while self.submitters.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
         loop {
             let (pending, cmds) = {
                 let ops = lock(&self.ops);
@@ -775,6 +811,7 @@ impl Runtime {
             }
         }
         for d in &self.drives {
+            d.retire_queues();
             let r = lock(&d.controller).shutdown().map_err(|e| error_chain(&e));
             report.drives.push((d.name.clone(), r));
         }
@@ -791,6 +828,11 @@ impl Drop for Runtime {
             }
         }
     }
+}
+
+/// The error for a handle whose operation was already consumed by a wait.
+fn stale_op(op: OpHandle) -> Error {
+    HandleError::Stale { kind: HandleKind::Operation, slot: op.0.slot, generation: op.0.generation }.into()
 }
 
 /// Takes the final statuses of operation `h` (requests not final become

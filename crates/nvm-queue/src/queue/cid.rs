@@ -79,8 +79,14 @@ impl<T> CidTable<T> {
     pub fn alloc(&mut self, value: T) -> Option<u16> {
         let index = self.free.pop()?;
         let mask = self.generation_mask();
+        let index_bits = self.index_bits;
         let slot = &mut self.slots[usize::from(index)];
         slot.generation = slot.generation.wrapping_add(1) & mask;
+        // CID FFFFh is reserved (the Error Information log uses it for
+        // "no command"): skip the generation that would produce it.
+        if ((u32::from(slot.generation) << index_bits) | u32::from(index)) as u16 == u16::MAX {
+            slot.generation = slot.generation.wrapping_add(1) & mask;
+        }
         slot.value = Some(value);
         let generation = slot.generation;
         Some(self.cid(index, generation))
@@ -157,6 +163,30 @@ mod tests {
         assert_ne!(a, b, "with a new generation");
         assert_eq!(t.get(a), Err(CidError::Stale { cid: a }));
         assert_eq!(t.get(b), Ok(&"b"));
+    }
+
+    #[test]
+    fn cid_ffff_is_never_issued() {
+        let mut t = CidTable::new(32).unwrap();
+        for _ in 0..100_000 {
+            let c = t.alloc(()).unwrap();
+            assert_ne!(c, 0xFFFF);
+            t.release(c).unwrap();
+        }
+        // Exhaust slots so the top slot (31) is used too.
+        let cids: Vec<_> = (0..32).map(|_| t.alloc(()).unwrap()).collect();
+        for _ in 0..5000 {
+            for &c in &cids {
+                let _ = t.release(c);
+            }
+            for _ in 0..32 {
+                assert_ne!(t.alloc(()).unwrap(), 0xFFFF);
+            }
+            let all: Vec<_> = t.iter().map(|(c, _)| c).collect();
+            for c in all {
+                t.release(c).unwrap();
+            }
+        }
     }
 
     #[test]

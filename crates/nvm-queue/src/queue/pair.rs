@@ -47,6 +47,13 @@ pub enum QueueError {
     /// Allocating or mapping queue memory failed.
     #[error("queue memory")]
     Dma(#[from] DmaError),
+    /// Queue memory is not one contiguous, page-aligned range of device
+    /// addresses (required for PC = 1 and for ASQ/ACQ).
+    #[error("{what} is not contiguous and memory-page aligned in device address space")]
+    NotContiguous {
+        /// Which memory.
+        what: &'static str,
+    },
     /// A doorbell lies outside BAR0.
     #[error("doorbell for queue {qid} is outside BAR0")]
     Doorbell {
@@ -124,6 +131,9 @@ pub struct QueuePair {
     lists_offset: usize,
     list_pages_per_cmd: usize,
     stats: QueueStats,
+    /// Keeps the device, and so the BAR0 window the doorbells point into,
+    /// alive as long as the pair.
+    _device: Arc<dyn NvmeDevice>,
 }
 
 impl QueuePair {
@@ -140,14 +150,25 @@ impl QueuePair {
         }
         let bar = device.bar0();
         let db = |is_cq| {
-            bar.doorbell(doorbell_offset(cfg.qid, is_cq, cfg.dstrd))
+            // SAFETY: the doorbells live in `self.sq`/`self.cq`, and `self`
+            // holds `device` (field `_device`), which keeps its BAR0 window
+            // mapped for as long as the pair exists.
+            unsafe { bar.doorbell(doorbell_offset(cfg.qid, is_cq, cfg.dstrd)) }
                 .map_err(|source| QueueError::Doorbell { qid: cfg.qid, source })
         };
         let (sq_db, cq_db) = (db(false)?, db(true)?);
         // Queue memory must be one physically contiguous range (PC = 1)
-        // aligned to the memory page size: over-allocate and align.
-        let sq_mem = DmaBuffer::new(device, cfg.sq_entries as usize * SQE_SIZE)?;
-        let cq_mem = DmaBuffer::new(device, cfg.cq_entries as usize * CQE_SIZE)?;
+        // whose base is aligned to the memory page size (ASQ/ACQ and the
+        // PRP1 of Create I/O SQ/CQ, NVMe Base 2.0 3.1.4.10-11, 5.4/5.5).
+        let sq_mem = DmaBuffer::new_aligned(device, cfg.sq_entries as usize * SQE_SIZE, cfg.page_size)?;
+        let cq_mem = DmaBuffer::new_aligned(device, cfg.cq_entries as usize * CQE_SIZE, cfg.page_size)?;
+        for (what, m) in [("SQ memory", &sq_mem), ("CQ memory", &cq_mem)] {
+            let pages = m.mapping().pages();
+            let contiguous = pages.windows(2).all(|w| w[1] == w[0] + crate::HOST_PAGE_SIZE as u64);
+            if !contiguous || pages.first().is_none_or(|a| a % cfg.page_size as u64 != 0) {
+                return Err(QueueError::NotContiguous { what });
+            }
+        }
         // Worst case: PRP1 one dword before a page boundary.
         let list_pages_per_cmd = prp.list_pages_needed(cfg.page_size as u64 - 4, cfg.max_transfer);
         let (lists, lists_offset) = if list_pages_per_cmd == 0 {
@@ -175,6 +196,7 @@ impl QueuePair {
             lists_offset,
             list_pages_per_cmd,
             stats: QueueStats::default(),
+            _device: device.clone(),
         })
     }
 
@@ -229,9 +251,12 @@ impl QueuePair {
             }
         }
         sqe.set_cid(cid);
-        // Cannot fail: fullness was checked above.
-        let pushed = self.sq.push(&sqe);
-        debug_assert!(pushed);
+        // Fullness was checked above, so this only fails if the queue memory
+        // could not be written; never report such a command as queued.
+        if !self.sq.push(&sqe) {
+            let _ = self.cids.release(cid);
+            return Err(SubmitError::QueueFull { qid: self.qid() });
+        }
         self.stats.submitted += 1;
         Ok(cid)
     }
@@ -269,11 +294,14 @@ impl QueuePair {
         while n < self.cq.size() as usize {
             let Some(cqe) = self.cq.pop() else { break };
             n += 1;
+            if cqe.sqid != self.sq.qid() {
+                // Not ours: its SQHD and CID mean nothing for this SQ.
+                self.stats.wrong_sqid += 1;
+                self.stats.protocol_errors += 1;
+                continue;
+            }
             if !self.sq.update_head(cqe.sqhd) {
                 self.stats.bad_sqhd += 1;
-            }
-            if cqe.sqid != self.sq.qid() {
-                self.stats.wrong_sqid += 1;
             }
             match self.cids.release(cqe.cid) {
                 Ok(tag) => {
@@ -322,5 +350,85 @@ impl QueuePair {
             self.stats
         );
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_device::DeadDevice;
+    use nvme_regs::opcode::Flush;
+    use nvme_regs::{Cap, Cqe};
+    use std::sync::atomic::Ordering;
+
+    /// A queue pair on a device that never answers: the test posts CQEs
+    /// itself, as a hostile or buggy controller would.
+    fn pair() -> QueuePair {
+        let dev = DeadDevice::start(Cap(0).with_mqes_z(63).with_css_nvm(true), 0);
+        let cfg = QueuePairConfig {
+            qid: 1,
+            sq_entries: 8,
+            cq_entries: 8,
+            max_outstanding: 16,
+            max_transfer: 4096,
+            page_size: 4096,
+            dstrd: 0,
+        };
+        QueuePair::new(&dev, cfg).unwrap()
+    }
+
+    fn post(qp: &QueuePair, index: u32, cqe: Cqe) {
+        let m = qp.cq().memory();
+        let dw = cqe.to_dwords();
+        for (i, d) in dw.iter().enumerate() {
+            m.store_u32(index as usize * CQE_SIZE + i * 4, *d, Ordering::Release).unwrap();
+        }
+    }
+
+    #[test]
+    fn unknown_duplicate_and_foreign_cqes_never_complete_a_request() {
+        let mut qp = pair();
+        let a = qp.submit(Flush::new(1).build(), None, 100).unwrap();
+        let b = qp.submit(Flush::new(1).build(), None, 200).unwrap();
+        qp.ring();
+        let mut done = Vec::new();
+        // Entry 0: A completes. Entry 1: A again (duplicate). Entry 2: an
+        // invented CID. Entry 3: B's CID but naming SQ 2. Entry 4: B.
+        post(&qp, 0, Cqe::new(0, 1, 1, a, Status::SUCCESS, true));
+        post(&qp, 1, Cqe::new(0, 2, 1, a, Status::SUCCESS, true));
+        post(&qp, 2, Cqe::new(0, 2, 1, 0x0777, Status::SUCCESS, true));
+        post(&qp, 3, Cqe::new(0, 7, 2, b, Status::SUCCESS, true));
+        qp.poll(|c| done.push(c.tag));
+        assert_eq!(done, vec![100]);
+        let s = qp.stats();
+        assert_eq!((s.completed, s.protocol_errors, s.wrong_sqid), (1, 3, 1));
+        assert_eq!(qp.sq().head(), 2, "the foreign CQE's SQHD 7 was not taken");
+        assert_eq!(qp.outstanding(), 1);
+        post(&qp, 4, Cqe::new(0, 2, 1, b, Status::SUCCESS, true));
+        qp.poll(|c| done.push(c.tag));
+        assert_eq!(done, vec![100, 200]);
+        assert_eq!(qp.outstanding(), 0);
+    }
+
+    #[test]
+    fn sq_head_comes_from_sqhd_and_slots_are_reused_before_completion() {
+        // MQES = 3 case on an 8-entry ring: the controller fetches everything
+        // but completes one command, reporting SQHD = tail. SQ slots free up
+        // while commands stay outstanding; CIDs are tracked per command.
+        let mut qp = pair();
+        let cids: Vec<u16> = (0..7).map(|i| qp.submit(Flush::new(1).build(), None, i).unwrap()).collect();
+        assert!(qp.submit(Flush::new(1).build(), None, 99).is_err(), "one SQ slot stays empty");
+        qp.ring();
+        post(&qp, 0, Cqe::new(0, 7, 1, cids[3], Status::SUCCESS, true));
+        let mut done = Vec::new();
+        qp.poll(|c| done.push(c.tag));
+        assert_eq!(done, vec![3]);
+        assert_eq!(qp.sq().head(), 7);
+        assert_eq!(qp.outstanding(), 6);
+        // Seven SQ slots are free again; 16 CIDs allow 10 more outstanding.
+        for i in 10..17 {
+            qp.submit(Flush::new(1).build(), None, i).unwrap();
+        }
+        assert_eq!(qp.outstanding(), 13);
     }
 }
