@@ -26,7 +26,7 @@ pub struct TuttiQueue {
     pub qid: u32,
 }
 
-/// Per-queue state in device memory (`struct TuttiQueueState`, 48 bytes),
+/// Per-queue state in device memory (`struct TuttiQueueState`, 56 bytes),
 /// followed by `ready: [u32; size]` and `done: [u32; 65536]`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -41,14 +41,18 @@ pub struct TuttiQueueState {
     pub published: u64,
     /// CQ entries consumed (monotonic).
     pub cq_head: u64,
+    /// SQ entries the controller has fetched, from each CQE's SQHD
+    /// (monotonic).
+    pub sq_head: u64,
     /// Phase tag expected at `cq_head`.
     pub phase: u32,
-    /// CQEs whose CID matched no waiting command (unknown, duplicate, late).
+    /// CQEs whose CID matched no waiting command (unknown, duplicate, late,
+    /// or naming another SQ).
     pub stale: u32,
     /// CQEs naming another SQ.
     pub bad_sqid: u32,
-    /// Padding.
-    pub _pad1: u32,
+    /// CQEs whose SQHD lay outside `[sq_head, tail]`.
+    pub bad_sqhd: u32,
 }
 
 /// Entries of the per-CID completion table after the ready array.
@@ -77,7 +81,7 @@ pub struct TuttiRequest {
 }
 
 const _: () = assert!(size_of::<TuttiQueue>() == 64);
-const _: () = assert!(size_of::<TuttiQueueState>() == 48);
+const _: () = assert!(size_of::<TuttiQueueState>() == 56);
 const _: () = assert!(size_of::<TuttiRequest>() == 32);
 const _: () = assert!(core::mem::offset_of!(TuttiQueue, size) == 56);
 const _: () = assert!(core::mem::offset_of!(TuttiQueueState, reserve) == 8);

@@ -123,6 +123,43 @@ impl Drop for DeviceMem {
     }
 }
 
+/// A non-blocking CUDA stream: it never synchronises with the legacy
+/// default stream, so a kernel that waits on the emulator and the
+/// emulator's CUDA copies into GPU memory can run at the same time.
+#[derive(Debug)]
+struct Stream {
+    raw: sys::CUstream,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: a stream handle may be used from any thread with its context bound.
+unsafe impl Send for Stream {}
+// SAFETY: as above; CUDA serialises work on one stream itself.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    fn new(ctx: &Arc<CudaContext>) -> Result<Self, GpuError> {
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let raw =
+            result::stream::create(result::stream::StreamKind::NonBlocking).map_err(drv("cuStreamCreate"))?;
+        Ok(Self { raw, ctx: ctx.clone() })
+    }
+
+    fn sync(&self) -> Result<(), GpuError> {
+        // SAFETY: `raw` is a live stream of this context.
+        unsafe { result::stream::synchronize(self.raw) }.map_err(drv("cuStreamSynchronize"))
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: created in `new`, destroyed once, after its work (callers
+        // synchronise before dropping).
+        let _ = unsafe { result::stream::destroy(self.raw) };
+    }
+}
+
 /// Host memory registered with CUDA and mapped into the GPU's address space
 /// (`cuMemHostRegister` with `DEVICEMAP | PORTABLE`); unregistered on drop.
 #[derive(Debug)]
@@ -170,9 +207,10 @@ impl Drop for HostMapping {
 /// A GPU with the tutti kernels loaded.
 #[derive(Debug)]
 pub struct Gpu {
-    ctx: Arc<CudaContext>,
     func: sys::CUfunction,
+    stream: Stream,
     _module: Module,
+    ctx: Arc<CudaContext>,
 }
 
 #[derive(Debug)]
@@ -215,7 +253,8 @@ impl Gpu {
         let name = CString::new(TUTTI_IO_ENTRY).map_err(|_| GpuError::Batch("entry name".into()))?;
         // SAFETY: `raw` is the module just loaded.
         let func = unsafe { result::module::get_function(raw, name) }.map_err(drv("cuModuleGetFunction"))?;
-        Ok(Self { ctx, func, _module: module })
+        let stream = Stream::new(&ctx)?;
+        Ok(Self { func, stream, _module: module, ctx })
     }
 
     /// The CUDA context.
@@ -295,12 +334,12 @@ impl Gpu {
                 (nqueues, 1, 1),
                 (threads, 1, 1),
                 0,
-                std::ptr::null_mut(),
+                self.stream.raw,
                 &mut params,
             )
         }
         .map_err(drv("cuLaunchKernel"))?;
-        result::ctx::synchronize().map_err(drv("cuCtxSynchronize"))?;
+        self.stream.sync()?;
         Ok(d_status.read::<u32>(requests.len())?.into_iter().map(GpuStatus::from_word).collect())
     }
 }
@@ -359,6 +398,7 @@ impl GpuQueue {
             reserve: u64::from(qp.sq().tail()),
             published: u64::from(qp.sq().tail()),
             cq_head: u64::from(qp.cq().head()),
+            sq_head: u64::from(qp.sq().head()),
             phase: u32::from(qp.cq().phase()),
             ..Default::default()
         };
@@ -410,5 +450,72 @@ impl GpuRegion {
             )));
         }
         Ok(Self { pages: DeviceMem::from_slice(&gpu.ctx, mapping.pages())?, len })
+    }
+}
+
+/// GPU memory (`cuMemAlloc`) that a KV block can live in. The emulator
+/// reaches it through CUDA copies ([`nvme_emu::ExternalMemory`]); a real
+/// drive would reach it by peer DMA (not yet written, see docs/gpu.md).
+#[derive(Debug)]
+pub struct GpuBuffer {
+    copies: Stream,
+    mem: DeviceMem,
+}
+
+impl GpuBuffer {
+    /// Allocates `len` zeroed bytes of GPU memory.
+    pub fn zeroed(gpu: &Gpu, len: usize) -> Result<Self, GpuError> {
+        Ok(Self { copies: Stream::new(&gpu.ctx)?, mem: DeviceMem::zeroed(&gpu.ctx, len)? })
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.mem.len
+    }
+
+    /// `true` when empty.
+    pub fn is_empty(&self) -> bool {
+        self.mem.len == 0
+    }
+
+    /// Copies `src` to byte `offset` (host to GPU).
+    pub fn copy_in(&self, offset: usize, src: &[u8]) -> Result<(), GpuError> {
+        self.check(offset, src.len())?;
+        self.mem.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: offset + len is inside the allocation (checked); `src`
+        // outlives the copy (synchronised before returning).
+        unsafe { result::memcpy_htod_async(self.mem.ptr + offset as u64, src, self.copies.raw) }
+            .map_err(drv("cuMemcpyHtoDAsync"))?;
+        self.copies.sync()
+    }
+
+    /// Copies `dst.len()` bytes from byte `offset` (GPU to host).
+    pub fn copy_out(&self, offset: usize, dst: &mut [u8]) -> Result<(), GpuError> {
+        self.check(offset, dst.len())?;
+        self.mem.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: offset + len is inside the allocation (checked); `dst`
+        // outlives the copy (synchronised before returning).
+        unsafe { result::memcpy_dtoh_async(dst, self.mem.ptr + offset as u64, self.copies.raw) }
+            .map_err(drv("cuMemcpyDtoHAsync"))?;
+        self.copies.sync()
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), GpuError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.mem.len => Ok(()),
+            _ => Err(GpuError::Batch(format!("{offset}+{len} outside a {}-byte GPU buffer", self.mem.len))),
+        }
+    }
+}
+
+impl nvme_emu::ExternalMemory for GpuBuffer {
+    fn len(&self) -> u64 {
+        self.mem.len as u64
+    }
+    fn read(&self, offset: u64, dst: &mut [u8]) -> bool {
+        usize::try_from(offset).is_ok_and(|o| self.copy_out(o, dst).is_ok())
+    }
+    fn write(&self, offset: u64, src: &[u8]) -> bool {
+        usize::try_from(offset).is_ok_and(|o| self.copy_in(o, src).is_ok())
     }
 }

@@ -9,10 +9,12 @@
 //! What exists (see docs/gpu.md): queue pairs whose SQ/CQ live in host
 //! memory mapped into the GPU (what the emulator reads), doorbells in the
 //! emulator's register page mapped into the GPU, data in host memory; one
-//! launch serving a batch over several drives (one block per queue). What
-//! does not yet: queue memory in device memory and doorbells in a real BAR0
-//! (`CU_MEMHOSTREGISTER_IOMEMORY`), data in GPU memory, PRP lists (transfers
-//! are at most two 4 KiB pages), and the runtime's GPU execution mode.
+//! launch serving a batch over several drives (one block per queue); data in
+//! host memory or in GPU memory ([`GpuBuffer`], which the emulator reaches
+//! with CUDA copies). What does not yet: queue memory in device memory and
+//! doorbells in a real BAR0 (`CU_MEMHOSTREGISTER_IOMEMORY`), peer DMA for a
+//! real drive, PRP lists (transfers are at most two 4 KiB pages), and the
+//! runtime's GPU execution mode.
 //!
 //! Unsafe code is allowed here: CUDA driver calls and registering host
 //! memory for device access. Each block states what makes it sound.
@@ -22,4 +24,4 @@ pub mod abi;
 mod gpu;
 pub mod ptx;
 
-pub use gpu::{Gpu, GpuDrive, GpuError, GpuQueue, GpuRegion, GpuStatus};
+pub use gpu::{Gpu, GpuBuffer, GpuDrive, GpuError, GpuQueue, GpuRegion, GpuStatus};

@@ -48,8 +48,28 @@ struct Region {
     iova: u64,
     /// Exact mapped length in bytes (not rounded).
     len: u64,
-    /// Host address of the first byte.
+    /// Host address of the first byte (dangling for external memory).
     host: NonNull<u8>,
+    /// Index into `Regions::external` for memory the emulator reaches
+    /// through copies (GPU memory), `None` for host memory.
+    external: Option<u32>,
+}
+
+/// Memory the emulator cannot address directly but can copy to and from,
+/// such as GPU memory (copied with the CUDA driver API by `gpu-io`). Data
+/// transfers (PRP-described buffers) may target it; queue memory may not.
+pub trait ExternalMemory: Send + Sync + std::fmt::Debug {
+    /// Size in bytes.
+    fn len(&self) -> u64;
+    /// `true` when empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Copies `dst.len()` bytes at byte `offset` into `dst`; `false` on
+    /// failure (reported to the host as a Data Transfer Error).
+    fn read(&self, offset: u64, dst: &mut [u8]) -> bool;
+    /// Copies `src` to byte `offset`; `false` on failure.
+    fn write(&self, offset: u64, src: &[u8]) -> bool;
 }
 
 #[derive(Debug)]
@@ -58,6 +78,8 @@ struct Regions {
     map: BTreeMap<u64, Region>,
     /// Next free device address (page aligned).
     next: u64,
+    /// External memories, by `Region::external`.
+    external: Vec<Option<std::sync::Arc<dyn ExternalMemory>>>,
 }
 
 /// The table of DMA mappings of one emulated controller.
@@ -75,7 +97,7 @@ unsafe impl Sync for IovaSpace {}
 
 impl IovaSpace {
     pub(crate) fn new() -> Self {
-        Self { regions: RwLock::new(Regions { map: BTreeMap::new(), next: IOVA_BASE }) }
+        Self { regions: RwLock::new(Regions { map: BTreeMap::new(), next: IOVA_BASE, external: Vec::new() }) }
     }
 
     /// Maps `len` bytes at `host` (page aligned, `len > 0`) and returns
@@ -87,14 +109,42 @@ impl IovaSpace {
             return Err(bad);
         }
         let mut r = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        Self::insert(&mut r, Region { iova: 0, len: len as u64, host, external: None })
+    }
+
+    /// Maps external memory (see [`ExternalMemory`]) for data transfers.
+    pub(crate) fn map_external(
+        &self,
+        mem: std::sync::Arc<dyn ExternalMemory>,
+    ) -> Result<DmaMapping, DeviceError> {
+        let len =
+            usize::try_from(mem.len()).map_err(|_| DeviceError::BadRange { addr: 0, len: usize::MAX })?;
+        if len == 0 {
+            return Err(DeviceError::BadRange { addr: 0, len });
+        }
+        let mut r = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        let index =
+            u32::try_from(r.external.len()).map_err(|_| DeviceError::AddressSpaceExhausted { len })?;
+        let m = Self::insert(
+            &mut r,
+            Region { iova: 0, len: len as u64, host: NonNull::dangling(), external: Some(index) },
+        )?;
+        r.external.push(Some(mem));
+        Ok(m)
+    }
+
+    fn insert(r: &mut Regions, mut region: Region) -> Result<DmaMapping, DeviceError> {
+        let len = region.len as usize;
         let iova = r.next;
-        let next = (len as u64)
+        let next = region
+            .len
             .checked_next_multiple_of(PAGE)
             .and_then(|l| l.checked_add(PAGE)) // guard page
             .and_then(|l| iova.checked_add(l))
             .ok_or(DeviceError::AddressSpaceExhausted { len })?;
         r.next = next;
-        r.map.insert(iova, Region { iova, len: len as u64, host });
+        region.iova = iova;
+        r.map.insert(iova, region);
         Ok(DmaMapping::contiguous(iova, len))
     }
 
@@ -105,6 +155,11 @@ impl IovaSpace {
         let mut r = self.regions.write().unwrap_or_else(|e| e.into_inner());
         match r.map.get(&iova) {
             Some(reg) if reg.len.div_ceil(PAGE) == mapping.pages().len() as u64 => {
+                if let Some(i) = reg.external {
+                    if let Some(slot) = r.external.get_mut(i as usize) {
+                        *slot = None;
+                    }
+                }
                 r.map.remove(&iova);
                 Ok(())
             }
@@ -160,26 +215,48 @@ impl DmaView<'_> {
     /// region.
     fn resolve(&self, iova: u64, len: usize) -> Result<*mut u8, DmaFault> {
         let fault = DmaFault { iova, len };
-        let r = self.find(iova).ok_or(fault)?;
-        let off = iova - r.iova;
-        match off.checked_add(len as u64) {
-            Some(end) if end <= r.len => {}
-            _ => return Err(fault),
+        let (r, _) = self.locate(iova, len)?;
+        if r.external.is_some() {
+            // Not host-addressable: only copies (read/write/zero) reach it.
+            return Err(fault);
         }
+        let off = iova - r.iova;
         // SAFETY: off + len <= r.len, so the pointer stays inside the
         // mapped host range (which `dma_map`'s contract keeps allocated).
         Ok(unsafe { r.host.as_ptr().add(off as usize) })
     }
 
+    /// The region holding all of `iova..iova + len`, and the offset in it.
+    fn locate(&self, iova: u64, len: usize) -> Result<(Region, u64), DmaFault> {
+        let fault = DmaFault { iova, len };
+        let r = self.find(iova).ok_or(fault)?;
+        let off = iova - r.iova;
+        match off.checked_add(len as u64) {
+            Some(end) if end <= r.len => Ok((r, off)),
+            _ => Err(fault),
+        }
+    }
+
+    /// The external memory of region `r`, if it is one.
+    fn external(&self, r: &Region) -> Option<&dyn ExternalMemory> {
+        let i = r.external? as usize;
+        self.guard.external.get(i)?.as_deref()
+    }
+
     /// Checks that `iova..iova + len` lies in one mapped region.
     pub(crate) fn check(&self, iova: u64, len: usize) -> Result<(), DmaFault> {
-        self.resolve(iova, len).map(|_| ())
+        self.locate(iova, len).map(|_| ())
     }
 
     /// Copies `dst.len()` bytes from device address `iova` into `dst`.
     pub(crate) fn read(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaFault> {
         if dst.is_empty() {
             return Ok(());
+        }
+        let (r, off) = self.locate(iova, dst.len())?;
+        if r.external.is_some() {
+            let ok = self.external(&r).is_some_and(|m| m.read(off, dst));
+            return if ok { Ok(()) } else { Err(DmaFault { iova, len: dst.len() }) };
         }
         let src = self.resolve(iova, dst.len())?;
         // SAFETY: `src..src + dst.len()` is mapped host memory (resolve), the
@@ -194,6 +271,11 @@ impl DmaView<'_> {
         if src.is_empty() {
             return Ok(());
         }
+        let (r, off) = self.locate(iova, src.len())?;
+        if r.external.is_some() {
+            let ok = self.external(&r).is_some_and(|m| m.write(off, src));
+            return if ok { Ok(()) } else { Err(DmaFault { iova, len: src.len() }) };
+        }
         let dst = self.resolve(iova, src.len())?;
         // SAFETY: as in `read`, with the direction reversed.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
@@ -203,6 +285,17 @@ impl DmaView<'_> {
     /// Writes `len` zero bytes at `iova`.
     pub(crate) fn zero(&self, iova: u64, len: usize) -> Result<(), DmaFault> {
         if len == 0 {
+            return Ok(());
+        }
+        let (r, _) = self.locate(iova, len)?;
+        if r.external.is_some() {
+            let zeros = [0u8; 4096];
+            let mut done = 0;
+            while done < len {
+                let n = (len - done).min(zeros.len());
+                self.write(iova + done as u64, &zeros[..n])?;
+                done += n;
+            }
             return Ok(());
         }
         let dst = self.resolve(iova, len)?;

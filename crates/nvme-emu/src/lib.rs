@@ -99,7 +99,7 @@ mod timing;
 
 pub use admin::{CONTROLLER_ID, VENDOR_ID};
 pub use config::{BackingSpec, EmulatorConfig, NamespaceSpec, TimingModel};
-pub use dma::IOVA_BASE;
+pub use dma::{ExternalMemory, IOVA_BASE};
 
 use controller::{Controller, Shared, StatsAtomics};
 
@@ -213,6 +213,13 @@ impl Emulator {
             doorbell_violations: l(&s.doorbell_violations),
             dma_faults: l(&s.dma_faults),
         }
+    }
+
+    /// Maps memory the emulator reaches only through copies (GPU memory,
+    /// see [`ExternalMemory`]) into this controller's device address space,
+    /// for data transfers. Unmap with [`NvmeDevice::dma_unmap`].
+    pub fn map_external(&self, mem: Arc<dyn ExternalMemory>) -> Result<DmaMapping, DeviceError> {
+        self.shared.iova.map_external(mem)
     }
 
     /// The configuration it was started with.

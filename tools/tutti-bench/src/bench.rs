@@ -63,6 +63,12 @@ pub fn rate(a: &RateArgs) -> Result<(), String> {
     if a.runtime {
         return rate_runtime(a);
     }
+    let r = rate_queue_pair(a)?;
+    print_rate(a, &r);
+    Ok(())
+}
+
+fn rate_queue_pair(a: &RateArgs) -> Result<RateResult, String> {
     let mut cfg = EmulatorConfig::new("rate", vec![NamespaceSpec::new(1 << 20, 4096)]);
     cfg.backing = BackingSpec::Null;
     cfg.io_queues = 1;
@@ -112,8 +118,7 @@ pub fn rate(a: &RateArgs) -> Result<(), String> {
     };
     ctrl.delete_io_queue_pair(1).map_err(err)?;
     ctrl.shutdown().map_err(err)?;
-    print_rate(a, &r);
-    Ok(())
+    Ok(r)
 }
 
 fn print_rate(a: &RateArgs, r: &RateResult) {
@@ -307,6 +312,136 @@ pub fn stripe(a: &StripeArgs) -> Result<(), String> {
         for p in &points {
             println!("  {} drive(s): {:6.3} GB/s  ({:.2}x one drive)", p.drives, p.gb_s, p.speedup_vs_one);
         }
+    }
+    Ok(())
+}
+
+/// Options of `gpu-rate`.
+#[derive(Debug, Args)]
+pub struct GpuRateArgs {
+    /// Emulated controllers (each has one controller thread), 1..=32.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=32))]
+    pub drives: u64,
+    /// I/O queue pairs per controller, 1..=16 (one GPU thread block each).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=16))]
+    pub queues_per_drive: u64,
+    /// Entries per queue, 2..=1024 (threads per block = entries - 1).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(2..=1024))]
+    pub queue_depth: u32,
+    /// Commands in the launch.
+    #[arg(long, default_value_t = 4_000_000)]
+    pub commands: u64,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct GpuRateResult {
+    drives: u64,
+    queues: u64,
+    queue_depth: u32,
+    gpu_commands: u64,
+    gpu_seconds: f64,
+    gpu_commands_per_second: f64,
+    cpu_commands_per_second: f64,
+    ratio: f64,
+}
+
+/// One kernel launch issues `commands` 4 KiB reads spread over every queue
+/// of `drives` null-backed emulated controllers; then one CPU thread runs the
+/// `rate` measurement on one controller, for the ratio.
+pub fn gpu_rate(a: &GpuRateArgs) -> Result<(), String> {
+    use gpu_io::abi::TuttiRequest;
+    use gpu_io::{Gpu, GpuDrive, GpuQueue, GpuRegion, GpuStatus};
+    let gpu = Gpu::open(0).map_err(err)?;
+    let mut drives = Vec::new();
+    let mut queues = Vec::new();
+    let mut regions = Vec::new();
+    for i in 0..a.drives {
+        let mut cfg = EmulatorConfig::new(format!("gpu{i}"), vec![NamespaceSpec::new(1 << 20, 4096)]);
+        cfg.backing = BackingSpec::Null;
+        cfg.io_queues = a.queues_per_drive as u16;
+        let dev: Arc<dyn NvmeDevice> = Emulator::start(cfg).map_err(err)?;
+        let mut ctrl = Controller::init(
+            dev.clone(),
+            ControllerOptions { io_queues: a.queues_per_drive as u16, ..Default::default() },
+        )
+        .map_err(err)?;
+        let gd = GpuDrive::map(&gpu, dev.clone()).map_err(err)?;
+        let buf = DmaBuffer::new(&dev, 4096).map_err(err)?;
+        for q in 1..=a.queues_per_drive as u16 {
+            let qp = ctrl.create_io_queue_pair(q, a.queue_depth, (a.queue_depth - 1) as u16).map_err(err)?;
+            queues.push(GpuQueue::new(&gpu, &gd, qp).map_err(err)?);
+            regions.push(GpuRegion::new(&gpu, buf.mapping(), 4096).map_err(err)?);
+        }
+        drives.push((ctrl, gd, buf));
+    }
+    let nq = queues.len() as u64;
+    let reqs: Vec<TuttiRequest> = (0..a.commands)
+        .map(|k| TuttiRequest {
+            opcode: nvme_regs::opcode::nvm_opcode::READ,
+            queue: (k % nq) as u16,
+            nsid: 1,
+            slba: (k / nq) % (1 << 20),
+            nlb: 0,
+            len: 4096,
+            mem_offset: 0,
+            ..Default::default()
+        })
+        .collect();
+    let batch: Vec<_> = queues.iter().zip(&regions).collect();
+    // Warm-up launch (module JIT, first-touch of mappings).
+    let warm: Vec<_> = reqs.iter().take(nq as usize * 4).copied().collect();
+    gpu.run(&batch, &warm, a.queue_depth - 1, Duration::from_secs(10)).map_err(err)?;
+    let start = Instant::now();
+    let st = gpu.run(&batch, &reqs, a.queue_depth - 1, Duration::from_secs(10)).map_err(err)?;
+    let secs = start.elapsed().as_secs_f64();
+    let bad = st.iter().filter(|s| **s != GpuStatus::Success).count();
+    if bad > 0 {
+        return Err(format!(
+            "{bad} GPU commands failed, e.g. {:?}",
+            st.iter().find(|s| **s != GpuStatus::Success)
+        ));
+    }
+    drop(batch);
+    drop(queues);
+    drop(regions);
+    drop(drives);
+    let cpu = rate_queue_pair(&RateArgs {
+        commands: 5_000_000,
+        queue_depth: 1024,
+        batch: 64,
+        runtime: false,
+        json: false,
+    })?;
+    let r = GpuRateResult {
+        drives: a.drives,
+        queues: nq,
+        queue_depth: a.queue_depth,
+        gpu_commands: a.commands,
+        gpu_seconds: secs,
+        gpu_commands_per_second: a.commands as f64 / secs,
+        cpu_commands_per_second: cpu.commands_per_second,
+        ratio: a.commands as f64 / secs / cpu.commands_per_second,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+    } else {
+        println!(
+            "GPU: {} commands in {:.3} s = {:.2} M commands/s ({} controllers x {} queues of {}, one launch)",
+            r.gpu_commands,
+            r.gpu_seconds,
+            r.gpu_commands_per_second / 1e6,
+            r.drives,
+            a.queues_per_drive,
+            r.queue_depth
+        );
+        println!(
+            "CPU: one thread, one queue pair: {:.2} M commands/s; GPU/CPU = {:.2}",
+            r.cpu_commands_per_second / 1e6,
+            r.ratio
+        );
     }
     Ok(())
 }

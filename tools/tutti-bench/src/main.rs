@@ -35,6 +35,10 @@ enum Command {
     /// Striped read bandwidth over 1, 2, 3 and 4 emulated drives with the
     /// timing model on.
     Stripe(bench::StripeArgs),
+    /// Commands per second issued by GPU threads (one kernel launch) to
+    /// emulated controllers with no data movement, beside one CPU thread
+    /// through the CPU queue pair. Needs a CUDA GPU.
+    GpuRate(bench::GpuRateArgs),
 }
 
 /// Options of `replay`.
@@ -93,6 +97,7 @@ fn main() -> ExitCode {
         Command::Replay(a) => replay::run(&a),
         Command::Rate(a) => bench::rate(&a),
         Command::Stripe(a) => bench::stripe(&a),
+        Command::GpuRate(a) => bench::gpu_rate(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
