@@ -20,7 +20,7 @@
 
 #include <stdint.h>
 
-// One queue pair as the kernel sees it (64 bytes).
+// One queue pair as the kernel sees it (88 bytes).
 struct TuttiQueue {
     uint64_t sq;           // device pointer: SQ base, `size` x 64 bytes
     uint64_t cq;           // device pointer: CQ base, `size` x 16 bytes
@@ -30,8 +30,13 @@ struct TuttiQueue {
     uint64_t pages;        // device pointer: u64 bus address (IOVA) of each
                            // 4 KiB page of the data region, for this drive
     uint64_t region_len;   // bytes in the data region
+    uint64_t prp_lists;    // device pointer: one 4 KiB PRP list page per thread
+                           // of the block (host memory the drive can read)
+    uint64_t prp_lists_bus;// bus address (IOVA) of the first of those pages
     uint32_t size;         // entries of the SQ and of the CQ (QSIZE + 1)
     uint32_t qid;          // queue identifier (for SQID checks)
+    uint32_t list_pages;   // PRP list pages available (threads that may use one)
+    uint32_t _pad;
 };
 
 // Per-queue mutable state in device memory (initialised by the host).
@@ -63,7 +68,7 @@ struct TuttiRequest {
     uint32_t nsid;
     uint64_t slba;         // starting LBA
     uint32_t nlb;          // number of logical blocks, zero-based (CDW12 15:0)
-    uint32_t len;          // bytes (to pick PRP2); <= 2 memory pages
+    uint32_t len;          // bytes; at most 513 memory pages (PRP1 + one list page)
     uint64_t mem_offset;   // byte offset into the registered region
 };
 
@@ -72,7 +77,7 @@ struct TuttiRequest {
 //   bit 31 clear      NVMe status field (CQE DW3 bits 31:17: SC 7:0, SCT
 //                     10:8, CRD 12:11, M 13, DNR 14)
 //   0x80000001        TIMEOUT: no completion within the budget
-//   0x80000002        UNSUPPORTED: transfer needs a PRP list
+//   0x80000002        UNSUPPORTED: transfer needs more than one PRP list page
 //   0x80000003        BAD_REQUEST: queue index or memory range invalid
 #define TUTTI_TIMEOUT 0x80000001u
 #define TUTTI_UNSUPPORTED 0x80000002u
@@ -232,15 +237,28 @@ extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, 
             status[i] = TUTTI_BAD_REQUEST;
             continue;
         }
+        // PRPs (NVMe Base 2.0 4.1.1): PRP1 with its in-page offset; PRP2
+        // unused, a data page, or a PRP list. The list lives in this
+        // thread's own list page, which no other command uses until this
+        // one has completed (a thread has one command in flight).
         uint64_t prp1 = pages[r.mem_offset / PAGE] + (r.mem_offset % PAGE);
         uint64_t first = PAGE - (r.mem_offset % PAGE);
         uint64_t prp2 = 0;
         if (r.len > first) {
-            if (r.len - first > PAGE) {
+            uint64_t more = (r.len - first + PAGE - 1) / PAGE;  // pages after PRP1's
+            uint64_t p0 = r.mem_offset / PAGE + 1;
+            if (more == 1) {
+                prp2 = pages[p0];
+            } else if (more <= PAGE / 8 && threadIdx.x < q.list_pages) {
+                uint64_t* list = (uint64_t*)(q.prp_lists + (uint64_t)threadIdx.x * PAGE);
+                for (uint64_t e = 0; e < more; e++) {
+                    *(volatile uint64_t*)&list[e] = pages[p0 + e];
+                }
+                prp2 = q.prp_lists_bus + (uint64_t)threadIdx.x * PAGE;
+            } else {
                 status[i] = TUTTI_UNSUPPORTED;
                 continue;
             }
-            prp2 = pages[r.mem_offset / PAGE + 1];
         }
 
         // Reserve a ticket: SQ slot ticket % size, CID = ticket % 65536.
@@ -275,8 +293,9 @@ extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, 
         for (int j = 0; j < 16; j += 4) {
             store_volatile_v4(&sqe[j], dw[j], dw[j + 1], dw[j + 2], dw[j + 3]);
         }
-        // The SQE is complete and visible system-wide before its slot is
-        // marked ready (whoever publishes rings the doorbell after it).
+        // The SQE (and its PRP list) is complete and visible system-wide
+        // before its slot is marked ready (whoever publishes rings the
+        // doorbell after it).
         __threadfence_system();
         store_volatile(&ready[slot], (uint32_t)(ticket + 1u));
 

@@ -1,7 +1,7 @@
 //! The kernel ABI: `#[repr(C)]` mirrors of the structs in
 //! `kernels/tutti_io.cu`, with their sizes checked at compile time.
 
-/// One queue pair as the kernel sees it (`struct TuttiQueue`, 64 bytes).
+/// One queue pair as the kernel sees it (`struct TuttiQueue`, 88 bytes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TuttiQueue {
@@ -20,10 +20,18 @@ pub struct TuttiQueue {
     pub pages: u64,
     /// Bytes in the data region.
     pub region_len: u64,
+    /// Device pointer: one 4 KiB PRP list page per thread of the block.
+    pub prp_lists: u64,
+    /// Bus address (IOVA) of the first PRP list page, as the drive sees it.
+    pub prp_lists_bus: u64,
     /// Entries of the SQ and of the CQ (QSIZE + 1).
     pub size: u32,
     /// Queue identifier.
     pub qid: u32,
+    /// PRP list pages available.
+    pub list_pages: u32,
+    /// Padding.
+    pub _pad: u32,
 }
 
 /// Per-queue state in device memory (`struct TuttiQueueState`, 56 bytes),
@@ -74,22 +82,23 @@ pub struct TuttiRequest {
     pub slba: u64,
     /// Number of logical blocks, zero-based.
     pub nlb: u32,
-    /// Transfer length in bytes (at most two 4 KiB memory pages).
+    /// Transfer length in bytes (at most 513 4 KiB memory pages: PRP1 and
+    /// one PRP list page).
     pub len: u32,
     /// Byte offset into the data region.
     pub mem_offset: u64,
 }
 
-const _: () = assert!(size_of::<TuttiQueue>() == 64);
+const _: () = assert!(size_of::<TuttiQueue>() == 88);
 const _: () = assert!(size_of::<TuttiQueueState>() == 56);
 const _: () = assert!(size_of::<TuttiRequest>() == 32);
-const _: () = assert!(core::mem::offset_of!(TuttiQueue, size) == 56);
+const _: () = assert!(core::mem::offset_of!(TuttiQueue, size) == 72);
 const _: () = assert!(core::mem::offset_of!(TuttiQueueState, reserve) == 8);
 const _: () = assert!(core::mem::offset_of!(TuttiRequest, mem_offset) == 24);
 
 /// Kernel result word: no completion within the budget.
 pub const STATUS_TIMEOUT: u32 = 0x8000_0001;
-/// Kernel result word: the transfer needs a PRP list (more than two pages).
+/// Kernel result word: the transfer needs more than one PRP list page.
 pub const STATUS_UNSUPPORTED: u32 = 0x8000_0002;
 /// Kernel result word: memory range or queue invalid.
 pub const STATUS_BAD_REQUEST: u32 = 0x8000_0003;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::{sys, CudaContext};
-use nvm_queue::{DmaMapping, NvmeDevice, QueuePair};
+use nvm_queue::{DmaBuffer, DmaMapping, NvmeDevice, QueuePair};
 use nvme_regs::Status;
 
 use crate::abi::{
@@ -348,7 +348,7 @@ impl Gpu {
 #[derive(Debug)]
 pub struct GpuDrive {
     bar: HostMapping,
-    _device: Arc<dyn NvmeDevice>,
+    device: Arc<dyn NvmeDevice>,
 }
 
 impl GpuDrive {
@@ -360,7 +360,12 @@ impl GpuDrive {
         // struct keeps `device` alive longer than the mapping (field order:
         // `bar` drops first).
         let bar = unsafe { HostMapping::new(&gpu.ctx, bar.base_ptr(), bar.len()) }?;
-        Ok(Self { bar, _device: device })
+        Ok(Self { bar, device })
+    }
+
+    /// The drive.
+    pub fn device(&self) -> &Arc<dyn NvmeDevice> {
+        &self.device
     }
 }
 
@@ -372,6 +377,8 @@ pub struct GpuQueue {
     state: DeviceMem,
     _sq: HostMapping,
     _cq: HostMapping,
+    _lists_map: HostMapping,
+    _lists: DmaBuffer,
     qp: QueuePair,
 }
 
@@ -392,6 +399,16 @@ impl GpuQueue {
         let sq = unsafe { HostMapping::new(&gpu.ctx, sqm.host_ptr(), sqm.len()) }?;
         // SAFETY: as above.
         let cq = unsafe { HostMapping::new(&gpu.ctx, cqm.host_ptr(), cqm.len()) }?;
+        // One PRP list page per thread that may run on this queue.
+        let list_pages = (size - 1).min(1024);
+        let lists = DmaBuffer::new(drive.device(), list_pages as usize * 4096)
+            .map_err(|e| GpuError::Batch(format!("PRP list memory: {e}")))?;
+        // SAFETY: `lists` lives in this struct and drops after the mapping.
+        let lists_map = unsafe { HostMapping::new(&gpu.ctx, lists.host_ptr(), lists.len()) }?;
+        let lists_bus = lists.mapping().pages().first().copied().unwrap_or(0);
+        if lists.mapping().pages().windows(2).any(|w| w[1] != w[0] + 4096) {
+            return Err(GpuError::Batch("PRP list memory is not contiguous for the drive".into()));
+        }
         let state_len = size_of::<TuttiQueueState>() + 4 * (size as usize + DONE_ENTRIES);
         let state = DeviceMem::zeroed(&gpu.ctx, state_len)?;
         let init = TuttiQueueState {
@@ -414,10 +431,14 @@ impl GpuQueue {
             state: state.ptr,
             pages: 0,
             region_len: 0,
+            prp_lists: lists_map.dptr,
+            prp_lists_bus: lists_bus,
             size,
             qid: u32::from(qp.qid()),
+            list_pages,
+            _pad: 0,
         };
-        Ok(Self { desc, state, _sq: sq, _cq: cq, qp })
+        Ok(Self { desc, state, _sq: sq, _cq: cq, _lists_map: lists_map, _lists: lists, qp })
     }
 
     /// Queue identifier.

@@ -176,14 +176,15 @@ fn an_nvme_error_reaches_exactly_its_request() {
     let mut d = drive(&gpu, "err", |_| {});
     let qp = d.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
     let q = GpuQueue::new(&gpu, &d.gpu_drive, qp).unwrap();
-    let buf = DmaBuffer::new(&d.dev, 64 * 4096).unwrap();
+    let buf = DmaBuffer::new(&d.dev, 600 * 4096).unwrap();
     let region = GpuRegion::new(&gpu, buf.mapping(), buf.len()).unwrap();
     // Request 17 reads past the namespace (65536 blocks): LBA Out of Range.
     let mut reqs: Vec<_> = (0..64u64).map(|b| rw(nvm_opcode::READ, 0, b, b * 4096)).collect();
     reqs[17].slba = 65536;
-    // Request 40 asks for a 3-page transfer: needs a PRP list.
-    reqs[40].len = 3 * 4096;
-    reqs[40].nlb = 2;
+    // Request 40 asks for 520 pages: more than one PRP list page holds.
+    reqs[40].len = 520 * 4096;
+    reqs[40].nlb = 519;
+    reqs[40].mem_offset = 0;
     let st = gpu.run(&[(&q, &region)], &reqs, 63, BUDGET).unwrap();
     for (i, s) in st.iter().enumerate() {
         match i {
@@ -274,4 +275,42 @@ fn a_command_that_does_not_complete_in_budget_times_out_alone() {
     assert!(t.elapsed() < Duration::from_secs(2), "the budget bounds the launch");
     assert_eq!(st[0], GpuStatus::Timeout);
     assert!(st[1..].iter().all(|s| *s == GpuStatus::Success), "{st:?}");
+}
+
+#[test]
+fn large_transfers_build_prp_lists_on_the_gpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut d = drive(&gpu, "lists", |c| c.mdts = 7); // 512 KiB per command
+    let qp = d.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    let q = GpuQueue::new(&gpu, &d.gpu_drive, qp).unwrap();
+    // 32 blocks of 128 KiB (PRP1 + a 31-entry list each), one of them 0x200
+    // into its page (33 pages: PRP1 + 32 list entries).
+    let n = 32u64;
+    let blk = 128 * 1024u64;
+    let buf = DmaBuffer::new(&d.dev, ((n + 1) * blk) as usize).unwrap();
+    let region = GpuRegion::new(&gpu, buf.mapping(), buf.len()).unwrap();
+    let data: Vec<u8> = (0..n * blk).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    buf.write_bytes(0, &data).unwrap();
+    let req = |op, b: u64, off: u64| TuttiRequest {
+        opcode: op,
+        queue: 0,
+        nsid: 1,
+        slba: b * 32,
+        nlb: 31,
+        len: blk as u32,
+        mem_offset: off,
+        ..Default::default()
+    };
+    let writes: Vec<_> = (0..n).map(|b| req(nvm_opcode::WRITE, b, b * blk)).collect();
+    let st = gpu.run(&[(&q, &region)], &writes, 63, BUDGET).unwrap();
+    assert!(st.iter().all(|s| *s == GpuStatus::Success), "{st:?}");
+    buf.fill(0);
+    // Read every block back 0x200 bytes further into the buffer.
+    let reads: Vec<_> = (0..n).map(|b| req(nvm_opcode::READ, b, b * blk + 0x200)).collect();
+    let st = gpu.run(&[(&q, &region)], &reads, 63, BUDGET).unwrap();
+    assert!(st.iter().all(|s| *s == GpuStatus::Success), "{st:?}");
+    let mut got = vec![0u8; (n * blk) as usize];
+    buf.read_bytes(0x200, &mut got).unwrap();
+    assert!(got == data);
+    assert_eq!(d.emu.stats().dma_faults, 0);
 }

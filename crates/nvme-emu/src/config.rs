@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::EmuError;
+use crate::{EmuError, FaultRule};
 
 /// Largest register page the emulator allocates (doorbells included), in
 /// bytes. Bounds `io_queues` x `4 << dstrd`.
@@ -102,6 +102,10 @@ pub struct EmulatorConfig {
     pub serial: String,
     /// Identify Controller MN (ASCII, at most 40 bytes).
     pub model: String,
+    /// Fault-injection rules installed at start, checked in order (see
+    /// [`crate::FaultRule`]; more with [`crate::Emulator::add_fault`]).
+    /// Default empty.
+    pub faults: Vec<FaultRule>,
 }
 
 impl EmulatorConfig {
@@ -126,6 +130,7 @@ impl EmulatorConfig {
             cap_to_500ms: 20,
             serial,
             model: "tutti nvme-emu".to_owned(),
+            faults: Vec::new(),
         }
     }
 

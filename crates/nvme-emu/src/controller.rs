@@ -20,6 +20,7 @@ use nvme_regs::{Aqa, Cc, Csts, ShutdownNotification, ShutdownStatus, Sqe, Status
 use crate::backing::Backing;
 use crate::config::{EmulatorConfig, NamespaceSpec};
 use crate::dma::{DmaFault, DmaView, IovaSpace};
+use crate::fault::{FaultAction, Faults};
 use crate::prp::Segment;
 use crate::queues::{CompQueue, Completion, SubQueue};
 use crate::regs::{RegisterPage, MPSMAX, MPSMIN};
@@ -45,6 +46,8 @@ pub(crate) struct Shared {
     pub iova: IovaSpace,
     pub stats: StatsAtomics,
     pub stop: AtomicBool,
+    /// Fault-injection rules ([`crate::FaultRule`]).
+    pub faults: Faults,
 }
 
 /// Counters behind [`crate::EmuStats`].
@@ -145,7 +148,7 @@ impl Controller {
         let n = usize::from(config.io_queues) + 1;
         let identify_ctrl = crate::admin::identify_controller(&config);
         Self {
-            timing: config.timing.map(Timing::new),
+            timing: config.timing.map(|m| Timing::new(Some(m))),
             max_transfer: config.max_transfer(),
             granted_sqs: config.io_queues,
             granted_cqs: config.io_queues,
@@ -388,18 +391,34 @@ impl Controller {
             }
             let sqe = sq.fetch(dma)?;
             n += 1;
-            let outcome = if qid == 0 { self.admin(sh, dma, &sqe) } else { self.io(sh, dma, &sqe) };
+            // Fault injection: one relaxed load when no rule is installed.
+            let mut delay = None;
+            let outcome = match sh.faults.check(qid, &sqe) {
+                None => self.execute(sh, dma, qid, &sqe),
+                Some(FaultAction::Fail(status)) => Outcome::status(status),
+                Some(FaultAction::NeverComplete) => Outcome::Deferred,
+                Some(FaultAction::Delay(d)) => {
+                    delay = Some(d);
+                    self.execute(sh, dma, qid, &sqe)
+                }
+            };
             if let Outcome::Complete { status, dw0, media_bytes } = outcome {
                 let c = Completion { dw0, sqid: qid, cid: sqe.cid(), status };
-                match (&mut self.timing, media_bytes) {
-                    (Some(t), Some(bytes)) if qid != 0 => {
-                        let due = t.schedule(now, bytes);
-                        t.push(due, cqid, c);
-                        if let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) {
-                            cq.in_flight += 1;
-                        }
+                let modelled = qid != 0 && media_bytes.is_some() && self.timing.as_ref().is_some_and(Timing::has_model);
+                if modelled || delay.is_some() {
+                    // The timing model's heap also holds delayed completions;
+                    // without a model it is created for the first delay.
+                    let t = self.timing.get_or_insert_with(|| Timing::new(None));
+                    let due = match media_bytes {
+                        Some(bytes) if modelled => t.schedule(now, bytes),
+                        _ => now,
+                    };
+                    t.push(due + delay.unwrap_or_default(), cqid, c);
+                    if let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) {
+                        cq.in_flight += 1;
                     }
-                    _ => self.complete_now(sh, dma, cqid, c)?,
+                } else {
+                    self.complete_now(sh, dma, cqid, c)?;
                 }
             }
             if self.state != State::Enabled {
@@ -407,6 +426,16 @@ impl Controller {
             }
         }
         Ok(n > 0)
+    }
+
+    /// Executes one fetched command of SQ `qid`.
+    #[inline]
+    fn execute(&mut self, sh: &Shared, dma: &DmaView<'_>, qid: u16, sqe: &Sqe) -> Outcome {
+        if qid == 0 {
+            self.admin(sh, dma, sqe)
+        } else {
+            self.io(sh, dma, sqe)
+        }
     }
 
     /// Posts `c` to CQ `cqid` now, or queues it behind earlier waiting

@@ -77,6 +77,34 @@
 //! A fault on queue memory (an SQ entry or CQ slot outside every mapped
 //! region) is unrecoverable: the controller sets CSTS.CFS and waits for a
 //! reset.
+//!
+//! # Fault injection
+//!
+//! A hook inside this one emulator (not a separate fault-injecting device):
+//! [`FaultRule`]s, given in [`EmulatorConfig::faults`] or added while it
+//! runs with [`Emulator::add_fault`] (removed with
+//! [`Emulator::clear_faults`]), are checked in order for every fetched
+//! command, admin and I/O, before it executes. The first rule whose
+//! [`FaultMatch`] holds (SQ, opcode, NSID, overlapping LBA range) and
+//! whose `times` is not used up applies, and uses up one of its `times`:
+//!
+//! * [`FaultAction::Fail`]: the command is not executed (no data moves, no
+//!   side effect); its CQE carries the given status, posted at once.
+//! * [`FaultAction::NeverComplete`]: the command is fetched (the SQ head
+//!   advances and later CQEs' SQHD show it) but not executed and never
+//!   completed. Its CID stays outstanding at the host until the host resets
+//!   the controller (CC.EN 1 -> 0); Delete I/O SQ does not complete it
+//!   either, and Abort never aborts.
+//! * [`FaultAction::Delay`]: the command executes normally; its CQE is
+//!   posted that much later (after the timing model's due time, if there is
+//!   a model). Delayed completions wait in the timing model's heap of
+//!   scheduled completions, which exists for this even without a
+//!   [`TimingModel`]; so, like modelled completions, a Delete I/O SQ posts
+//!   them early and a controller reset drops them.
+//!
+//! [`EmuStats::faults_injected`] counts the commands a rule applied to.
+//! With no rule installed the check costs one atomic load per command; the
+//! rule list's lock is taken only while rules are installed.
 
 use std::fmt;
 use std::ptr::NonNull;
@@ -91,6 +119,7 @@ mod backing;
 pub mod config;
 mod controller;
 mod dma;
+mod fault;
 mod nvm;
 mod prp;
 mod queues;
@@ -100,6 +129,7 @@ mod timing;
 pub use admin::{CONTROLLER_ID, VENDOR_ID};
 pub use config::{BackingSpec, EmulatorConfig, NamespaceSpec, TimingModel};
 pub use dma::{ExternalMemory, IOVA_BASE};
+pub use fault::{FaultAction, FaultMatch, FaultRule};
 
 use controller::{Controller, Shared, StatsAtomics};
 
@@ -162,6 +192,9 @@ pub struct EmuStats {
     /// Accesses to device addresses outside every mapped region (data,
     /// PRP lists, queue memory).
     pub dma_faults: u64,
+    /// Commands a fault-injection rule applied to ([`FaultRule`]), counted
+    /// when the command is fetched.
+    pub faults_injected: u64,
 }
 
 /// A running software NVMe controller. Dropping it stops and joins the
@@ -191,6 +224,7 @@ impl Emulator {
             iova: dma::IovaSpace::new(),
             stats: StatsAtomics::default(),
             stop: AtomicBool::new(false),
+            faults: fault::Faults::new(config.faults.clone()),
         });
         let ctrl = Controller::new(config.clone(), backing);
         let thread_shared = shared.clone();
@@ -212,7 +246,25 @@ impl Emulator {
             media_bytes_written: l(&s.media_bytes_written),
             doorbell_violations: l(&s.doorbell_violations),
             dma_faults: l(&s.dma_faults),
+            faults_injected: l(&self.shared.faults.injected),
         }
+    }
+
+    /// Appends a fault-injection rule, checked after those already
+    /// installed (from [`EmulatorConfig::faults`] or earlier calls). It
+    /// applies to commands the controller fetches from now on; commands
+    /// already fetched are not affected. Safe to call from any thread while
+    /// the controller runs. A rule with `times: Some(0)` is ignored.
+    pub fn add_fault(&self, rule: FaultRule) {
+        self.shared.faults.add(rule);
+    }
+
+    /// Removes every fault-injection rule. Commands fetched from now on
+    /// execute normally; completions already delayed by a
+    /// [`FaultAction::Delay`] are still posted when due, and commands held
+    /// by [`FaultAction::NeverComplete`] stay without a completion.
+    pub fn clear_faults(&self) {
+        self.shared.faults.clear();
     }
 
     /// Maps memory the emulator reaches only through copies (GPU memory,

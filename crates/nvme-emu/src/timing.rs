@@ -44,24 +44,37 @@ impl Ord for Scheduled {
 /// Channel state plus the heap of scheduled completions.
 #[derive(Debug)]
 pub(crate) struct Timing {
-    model: TimingModel,
+    /// `None`: no media model, the heap only holds completions delayed by
+    /// fault injection ([`crate::FaultAction::Delay`]).
+    model: Option<TimingModel>,
     channel_free_at: Instant,
     seq: u64,
     pub heap: BinaryHeap<Scheduled>,
 }
 
 impl Timing {
-    pub(crate) fn new(model: TimingModel) -> Self {
-        Self { model, channel_free_at: Instant::now(), seq: 0, heap: BinaryHeap::with_capacity(1024) }
+    pub(crate) fn new(model: Option<TimingModel>) -> Self {
+        let cap = if model.is_some() { 1024 } else { 16 };
+        Self { model, channel_free_at: Instant::now(), seq: 0, heap: BinaryHeap::with_capacity(cap) }
+    }
+
+    /// Whether a media model schedules completions (otherwise only delayed
+    /// completions use the heap).
+    #[inline]
+    pub(crate) fn has_model(&self) -> bool {
+        self.model.is_some()
     }
 
     /// How long `bytes` occupy the channel.
     pub(crate) fn occupancy(&self, bytes: u64) -> Duration {
+        let Some(model) = &self.model else {
+            return Duration::ZERO;
+        };
         let ns = |num: u128, den: u64| {
             Duration::from_nanos((num * 1_000_000_000 / u128::from(den)).min(u128::from(u64::MAX)) as u64)
         };
-        let bw = self.model.bandwidth_bytes_per_s.map(|b| ns(u128::from(bytes), b)).unwrap_or_default();
-        let op = self.model.iops.map(|i| ns(1, i)).unwrap_or_default();
+        let bw = model.bandwidth_bytes_per_s.map(|b| ns(u128::from(bytes), b)).unwrap_or_default();
+        let op = model.iops.map(|i| ns(1, i)).unwrap_or_default();
         bw.max(op)
     }
 
@@ -71,7 +84,7 @@ impl Timing {
         let start = now.max(self.channel_free_at);
         let end = start + self.occupancy(bytes);
         self.channel_free_at = end;
-        end + self.model.latency
+        end + self.model.map_or(Duration::ZERO, |m| m.latency)
     }
 
     /// Queues `completion` for CQ `cqid`, due at `due`.
@@ -124,7 +137,7 @@ mod tests {
             bandwidth_bytes_per_s: Some(1_000_000_000),
             iops: Some(100_000),
         };
-        let mut t = Timing::new(model);
+        let mut t = Timing::new(Some(model));
         // 4 KiB at 1 GB/s = 4.096 us < 10 us per op.
         assert_eq!(t.occupancy(4096), Duration::from_micros(10));
         // 1 MiB = 1048.576 us > 10 us.
