@@ -78,6 +78,8 @@ impl GpuStatus {
 struct DeviceMem {
     ptr: sys::CUdeviceptr,
     len: usize,
+    /// `false` for memory the caller owns (never freed here).
+    owned: bool,
     ctx: Arc<CudaContext>,
 }
 
@@ -86,7 +88,7 @@ impl DeviceMem {
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         // SAFETY: plain allocation in the bound context; freed in Drop.
         let ptr = unsafe { result::malloc_sync(len.max(1)) }.map_err(drv("cuMemAlloc"))?;
-        let mem = Self { ptr, len, ctx: ctx.clone() };
+        let mem = Self { ptr, len, owned: true, ctx: ctx.clone() };
         // SAFETY: `ptr` is a live allocation of at least `len` bytes.
         unsafe { result::memset_d8_sync(ptr, 0, len.max(1)) }.map_err(drv("cuMemsetD8"))?;
         Ok(mem)
@@ -117,6 +119,9 @@ impl DeviceMem {
 
 impl Drop for DeviceMem {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let _ = self.ctx.bind_to_thread();
         // SAFETY: allocated by `malloc_sync` in this context, freed once.
         let _ = unsafe { result::free_sync(self.ptr) };
@@ -208,7 +213,7 @@ impl Drop for HostMapping {
 #[derive(Debug)]
 pub struct Gpu {
     func: sys::CUfunction,
-    stream: Stream,
+    stream: Arc<Stream>,
     _module: Module,
     ctx: Arc<CudaContext>,
 }
@@ -253,7 +258,7 @@ impl Gpu {
         let name = CString::new(TUTTI_IO_ENTRY).map_err(|_| GpuError::Batch("entry name".into()))?;
         // SAFETY: `raw` is the module just loaded.
         let func = unsafe { result::module::get_function(raw, name) }.map_err(drv("cuModuleGetFunction"))?;
-        let stream = Stream::new(&ctx)?;
+        let stream = Arc::new(Stream::new(&ctx)?);
         Ok(Self { func, stream, _module: module, ctx })
     }
 
@@ -262,11 +267,8 @@ impl Gpu {
         &self.ctx
     }
 
-    /// Runs one batch in one kernel launch: `requests[i]` goes to
-    /// `queues[requests[i].queue]`, whose data region is the paired
-    /// [`GpuRegion`]. One block per queue, at most `threads_per_queue`
-    /// (clamped to the queue size - 1 and 1024) commands in flight per
-    /// queue. Returns one status per request, in order.
+    /// Runs one batch in one kernel launch and waits for it: see
+    /// [`Gpu::launch`].
     pub fn run(
         &self,
         queues: &[(&GpuQueue, &GpuRegion)],
@@ -274,6 +276,26 @@ impl Gpu {
         threads_per_queue: u32,
         budget: Duration,
     ) -> Result<Vec<GpuStatus>, GpuError> {
+        self.launch(queues, requests, threads_per_queue, budget)?.wait()
+    }
+
+    /// Launches one batch as one kernel on this GPU's stream and returns at
+    /// once: `requests[i]` goes to `queues[requests[i].queue]`, whose data
+    /// region is the paired [`GpuRegion`]. One block per queue, at most
+    /// `threads_per_queue` (clamped to the queue size - 1 and 1024) commands
+    /// in flight per queue; each command waits at most `budget` for its
+    /// completion. [`GpuLaunch::wait`] returns one status per request.
+    ///
+    /// The queues must stay alive and must not be used by another launch
+    /// until this one is waited on (launches on one [`Gpu`] run in order on
+    /// its stream, so that holds for launches through the same `Gpu`).
+    pub fn launch(
+        &self,
+        queues: &[(&GpuQueue, &GpuRegion)],
+        requests: &[TuttiRequest],
+        threads_per_queue: u32,
+        budget: Duration,
+    ) -> Result<GpuLaunch, GpuError> {
         if queues.is_empty() || queues.len() > u16::MAX as usize || requests.len() > u32::MAX as usize {
             return Err(GpuError::Batch(format!("{} queues, {} requests", queues.len(), requests.len())));
         }
@@ -307,27 +329,34 @@ impl Gpu {
             .collect();
         let max_size = queues.iter().map(|(q, _)| q.desc.size).max().unwrap_or(2);
         let threads = threads_per_queue.clamp(1, 1024).min(max_size - 1);
-
-        let d_queues = DeviceMem::from_slice(&self.ctx, &descs)?;
-        let d_reqs = DeviceMem::from_slice(&self.ctx, requests)?;
-        let d_order = DeviceMem::from_slice(&self.ctx, &order)?;
-        let d_offsets = DeviceMem::from_slice(&self.ctx, &offsets)?;
-        let d_status = DeviceMem::from_slice(&self.ctx, &vec![STATUS_NOT_RUN; requests.len()])?;
+        let n = requests.len();
+        let launch = GpuLaunch {
+            queues: DeviceMem::from_slice(&self.ctx, &descs)?,
+            reqs: DeviceMem::from_slice(&self.ctx, requests)?,
+            order: DeviceMem::from_slice(&self.ctx, &order)?,
+            offsets: DeviceMem::from_slice(&self.ctx, &offsets)?,
+            status: DeviceMem::from_slice(&self.ctx, &vec![STATUS_NOT_RUN; n])?,
+            n,
+            stream: self.stream.clone(),
+            ctx: self.ctx.clone(),
+        };
         let nqueues = queues.len() as u32;
         let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
         let mut params: [*mut c_void; 7] = [
-            (&d_queues.ptr as *const u64).cast_mut().cast(),
+            (&launch.queues.ptr as *const u64).cast_mut().cast(),
             (&nqueues as *const u32).cast_mut().cast(),
-            (&d_reqs.ptr as *const u64).cast_mut().cast(),
-            (&d_order.ptr as *const u64).cast_mut().cast(),
-            (&d_offsets.ptr as *const u64).cast_mut().cast(),
-            (&d_status.ptr as *const u64).cast_mut().cast(),
+            (&launch.reqs.ptr as *const u64).cast_mut().cast(),
+            (&launch.order.ptr as *const u64).cast_mut().cast(),
+            (&launch.offsets.ptr as *const u64).cast_mut().cast(),
+            (&launch.status.ptr as *const u64).cast_mut().cast(),
             (&budget_ns as *const u64).cast_mut().cast(),
         ];
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         // SAFETY: the parameter list matches `tutti_io`'s signature (7
-        // arguments: 5 device pointers, a u32, a u64) and every pointer
-        // stays valid until the synchronisation below returns.
+        // arguments: 5 device pointers, a u32, a u64); cuLaunchKernel copies
+        // the argument values before returning, and the device buffers they
+        // point to live in `launch` until it has been waited on (its Drop
+        // synchronises the stream first).
         unsafe {
             result::launch_kernel(
                 self.func,
@@ -339,8 +368,53 @@ impl Gpu {
             )
         }
         .map_err(drv("cuLaunchKernel"))?;
-        self.stream.sync()?;
-        Ok(d_status.read::<u32>(requests.len())?.into_iter().map(GpuStatus::from_word).collect())
+        Ok(launch)
+    }
+}
+
+/// A launched batch: its device buffers, until [`GpuLaunch::wait`].
+#[derive(Debug)]
+pub struct GpuLaunch {
+    queues: DeviceMem,
+    reqs: DeviceMem,
+    order: DeviceMem,
+    offsets: DeviceMem,
+    status: DeviceMem,
+    n: usize,
+    stream: Arc<Stream>,
+    ctx: Arc<CudaContext>,
+}
+
+impl GpuLaunch {
+    /// `true` once the kernel (and everything before it on the stream) has
+    /// finished; never blocks.
+    pub fn is_done(&self) -> bool {
+        if self.ctx.bind_to_thread().is_err() {
+            return false;
+        }
+        // SAFETY: `raw` is a live stream of this context.
+        let r = unsafe { sys::cuStreamQuery(self.stream.raw) };
+        r == sys::CUresult::CUDA_SUCCESS
+    }
+
+    /// Waits for the kernel (bounded by the launch's per-command budget) and
+    /// returns one status per request, in order.
+    pub fn wait(self) -> Result<Vec<GpuStatus>, GpuError> {
+        self.sync()?;
+        Ok(self.status.read::<u32>(self.n)?.into_iter().map(GpuStatus::from_word).collect())
+    }
+
+    fn sync(&self) -> Result<(), GpuError> {
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        self.stream.sync()
+    }
+}
+
+impl Drop for GpuLaunch {
+    fn drop(&mut self) {
+        // The kernel may still read these buffers: wait before freeing.
+        let _ = self.sync();
+        let _ = (&self.queues, &self.reqs, &self.order, &self.offsets);
     }
 }
 
@@ -487,6 +561,25 @@ impl GpuBuffer {
     /// Allocates `len` zeroed bytes of GPU memory.
     pub fn zeroed(gpu: &Gpu, len: usize) -> Result<Self, GpuError> {
         Ok(Self { copies: Stream::new(&gpu.ctx)?, mem: DeviceMem::zeroed(&gpu.ctx, len)? })
+    }
+
+    /// Wraps GPU memory the caller owns (`len` bytes at device pointer
+    /// `dptr` in this GPU's context); it is never freed here.
+    ///
+    /// # Safety
+    ///
+    /// `dptr..dptr + len` must be a live allocation of this context for as
+    /// long as the returned value (and any mapping of it) exists.
+    pub unsafe fn from_raw(gpu: &Gpu, dptr: u64, len: usize) -> Result<Self, GpuError> {
+        Ok(Self {
+            copies: Stream::new(&gpu.ctx)?,
+            mem: DeviceMem { ptr: dptr, len, owned: false, ctx: gpu.ctx.clone() },
+        })
+    }
+
+    /// Device pointer of the first byte.
+    pub fn device_ptr(&self) -> u64 {
+        self.mem.ptr
     }
 
     /// Size in bytes.

@@ -24,4 +24,4 @@ pub mod abi;
 mod gpu;
 pub mod ptx;
 
-pub use gpu::{Gpu, GpuBuffer, GpuDrive, GpuError, GpuQueue, GpuRegion, GpuStatus};
+pub use gpu::{Gpu, GpuBuffer, GpuDrive, GpuError, GpuLaunch, GpuQueue, GpuRegion, GpuStatus};

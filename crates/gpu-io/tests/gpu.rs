@@ -314,3 +314,32 @@ fn large_transfers_build_prp_lists_on_the_gpu() {
     assert!(got == data);
     assert_eq!(d.emu.stats().dma_faults, 0);
 }
+
+#[test]
+fn an_emulator_injected_media_error_reaches_exactly_its_request() {
+    use nvme_emu::{FaultAction, FaultMatch, FaultRule};
+    use nvme_regs::status::media;
+    use nvme_regs::Status;
+    let Some(gpu) = gpu() else { return };
+    let mut d = drive(&gpu, "media", |_| {});
+    d.emu.add_fault(FaultRule {
+        matches: FaultMatch { opcode: Some(nvm_opcode::READ), lba: Some(33..34), ..Default::default() },
+        action: FaultAction::Fail(Status::media(media::UNRECOVERED_READ_ERROR).with_dnr(true)),
+        times: None,
+    });
+    let qp = d.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    let q = GpuQueue::new(&gpu, &d.gpu_drive, qp).unwrap();
+    let buf = DmaBuffer::new(&d.dev, 128 * 4096).unwrap();
+    let region = GpuRegion::new(&gpu, buf.mapping(), buf.len()).unwrap();
+    let reqs: Vec<_> = (0..128u64).map(|b| rw(nvm_opcode::READ, 0, b, b * 4096)).collect();
+    let st = gpu.run(&[(&q, &region)], &reqs, 63, BUDGET).unwrap();
+    for (i, s) in st.iter().enumerate() {
+        if i == 33 {
+            let GpuStatus::Nvme(s) = s else { panic!("request 33: {s:?}") };
+            assert_eq!((s.sct, s.sc, s.dnr), (2, 0x81, true), "{s}");
+        } else {
+            assert_eq!(*s, GpuStatus::Success, "request {i}");
+        }
+    }
+    assert_eq!(d.emu.stats().faults_injected, 1);
+}

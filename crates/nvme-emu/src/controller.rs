@@ -404,7 +404,8 @@ impl Controller {
             };
             if let Outcome::Complete { status, dw0, media_bytes } = outcome {
                 let c = Completion { dw0, sqid: qid, cid: sqe.cid(), status };
-                let modelled = qid != 0 && media_bytes.is_some() && self.timing.as_ref().is_some_and(Timing::has_model);
+                let modelled =
+                    qid != 0 && media_bytes.is_some() && self.timing.as_ref().is_some_and(Timing::has_model);
                 if modelled || delay.is_some() {
                     // The timing model's heap also holds delayed completions;
                     // without a model it is created for the first delay.

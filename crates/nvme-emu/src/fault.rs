@@ -184,13 +184,14 @@ mod tests {
     use nvme_regs::status::media;
 
     fn read(slba: u64, blocks: u32) -> Sqe {
-        let mut s = Sqe::default();
-        s.cdw0 = u32::from(nvm_opcode::READ);
-        s.nsid = 1;
-        s.cdw10 = slba as u32;
-        s.cdw11 = (slba >> 32) as u32;
-        s.cdw12 = blocks - 1;
-        s
+        Sqe {
+            cdw0: u32::from(nvm_opcode::READ),
+            nsid: 1,
+            cdw10: slba as u32,
+            cdw11: (slba >> 32) as u32,
+            cdw12: blocks - 1,
+            ..Sqe::default()
+        }
     }
 
     #[test]
@@ -212,7 +213,11 @@ mod tests {
     fn first_matching_rule_with_times_left_applies() {
         let fail = FaultAction::Fail(Status::media(media::UNRECOVERED_READ_ERROR));
         let f = Faults::new(vec![
-            FaultRule { matches: FaultMatch { lba: Some(0..1), ..Default::default() }, action: fail.clone(), times: Some(1) },
+            FaultRule {
+                matches: FaultMatch { lba: Some(0..1), ..Default::default() },
+                action: fail.clone(),
+                times: Some(1),
+            },
             FaultRule { matches: FaultMatch::default(), action: FaultAction::NeverComplete, times: Some(2) },
         ]);
         assert_eq!(f.check(1, &read(0, 1)), Some(fail));

@@ -439,6 +439,20 @@ pub enum DataPathConfig {
     StripedLocalNvme(StripedConfig),
 }
 
+/// Who submits a datapath's NVMe commands and polls their completions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Execution {
+    /// CPU threads: the caller's thread writes SQEs in `submit` and polls
+    /// completions in `wait`.
+    #[default]
+    Cpu,
+    /// GPU threads: one `submit` is one kernel launch for the whole batch;
+    /// the kernel writes the SQEs, rings the doorbells and polls the CQs.
+    /// Needs a CUDA GPU (the runtime refuses to start without one).
+    Gpu,
+}
+
 /// A datapath over one namespace of one drive.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -457,6 +471,9 @@ pub struct LocalNvmeConfig {
     /// at most CAP.MQES + 1 of the drive. Default 256.
     #[serde(default = "default_queue_depth")]
     pub queue_depth: u32,
+    /// CPU or GPU submission. Default `cpu`.
+    #[serde(default)]
+    pub execution: Execution,
 }
 
 /// A datapath striped over the same namespace of 2 to 4 drives.
@@ -480,6 +497,9 @@ pub struct StripedConfig {
     /// Default 256.
     #[serde(default = "default_queue_depth")]
     pub queue_depth: u32,
+    /// CPU or GPU submission. Default `cpu`.
+    #[serde(default)]
+    pub execution: Execution,
 }
 
 /// A store: one resolver joined to one datapath.
@@ -865,6 +885,7 @@ impl Config {
                     nsid: default_nsid(),
                     queues: default_queues(),
                     queue_depth: default_queue_depth(),
+                    execution: Execution::Cpu,
                 }),
             )
         } else {
@@ -876,6 +897,7 @@ impl Config {
                     stripe_unit: default_stripe_unit(),
                     queues_per_drive: default_queues(),
                     queue_depth: default_queue_depth(),
+                    execution: Execution::Cpu,
                 }),
             )
         };

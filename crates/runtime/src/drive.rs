@@ -5,10 +5,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use gpu_io::{Gpu, GpuDrive, GpuQueue};
 use nvm_queue::{Controller, ControllerOptions, NamespaceInfo, NvmeDevice, QueuePair};
 use nvme_emu::{BackingSpec, Emulator, EmulatorConfig, NamespaceSpec, TimingModel};
 
-use crate::config::{Backing, DriveConfig, EmulatedDriveConfig};
+use crate::config::{Backing, DriveConfig, EmulatedDriveConfig, Execution};
 use crate::error::Error;
 
 /// How a datapath wants a drive set up.
@@ -17,6 +18,15 @@ pub(crate) struct DriveUse {
     pub nsid: u32,
     pub queues: u16,
     pub queue_depth: u32,
+    pub execution: Execution,
+}
+
+/// A drive's queues in GPU hands, with its register window mapped into the
+/// GPU.
+#[derive(Debug)]
+pub(crate) struct GpuQueues {
+    pub queues: Vec<GpuQueue>,
+    pub _drive: GpuDrive,
 }
 
 /// One drive: device, controller, namespace in use, I/O queue pairs.
@@ -27,7 +37,11 @@ pub(crate) struct Drive {
     /// mapping per drive, by this index).
     pub index: usize,
     pub device: Arc<dyn NvmeDevice>,
+    /// The software controller, when the drive is emulated.
+    pub emulator: Option<Arc<Emulator>>,
     pub controller: Mutex<Controller>,
+    /// GPU-driven queues (execution: gpu), kept for the drive's lifetime.
+    pub gpu: Option<GpuQueues>,
     pub queues: Vec<Mutex<QueuePair>>,
     next_queue: AtomicUsize,
     /// Cleared when the runtime shuts the controller down: its queues are
@@ -69,11 +83,13 @@ impl Drive {
         name: &str,
         cfg: &DriveConfig,
         usage: Option<DriveUse>,
+        gpu: Option<&Gpu>,
     ) -> Result<Self, Error> {
-        let device: Arc<dyn NvmeDevice> = match cfg {
+        let emulator = match cfg {
             DriveConfig::Emulated(e) => Emulator::start(emulator_config(name, e))
                 .map_err(|source| Error::Emulator { drive: name.to_owned(), source })?,
         };
+        let device: Arc<dyn NvmeDevice> = emulator.clone();
         let ctrl_err = |source| Error::Controller { drive: name.to_owned(), source };
         let queues_wanted = usage.map_or(1, |u| u.queues.max(1));
         let mut controller = Controller::init(
@@ -85,14 +101,34 @@ impl Drive {
         let ns =
             *controller.namespace(nsid).ok_or_else(|| Error::NoNamespace { drive: name.to_owned(), nsid })?;
         let mut queues = Vec::new();
+        let mut gpu_queues = None;
         if let Some(u) = usage {
             let depth = u.queue_depth;
             // One CQ slot always stays empty: never have more commands
             // outstanding than the CQ can hold.
             let outstanding = (depth - 1).clamp(1, 32768) as u16;
+            let mut pairs = Vec::new();
             for qid in 1..=u.queues {
-                let qp = controller.create_io_queue_pair(qid, depth, outstanding).map_err(ctrl_err)?;
-                queues.push(Mutex::new(qp));
+                pairs.push(controller.create_io_queue_pair(qid, depth, outstanding).map_err(ctrl_err)?);
+            }
+            match (u.execution, gpu) {
+                (Execution::Cpu, _) => queues = pairs.into_iter().map(Mutex::new).collect(),
+                (Execution::Gpu, Some(g)) => {
+                    let gpu_err = |source| Error::Gpu { context: format!("drive {name:?}"), source };
+                    let gd = GpuDrive::map(g, device.clone()).map_err(gpu_err)?;
+                    let qs = pairs
+                        .into_iter()
+                        .map(|qp| GpuQueue::new(g, &gd, qp))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(gpu_err)?;
+                    gpu_queues = Some(GpuQueues { queues: qs, _drive: gd });
+                }
+                (Execution::Gpu, None) => {
+                    return Err(Error::Gpu {
+                        context: format!("drive {name:?}"),
+                        source: gpu_io::GpuError::NoDriver,
+                    })
+                }
             }
         }
         let max_transfer = controller.max_transfer();
@@ -100,7 +136,9 @@ impl Drive {
             name: name.to_owned(),
             index,
             device,
+            emulator: Some(emulator),
             controller: Mutex::new(controller),
+            gpu: gpu_queues,
             queues,
             next_queue: AtomicUsize::new(0),
             alive: AtomicBool::new(true),

@@ -59,6 +59,15 @@ pub enum Error {
         #[source]
         source: nvm_queue::ControllerError,
     },
+    /// The GPU path failed (no CUDA driver or GPU, or a CUDA call).
+    #[error("GPU ({context})")]
+    Gpu {
+        /// What was being set up or run.
+        context: String,
+        /// Cause.
+        #[source]
+        source: gpu_io::GpuError,
+    },
     /// The drive lacks the namespace a datapath names.
     #[error("drive {drive:?} has no usable namespace {nsid}")]
     NoNamespace {
@@ -138,6 +147,10 @@ pub enum RequestError {
     /// The runtime is shutting down.
     #[error("the runtime is shutting down")]
     ShuttingDown,
+    /// A GPU-executed batch names more than one memory region (one kernel
+    /// launch binds one region per queue).
+    #[error("a GPU-executed batch must use one memory region")]
+    GpuBatchMemory,
     /// Too many operations are in flight (submitted and not yet waited on).
     #[error("{limit} operations are already in flight; wait on some first")]
     TooManyOperations {

@@ -18,12 +18,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
+use gpu_io::abi::TuttiRequest;
+use gpu_io::{Gpu, GpuBuffer, GpuLaunch, GpuQueue, GpuRegion, GpuStatus};
 use nvm_queue::{
     plan_io, Completion, DataRef, DmaMapping, IoOp, NvmeDevice, QueuePair, SubmitError, HOST_PAGE_SIZE,
 };
 
 use crate::binding::{Extent, Resolver};
-use crate::config::{Config, DataPathConfig, ResolverConfig};
+use crate::config::{Config, DataPathConfig, Execution, ResolverConfig};
 use crate::datapath::{DataPath, LocalNvme, StripedLocalNvme};
 use crate::drive::{Drive, DriveUse};
 use crate::error::{Error, RequestError, RequestStatus};
@@ -40,6 +42,10 @@ pub const URI_SCHEME: &str = "tutti://";
 /// between) before failing the rest of a request with
 /// [`RequestStatus::SubmitFailed`].
 pub const SUBMIT_RETRY_BOUND: Duration = Duration::from_secs(5);
+
+/// Bound on each GPU-executed command's wait for its completion (the
+/// kernel reports TIMEOUT for that command when it passes).
+pub const GPU_COMMAND_BUDGET: Duration = Duration::from_secs(10);
 
 /// Requests per [`Runtime::submit`] call (the request index travels in 24
 /// bits of each command's tag).
@@ -70,6 +76,10 @@ struct Region {
     /// One mapping per drive, by drive index.
     mappings: Vec<DmaMapping>,
     devices: Vec<Arc<dyn NvmeDevice>>,
+    /// Per drive with GPU-driven queues: the region's page addresses as
+    /// that drive sees them, uploaded to the GPU once at registration (the
+    /// kernel builds each command's PRPs from it).
+    gpu_regions: Vec<Option<GpuRegion>>,
 }
 
 impl Drop for Region {
@@ -113,6 +123,18 @@ struct OpState {
     retired: bool,
     datapaths: Vec<usize>,
     _regions: Vec<Arc<Region>>,
+    /// The kernel launch carrying this operation's GPU-executed commands.
+    gpu: Option<GpuOp>,
+}
+
+/// Commands of an operation that GPU threads execute.
+#[derive(Debug)]
+struct GpuOp {
+    launch: GpuLaunch,
+    /// Request index of each command, in launch order.
+    cmd_req: Vec<u32>,
+    /// Drive index of each command.
+    cmd_drive: Vec<u16>,
 }
 
 /// Counters of a runtime.
@@ -170,6 +192,11 @@ pub struct Runtime {
     shut_down: AtomicBool,
     /// Threads inside `submit`.
     submitters: AtomicUsize,
+    /// The GPU, when a datapath uses GPU execution.
+    gpu: Option<Arc<Gpu>>,
+    /// Regions a GPU command timed out on: the drive may still write them,
+    /// so they stay mapped for the runtime's lifetime.
+    zombie_regions: Mutex<Vec<Arc<Region>>>,
     late_completions: AtomicU64,
 }
 
@@ -203,23 +230,41 @@ impl Runtime {
                 DataPathConfig::LocalNvme(l) => {
                     usage.insert(
                         &l.drive,
-                        DriveUse { nsid: l.nsid, queues: l.queues, queue_depth: l.queue_depth },
+                        DriveUse {
+                            nsid: l.nsid,
+                            queues: l.queues,
+                            queue_depth: l.queue_depth,
+                            execution: l.execution,
+                        },
                     );
                 }
                 DataPathConfig::StripedLocalNvme(s) => {
                     for d in &s.drives {
                         usage.insert(
                             d,
-                            DriveUse { nsid: s.nsid, queues: s.queues_per_drive, queue_depth: s.queue_depth },
+                            DriveUse {
+                                nsid: s.nsid,
+                                queues: s.queues_per_drive,
+                                queue_depth: s.queue_depth,
+                                execution: s.execution,
+                            },
                         );
                     }
                 }
             }
         }
+        // A GPU only when some datapath asks for GPU execution.
+        let gpu = if usage.values().any(|u| u.execution == Execution::Gpu) {
+            Some(Arc::new(
+                Gpu::open(0).map_err(|source| Error::Gpu { context: "opening GPU 0".into(), source })?,
+            ))
+        } else {
+            None
+        };
         let mut drives = Vec::new();
         let mut drive_index = HashMap::new();
         for (i, (name, cfg)) in config.drives.iter().enumerate() {
-            let d = Drive::start(i, name, cfg, usage.get(name.as_str()).copied())?;
+            let d = Drive::start(i, name, cfg, usage.get(name.as_str()).copied(), gpu.as_deref())?;
             drive_index.insert(name.clone(), i);
             drives.push(Arc::new(d));
         }
@@ -271,6 +316,8 @@ impl Runtime {
             shutting_down: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
             submitters: AtomicUsize::new(0),
+            gpu,
+            zombie_regions: Mutex::new(Vec::new()),
             late_completions: AtomicU64::new(0),
         })
     }
@@ -371,7 +418,7 @@ impl Runtime {
                 }
                 Err(e) => {
                     // Undo the mappings made so far (Region's Drop).
-                    drop(Region { lead, len, mappings, devices });
+                    drop(Region { lead, len, mappings, devices, gpu_regions: Vec::new() });
                     return Err(Error::Memory {
                         reason: format!("mapping for drive {:?}", d.name),
                         source: Some(e),
@@ -379,7 +426,82 @@ impl Runtime {
                 }
             }
         }
-        let region = Arc::new(Region { lead, len, mappings, devices });
+        let gpu_regions = self.gpu_regions(&mappings, end - base_addr)?;
+        let region = Arc::new(Region { lead, len, mappings, devices, gpu_regions });
+        let mut m = self.memory.write().unwrap_or_else(|p| p.into_inner());
+        Ok(MemoryHandle(m.insert(region)))
+    }
+
+    /// Uploads a region's page addresses for every drive with GPU queues.
+    fn gpu_regions(
+        &self,
+        mappings: &[DmaMapping],
+        mapped_len: usize,
+    ) -> Result<Vec<Option<GpuRegion>>, Error> {
+        self.drives
+            .iter()
+            .zip(mappings)
+            .map(|(d, m)| match (&self.gpu, &d.gpu) {
+                (Some(g), Some(_)) => GpuRegion::new(g, m, mapped_len)
+                    .map(Some)
+                    .map_err(|source| Error::Gpu { context: "uploading PRP page addresses".into(), source }),
+                _ => Ok(None),
+            })
+            .collect()
+    }
+
+    /// Registers `len` bytes of GPU memory at device pointer `dptr` (in the
+    /// runtime's CUDA context, GPU 0) for I/O, like
+    /// [`Runtime::register_memory`]: KV blocks are then saved from and
+    /// loaded into GPU memory directly. Emulated drives move the bytes with
+    /// CUDA copies; real drives would need peer DMA, which is not written
+    /// yet (refused with [`Error::Memory`]). Needs a datapath with
+    /// `execution: gpu` (the runtime's GPU).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Runtime::register_memory`]: the allocation stays alive until
+    /// unregistered, and is not touched while an operation on it is in
+    /// flight.
+    pub unsafe fn register_gpu_memory(&self, dptr: u64, len: usize) -> Result<MemoryHandle, Error> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(Error::ShuttingDown);
+        }
+        let Some(gpu) = &self.gpu else {
+            return Err(Error::Memory { reason: "no datapath uses GPU execution".into(), source: None });
+        };
+        if dptr == 0 || len == 0 {
+            return Err(Error::Memory { reason: "null device pointer or zero length".into(), source: None });
+        }
+        let mut mappings = Vec::with_capacity(self.drives.len());
+        let mut devices = Vec::with_capacity(self.drives.len());
+        for d in &self.drives {
+            let Some(emu) = &d.emulator else {
+                drop(Region { lead: 0, len, mappings, devices, gpu_regions: Vec::new() });
+                return Err(Error::Memory {
+                    reason: format!("drive {:?} would need peer DMA to GPU memory (not yet written)", d.name),
+                    source: None,
+                });
+            };
+            // SAFETY: forwarded from this function's contract.
+            let buf = unsafe { GpuBuffer::from_raw(gpu, dptr, len) }
+                .map_err(|source| Error::Gpu { context: "wrapping GPU memory".into(), source })?;
+            match emu.map_external(Arc::new(buf)) {
+                Ok(m) => {
+                    mappings.push(m);
+                    devices.push(d.device.clone());
+                }
+                Err(e) => {
+                    drop(Region { lead: 0, len, mappings, devices, gpu_regions: Vec::new() });
+                    return Err(Error::Memory {
+                        reason: format!("mapping for drive {:?}", d.name),
+                        source: Some(e),
+                    });
+                }
+            }
+        }
+        let gpu_regions = self.gpu_regions(&mappings, len)?;
+        let region = Arc::new(Region { lead: 0, len, mappings, devices, gpu_regions });
         let mut m = self.memory.write().unwrap_or_else(|p| p.into_inner());
         Ok(MemoryHandle(m.insert(region)))
     }
@@ -435,6 +557,21 @@ impl Runtime {
             let memory = self.memory.read().unwrap_or_else(|p| p.into_inner());
             requests.iter().map(|r| self.validate(&targets, &memory, r)).collect()
         };
+        // A GPU launch binds one memory region per queue: a GPU-executed
+        // batch uses one region (the first GPU request's).
+        let mut plans = plans;
+        let mut gpu_region: Option<Arc<Region>> = None;
+        for p in plans.iter_mut() {
+            let Ok(pl) = p else { continue };
+            if !self.is_gpu(pl.datapath) {
+                continue;
+            }
+            match &gpu_region {
+                None => gpu_region = Some(pl.region.clone()),
+                Some(r) if Arc::ptr_eq(r, &pl.region) => {}
+                Some(_) => *p = Err(RequestError::GpuBatchMemory),
+            }
+        }
         let states: Vec<Result<(), RequestError>> =
             plans.iter().map(|p| p.as_ref().map(|_| ()).map_err(Clone::clone)).collect();
         if plans.iter().all(Result::is_err) {
@@ -470,6 +607,7 @@ impl Runtime {
                 retired: false,
                 datapaths: dps,
                 _regions: regions,
+                gpu: None,
             });
             if op.slot > TAG_SLOT_MAX {
                 // The slot would not fit in a command tag: refuse the batch.
@@ -479,13 +617,171 @@ impl Runtime {
             }
             op
         };
-        // 3. Queue the commands.
+        // 3. Queue the commands: CPU-executed ones now, from this thread;
+        // GPU-executed ones in one kernel launch.
         for (i, (r, p)) in requests.iter().zip(&plans).enumerate() {
             if let Ok(p) = p {
-                self.queue_request(op, i, r, p.datapath, p.extent, &p.region);
+                if !self.is_gpu(p.datapath) {
+                    self.queue_request(op, i, r, p.datapath, p.extent, &p.region);
+                }
             }
         }
+        if let Some(region) = gpu_region {
+            self.launch_gpu(op, requests, &plans, &region);
+        }
         Submission { op: Some(OpHandle(op)), states }
+    }
+
+    /// `true` when datapath `dpi`'s drives are driven by GPU threads.
+    fn is_gpu(&self, dpi: usize) -> bool {
+        self.datapaths[dpi].drives().first().is_some_and(|d| d.gpu.is_some())
+    }
+
+    /// Builds every GPU-executed command of the batch (per-drive pieces,
+    /// split by MDTS, spread over each drive's GPU queues) and launches them
+    /// as one kernel. The operation's CPU bookkeeping is adjusted so that
+    /// only `wait` accounts for them.
+    fn launch_gpu(
+        &self,
+        op: RawHandle,
+        requests: &[Request],
+        plans: &[Result<Planned, RequestError>],
+        region: &Region,
+    ) {
+        let Some(gpu) = &self.gpu else { return };
+        let mut cmds: Vec<TuttiRequest> = Vec::new();
+        let mut cmd_req: Vec<u32> = Vec::new();
+        let mut cmd_drive: Vec<u16> = Vec::new();
+        let mut queues: Vec<(&GpuQueue, &GpuRegion)> = Vec::new();
+        let mut first_queue: HashMap<usize, (u16, usize)> = HashMap::new(); // drive -> (first index, count)
+        let mut next: HashMap<usize, usize> = HashMap::new();
+        let mut failed: Vec<(usize, String)> = Vec::new();
+        for (i, (r, p)) in requests.iter().zip(plans).enumerate() {
+            let Ok(p) = p else { continue };
+            if !self.is_gpu(p.datapath) {
+                continue;
+            }
+            let dp = &self.datapaths[p.datapath];
+            let opcode = match r.direction {
+                Direction::Read => nvme_regs::opcode::nvm_opcode::READ,
+                Direction::Write => nvme_regs::opcode::nvm_opcode::WRITE,
+            };
+            let mut ok = true;
+            dp.for_each_piece(p.extent.offset + r.offset, r.len, &mut |pc| {
+                let d = &dp.drives()[pc.drive];
+                let (Some(gq), Some(Some(greg))) = (&d.gpu, region.gpu_regions.get(d.index)) else {
+                    ok = false;
+                    return;
+                };
+                let (base, count) = *first_queue.entry(d.index).or_insert_with(|| {
+                    let base = queues.len() as u16;
+                    for q in &gq.queues {
+                        queues.push((q, greg));
+                    }
+                    (base, gq.queues.len())
+                });
+                let Ok(plan) = plan_io(&d.ns, pc.drive_offset, pc.len, d.max_transfer) else {
+                    ok = false;
+                    return;
+                };
+                for c in plan {
+                    let k = next.entry(d.index).or_insert(0);
+                    let q = base + (*k % count.max(1)) as u16;
+                    *k += 1;
+                    cmds.push(TuttiRequest {
+                        opcode,
+                        queue: q,
+                        nsid: d.ns.nsid,
+                        slba: c.slba,
+                        nlb: u32::from(c.nlb.zero_based()),
+                        len: c.len as u32,
+                        mem_offset: (region.lead
+                            + r.memory_offset as usize
+                            + pc.request_offset as usize
+                            + c.offset) as u64,
+                        ..Default::default()
+                    });
+                    cmd_req.push(i as u32);
+                    cmd_drive.push(d.index as u16);
+                }
+            });
+            if !ok {
+                failed.push((i, "GPU queues or page table missing for a drive".into()));
+            }
+        }
+        let launched = if cmds.is_empty() {
+            None
+        } else {
+            match gpu.launch(&queues, &cmds, u32::MAX, GPU_COMMAND_BUDGET) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    let reason = error_chain(&e);
+                    for &i in &cmd_req {
+                        failed.push((i as usize, reason.clone()));
+                    }
+                    None
+                }
+            }
+        };
+        let mut ops = lock(&self.ops);
+        let Ok(st) = ops.get_mut(op) else { return };
+        // These commands are not tracked by the CPU completion path.
+        let gpu_cmds = cmds.len() as u64;
+        st.outstanding = st.outstanding.saturating_sub(gpu_cmds);
+        failed.sort_unstable_by_key(|f| f.0);
+        failed.dedup_by_key(|f| f.0);
+        for (i, reason) in failed {
+            let n = st.reqs.get(i).map_or(0, |r| r.remaining);
+            finish_commands(st, i, n, Some(RequestStatus::SubmitFailed { reason }));
+        }
+        if let Some(launch) = launched {
+            st.gpu = Some(GpuOp { launch, cmd_req, cmd_drive });
+        }
+    }
+
+    /// Waits for an operation's kernel, if it has one, and applies each
+    /// command's status to its request.
+    fn finish_gpu(&self, op: OpHandle) -> Result<(), Error> {
+        let Some(g) = lock(&self.ops).get_mut(op.0)?.gpu.take() else { return Ok(()) };
+        let statuses = g.launch.wait();
+        let mut ops = lock(&self.ops);
+        let st = ops.get_mut(op.0)?;
+        match statuses {
+            Ok(statuses) => {
+                let mut timed_out = false;
+                for (k, s) in statuses.iter().enumerate() {
+                    let (Some(&i), Some(&d)) = (g.cmd_req.get(k), g.cmd_drive.get(k)) else { continue };
+                    let drive =
+                        || self.drives.get(usize::from(d)).map(|x| x.name.clone()).unwrap_or_default();
+                    let failure = match *s {
+                        GpuStatus::Success => None,
+                        GpuStatus::Nvme(status) => Some(RequestStatus::Nvme { drive: drive(), status }),
+                        GpuStatus::Timeout => {
+                            timed_out = true;
+                            Some(RequestStatus::Timeout)
+                        }
+                        other => Some(RequestStatus::SubmitFailed { reason: format!("GPU: {other:?}") }),
+                    };
+                    finish_commands(st, i as usize, 1, failure);
+                }
+                if timed_out {
+                    // The drive may still write these: keep them mapped.
+                    lock(&self.zombie_regions).extend(st._regions.iter().cloned());
+                }
+            }
+            Err(e) => {
+                let reason = error_chain(&e);
+                for &i in &g.cmd_req {
+                    finish_commands(
+                        st,
+                        i as usize,
+                        1,
+                        Some(RequestStatus::SubmitFailed { reason: reason.clone() }),
+                    );
+                }
+            }
+        }
+        Ok(())
     }
 
     fn validate(
@@ -692,6 +988,8 @@ impl Runtime {
     pub fn wait(&self, op: OpHandle, timeout: Duration) -> Result<Vec<RequestStatus>, Error> {
         let deadline = Instant::now().checked_add(timeout);
         let dps = self.live_op_datapaths(op)?;
+        // GPU-executed commands: the kernel bounds each by its budget.
+        self.finish_gpu(op)?;
         let mut idle = 0u32;
         // Completions are reaped at least once before a deadline is
         // honoured, so `wait(op, Duration::ZERO)` is a non-blocking poll
@@ -727,6 +1025,11 @@ impl Runtime {
     /// [`Runtime::wait`] does), or `None` (the handle stays valid).
     pub fn try_wait(&self, op: OpHandle) -> Result<Option<Vec<RequestStatus>>, Error> {
         let dps = self.live_op_datapaths(op)?;
+        let gpu_busy = lock(&self.ops).get(op.0)?.gpu.as_ref().is_some_and(|g| !g.launch.is_done());
+        if gpu_busy {
+            return Ok(None);
+        }
+        self.finish_gpu(op)?;
         self.poll_datapaths(&dps);
         let mut ops = lock(&self.ops);
         let st = ops.get(op.0)?;
@@ -791,6 +1094,13 @@ impl Runtime {
         let all: Vec<usize> = (0..self.datapaths.len()).collect();
         let deadline = Instant::now() + drain;
         let mut report = ShutdownReport::default();
+        // Kernels still running use the GPU queues: let them finish (each
+        // command is bounded by GPU_COMMAND_BUDGET) before queues go away.
+        let gpu_ops: Vec<RawHandle> =
+            lock(&self.ops).iter().filter(|(_, st)| st.gpu.is_some()).map(|(h, _)| h).collect();
+        for h in gpu_ops {
+            let _ = self.finish_gpu(OpHandle(h));
+        }
         // Submits that passed the shutting-down check finish queueing first.
         while self.submitters.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
             std::thread::yield_now();

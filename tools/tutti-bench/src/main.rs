@@ -75,6 +75,10 @@ pub struct ReplayArgs {
     /// Seed of the synthetic trace.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// KV blocks live in GPU memory and GPU threads submit the NVMe
+    /// commands (one kernel launch per batch); needs a CUDA GPU.
+    #[arg(long)]
+    pub gpu: bool,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,

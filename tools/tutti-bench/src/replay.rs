@@ -10,6 +10,7 @@
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
+use tutti::config::{DataPathConfig, Execution};
 use tutti::{error_chain, Config, MemoryHandle, Request, RequestStatus, Runtime, TargetHandle};
 use tutti_bench::{
     fill_block, preset, read_trace, synthetic_trace, verify_block, BlockCache, LatencyRecorder, Summary,
@@ -25,20 +26,73 @@ const BATCH_BLOCKS: usize = 64;
 /// Byte written over the staging area before each load.
 const POISON: u8 = 0xA5;
 
-/// Page-aligned staging memory owned by the replay.
-struct Staging {
-    words: Vec<u64>,
+/// Where a batch's blocks sit between the runtime and the verifier: host
+/// memory owned by the replay, or GPU memory (with a host mirror for
+/// filling and checking, copied across each way).
+enum Staging {
+    Host(Vec<u64>),
+    Gpu { buf: gpu_io::GpuBuffer, mirror: Vec<u8>, _gpu: gpu_io::Gpu },
 }
 
 impl Staging {
-    fn bytes(&mut self) -> &mut [u8] {
-        let n = self.words.len() * 8;
-        let p = self.words.as_mut_ptr().cast::<u8>();
+    fn len(&self) -> usize {
+        match self {
+            Staging::Host(w) => w.len() * 8,
+            Staging::Gpu { buf, .. } => buf.len(),
+        }
+    }
+
+    fn host_bytes(words: &mut [u64]) -> &mut [u8] {
+        let n = words.len() * 8;
+        let p = words.as_mut_ptr().cast::<u8>();
         // SAFETY: a u64 buffer viewed as bytes (no alignment or validity
-        // requirement for u8); called only while no I/O on it is in flight.
+        // requirement for u8); used only while no I/O on it is in flight.
         #[allow(unsafe_code)]
         unsafe {
             std::slice::from_raw_parts_mut(p, n)
+        }
+    }
+
+    /// Overwrites `len` bytes at `at` with the poison byte.
+    fn poison(&mut self, len: usize) -> Result<(), String> {
+        match self {
+            Staging::Host(w) => Self::host_bytes(w)[..len].fill(POISON),
+            Staging::Gpu { buf, mirror, .. } => {
+                mirror[..len].fill(POISON);
+                buf.copy_in(0, &mirror[..len]).map_err(err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes block `(hash, version)`'s pattern at `at`.
+    fn fill(&mut self, at: usize, len: usize, hash: u64, version: u64) -> Result<(), String> {
+        match self {
+            Staging::Host(w) => fill_block(&mut Self::host_bytes(w)[at..at + len], hash, version),
+            Staging::Gpu { buf, mirror, .. } => {
+                fill_block(&mut mirror[at..at + len], hash, version);
+                buf.copy_in(at, &mirror[at..at + len]).map_err(err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks every byte of the block at `at` against its pattern.
+    fn verify(
+        &mut self,
+        at: usize,
+        len: usize,
+        hash: u64,
+        version: u64,
+    ) -> Result<(), tutti_bench::Mismatch> {
+        match self {
+            Staging::Host(w) => verify_block(&Self::host_bytes(w)[at..at + len], hash, version),
+            Staging::Gpu { buf, mirror, .. } => {
+                // A failed copy leaves the mirror poisoned: a mismatch.
+                mirror[at..at + len].fill(POISON);
+                let _ = buf.copy_out(at, &mut mirror[at..at + len]);
+                verify_block(&mirror[at..at + len], hash, version)
+            }
         }
     }
 }
@@ -82,7 +136,7 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
             None => "--requests must be at least 1".into(),
         });
     }
-    let config = match &a.config {
+    let mut config = match &a.config {
         Some(p) => Config::from_path(p).map_err(err)?,
         None => {
             if !(1..=4).contains(&a.drives) {
@@ -95,6 +149,15 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
             Config::builtin_striped_ram(a.drives, per_drive, block_bytes)
         }
     };
+    if a.gpu {
+        for dp in config.datapaths.values_mut() {
+            match dp {
+                DataPathConfig::LocalNvme(l) => l.execution = Execution::Gpu,
+                DataPathConfig::StripedLocalNvme(s) => s.execution = Execution::Gpu,
+                _ => {}
+            }
+        }
+    }
     let rt = Runtime::from_config(config).map_err(err)?;
     let info = rt.store_info(&a.store).ok_or_else(|| format!("no store named {:?}", a.store))?;
     let slot_size = info.slot_size.ok_or("the store's resolver is not a slab")?;
@@ -110,14 +173,26 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
     let targets: Vec<TargetHandle> =
         rt.open_batch(&uri_refs).into_iter().collect::<Result<_, _>>().map_err(err)?;
 
-    let mut staging = Staging { words: vec![0u64; BATCH_BLOCKS * block_bytes as usize / 8] };
-    let staging_len = staging.words.len() * 8;
-    // SAFETY: `staging` outlives the registration (unregistered below, and
-    // the runtime is dropped before it), and its bytes are touched only
-    // between a batch's wait and the next submit.
-    #[allow(unsafe_code)]
-    let mem = unsafe { rt.register_memory(staging.words.as_mut_ptr().cast(), staging_len) }.map_err(err)?;
-
+    let staging_len = BATCH_BLOCKS * block_bytes as usize;
+    let mut staging = if a.gpu {
+        let gpu = gpu_io::Gpu::open(0).map_err(err)?;
+        let buf = gpu_io::GpuBuffer::zeroed(&gpu, staging_len).map_err(err)?;
+        Staging::Gpu { buf, mirror: vec![0u8; staging_len], _gpu: gpu }
+    } else {
+        Staging::Host(vec![0u64; staging_len / 8])
+    };
+    let mem = match &mut staging {
+        // SAFETY: `staging` outlives the registration (unregistered below,
+        // and the runtime is dropped before it), and its bytes are touched
+        // only between a batch's wait and the next submit.
+        #[allow(unsafe_code)]
+        Staging::Host(w) => unsafe { rt.register_memory(w.as_mut_ptr().cast(), staging_len) },
+        // SAFETY: as above, for the GPU allocation.
+        #[allow(unsafe_code)]
+        Staging::Gpu { buf, .. } => unsafe { rt.register_gpu_memory(buf.device_ptr(), staging_len) },
+    }
+    .map_err(err)?;
+    debug_assert_eq!(staging.len(), staging_len);
     let bar = if a.json { ProgressBar::hidden() } else { ProgressBar::new(trace.len() as u64) };
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} requests {msg}")
@@ -130,6 +205,7 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
         block_tokens: a.block_tokens,
         block_bytes,
         drives: info.drives.clone(),
+        execution: if a.gpu { "gpu".into() } else { "cpu".into() },
         ..Summary::default()
     };
     let start = Instant::now();
@@ -160,11 +236,12 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
             // Poison the staging area first, so that a read that moves no
             // data (or not all of it) cannot pass verification with bytes
             // left over from an earlier save.
-            staging.bytes()[..chunk.len() * block_bytes as usize].fill(POISON);
+            staging.poison(chunk.len() * block_bytes as usize)?;
             run_batch(&rt, mem, &targets, chunk, block_bytes, false)?;
             for (i, &(h, _, v)) in chunk.iter().enumerate() {
                 let b = i * block_bytes as usize;
-                verify_block(&staging.bytes()[b..b + block_bytes as usize], h, v)
+                staging
+                    .verify(b, block_bytes as usize, h, v)
                     .map_err(|m| {
                         format!(
                             "block {h} (slot version {v}) loaded wrong data: byte {} is {:#04x}, expected {:#04x}",
@@ -184,7 +261,7 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
         for chunk in saves.chunks(BATCH_BLOCKS) {
             for (i, &(h, _, v)) in chunk.iter().enumerate() {
                 let b = i * block_bytes as usize;
-                fill_block(&mut staging.bytes()[b..b + block_bytes as usize], h, v);
+                staging.fill(b, block_bytes as usize, h, v)?;
             }
             let t = Instant::now();
             run_batch(&rt, mem, &targets, chunk, block_bytes, true)?;

@@ -137,6 +137,10 @@ pub struct Summary {
     pub block_bytes: u64,
     /// The drives the store spans (names or PCI addresses), in stripe order.
     pub drives: Vec<String>,
+    /// Who submitted the NVMe commands and where the blocks lived: `cpu`
+    /// (host memory) or `gpu` (GPU threads, blocks in GPU memory).
+    #[serde(default)]
+    pub execution: String,
     /// Requests replayed.
     pub requests: u64,
     /// Blocks written to the store (cache misses).
@@ -201,7 +205,7 @@ impl Summary {
         } else {
             format!("{} ({})", self.drives.len(), self.drives.join(", "))
         };
-        let rows: [(&str, String); 14] = [
+        let rows: [(&str, String); 15] = [
             ("model", self.model.clone()),
             (
                 "block",
@@ -213,6 +217,13 @@ impl Summary {
                 ),
             ),
             ("drives", drives),
+            (
+                "execution",
+                match self.execution.as_str() {
+                    "gpu" => "GPU threads submit, blocks in GPU memory".to_string(),
+                    _ => "CPU thread submits, blocks in host memory".to_string(),
+                },
+            ),
             ("requests", self.requests.to_string()),
             ("blocks saved", self.blocks_saved.to_string()),
             ("blocks loaded", self.blocks_loaded.to_string()),
@@ -328,7 +339,7 @@ mod tests {
                 gap + l[gap..].find(|c: char| c != ' ').unwrap()
             })
             .collect();
-        assert_eq!(cols.len(), 14);
+        assert_eq!(cols.len(), 15);
         assert!(cols.iter().all(|&c| c == cols[0]), "{t}");
     }
 

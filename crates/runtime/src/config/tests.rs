@@ -113,6 +113,7 @@ fn full_config_parses_and_validates() {
             stripe_unit: ByteSize::kib(128),
             queues_per_drive: 2,
             queue_depth: 256,
+            execution: Execution::Cpu,
         })
     );
     assert_eq!(c.stores["meta"], StoreConfig { resolver: "small".into(), datapath: "one".into() });
@@ -142,7 +143,8 @@ fn defaults_applied() {
             drive: "d0".into(),
             nsid: 1,
             queues: 2,
-            queue_depth: 256
+            queue_depth: 256,
+            execution: Execution::Cpu,
         })
     );
     let c = Config::from_yaml_str(&minimal("", "striped_local_nvme: { drives: [d0, d1] }")).unwrap();

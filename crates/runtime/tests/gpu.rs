@@ -1,0 +1,74 @@
+//! The runtime's GPU execution mode (`execution: gpu`): one submit is one
+//! kernel launch. Needs a CUDA GPU; elsewhere each test prints why it
+//! skipped and passes.
+
+use std::time::Duration;
+
+use tutti::config::{DataPathConfig, Execution};
+use tutti::{Config, Error, Request, RequestStatus, Runtime};
+
+fn gpu_runtime(drives: usize) -> Option<Runtime> {
+    let mut cfg = Config::builtin_striped_ram(drives, 64 << 20, 1 << 20);
+    for dp in cfg.datapaths.values_mut() {
+        match dp {
+            DataPathConfig::LocalNvme(l) => l.execution = Execution::Gpu,
+            DataPathConfig::StripedLocalNvme(s) => s.execution = Execution::Gpu,
+            _ => {}
+        }
+    }
+    match Runtime::from_config(cfg) {
+        Ok(rt) => Some(rt),
+        Err(e @ Error::Gpu { .. }) => {
+            eprintln!("skipped: {}", tutti::error_chain(&e));
+            None
+        }
+        Err(e) => panic!("{}", tutti::error_chain(&e)),
+    }
+}
+
+#[test]
+fn gpu_execution_round_trips_host_memory_over_a_four_drive_stripe() {
+    let Some(rt) = gpu_runtime(4) else { return };
+    let mut src: Vec<u64> =
+        (0..(8 << 20) / 8).map(|i| (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+    let mut dst = vec![0u64; (8 << 20) / 8];
+    // SAFETY: both vectors outlive the registrations and are untouched
+    // while I/O runs.
+    #[allow(unsafe_code)]
+    let (ms, md) = unsafe {
+        (
+            rt.register_memory(src.as_mut_ptr().cast(), 8 << 20).unwrap(),
+            rt.register_memory(dst.as_mut_ptr().cast(), 8 << 20).unwrap(),
+        )
+    };
+    let targets: Vec<_> = (0..8).map(|i| rt.open(&format!("tutti://kv/{i}")).unwrap()).collect();
+    let writes: Vec<_> = targets
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| Request::write(t, 0, 1 << 20, ms, (i as u64) << 20))
+        .collect();
+    let st = rt.wait(rt.submit(&writes).op().unwrap(), Duration::from_secs(30)).unwrap();
+    assert!(st.iter().all(RequestStatus::is_success), "{st:?}");
+    let reads: Vec<_> = targets
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| Request::read(t, 0, 1 << 20, md, ((7 - i) as u64) << 20))
+        .collect();
+    let st = rt.wait(rt.submit(&reads).op().unwrap(), Duration::from_secs(30)).unwrap();
+    assert!(st.iter().all(RequestStatus::is_success), "{st:?}");
+    for i in 0..8 {
+        let w = 1 << 17;
+        assert!(src[i * w..(i + 1) * w] == dst[(7 - i) * w..(8 - i) * w], "slot {i}");
+    }
+    // Two memory regions in one GPU batch are refused per request.
+    let mixed = [Request::read(targets[0], 0, 4096, ms, 0), Request::read(targets[1], 0, 4096, md, 0)];
+    let sub = rt.submit(&mixed);
+    assert!(sub.states()[0].is_ok());
+    assert!(matches!(sub.states()[1], Err(tutti::RequestError::GpuBatchMemory)));
+    let st = rt.wait(sub.op().unwrap(), Duration::from_secs(30)).unwrap();
+    assert!(st[0].is_success());
+    rt.unregister_memory(ms).unwrap();
+    rt.unregister_memory(md).unwrap();
+    let r = rt.shutdown(Duration::from_secs(5));
+    assert!(r.drives.iter().all(|(_, x)| x.is_ok()), "{:?}", r.drives);
+}

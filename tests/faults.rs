@@ -1,0 +1,230 @@
+//! Fault injection in the emulator (`FaultRule`) seen through the driver:
+//! media errors, commands that never complete, late completions, rules that
+//! fire a limited number of times, and rules added and cleared at run time.
+
+use std::time::{Duration, Instant};
+
+use nvm_queue::{plan_io, Completion, DataRef, DmaBuffer, IoOp, NamespaceInfo, QueuePair};
+use nvme_emu::{FaultAction, FaultMatch, FaultRule};
+use nvme_regs::opcode::nvm_opcode;
+use nvme_regs::status::media;
+use nvme_regs::Status;
+use tutti_tests::rig;
+
+/// Blocks per batch: one single-block command per LBA `0..BATCH`.
+const BATCH: u64 = 16;
+
+fn media_error() -> Status {
+    Status::media(media::UNRECOVERED_READ_ERROR).with_dnr(true)
+}
+
+/// A rule matching I/O commands that touch logical block `lba`.
+fn at_lba(lba: u64, action: FaultAction, times: Option<u64>) -> FaultRule {
+    FaultRule { matches: FaultMatch { lba: Some(lba..lba + 1), ..Default::default() }, action, times }
+}
+
+/// Submits one `op` command of one block for each LBA in `lbas` (tag = LBA,
+/// data at `buf[lba * block]`) and rings once.
+fn submit(
+    qp: &mut QueuePair,
+    ns: &NamespaceInfo,
+    op: IoOp,
+    lbas: impl IntoIterator<Item = u64>,
+    buf: &DmaBuffer,
+) {
+    let bs = u64::from(ns.block_size);
+    let mapping = buf.mapping().clone();
+    for lba in lbas {
+        for c in plan_io(ns, lba * bs, bs, 1 << 20).unwrap() {
+            let data = DataRef { mapping: &mapping, offset: (lba * bs) as usize, len: c.len };
+            qp.submit(op.sqe(ns.nsid, &c), Some(data), lba).unwrap();
+        }
+    }
+    qp.ring();
+}
+
+/// Polls until `n` completions have arrived or `within` has passed, and
+/// returns them with their arrival times.
+fn collect(qp: &mut QueuePair, n: usize, within: Duration) -> Vec<(Completion, Instant)> {
+    let deadline = Instant::now() + within;
+    let mut done = Vec::new();
+    while done.len() < n && Instant::now() < deadline {
+        qp.poll(|c| done.push((c, Instant::now())));
+    }
+    done
+}
+
+/// Runs a batch of `op` over `lbas` and waits (10 s at most) for all of it.
+fn batch(
+    qp: &mut QueuePair,
+    ns: &NamespaceInfo,
+    op: IoOp,
+    lbas: std::ops::Range<u64>,
+    buf: &DmaBuffer,
+) -> Vec<Completion> {
+    let n = (lbas.end - lbas.start) as usize;
+    submit(qp, ns, op, lbas, buf);
+    let done = collect(qp, n, Duration::from_secs(10));
+    assert_eq!(done.len(), n, "timed out: {}", qp.dump());
+    let mut v: Vec<Completion> = done.into_iter().map(|(c, _)| c).collect();
+    v.sort_by_key(|c| c.tag);
+    v
+}
+
+#[test]
+fn media_error_on_one_lba_fails_only_that_command() {
+    let mut r = rig(|c| c.faults = vec![at_lba(10, FaultAction::Fail(media_error()), None)]);
+    let ns = *r.ctrl.namespace(1).unwrap();
+    let mut qp = r.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    let buf = DmaBuffer::new(&r.dev, (BATCH * 4096) as usize).unwrap();
+    let done = batch(&mut qp, &ns, IoOp::Read, 0..BATCH, &buf);
+    for c in &done {
+        if c.tag == 10 {
+            assert_eq!((c.status.sct, c.status.sc, c.status.dnr), (2, 0x81, true), "{c:?}");
+            assert_eq!(c.status, media_error());
+        } else {
+            assert!(c.status.is_success(), "{c:?}");
+        }
+    }
+    assert_eq!(r.emu.stats().faults_injected, 1);
+    // A failed read moved no data.
+    assert_eq!(r.emu.stats().media_bytes_read, (BATCH - 1) * 4096);
+}
+
+#[test]
+fn never_complete_leaves_one_command_outstanding_past_the_sq_head() {
+    let mut r = rig(|_| {});
+    let ns = *r.ctrl.namespace(1).unwrap();
+    let mut qp = r.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    r.emu.add_fault(at_lba(5, FaultAction::NeverComplete, None));
+    let buf = DmaBuffer::new(&r.dev, (BATCH * 4096) as usize).unwrap();
+    buf.fill(0xA5);
+    submit(&mut qp, &ns, IoOp::Write, 0..BATCH, &buf);
+    let done = collect(&mut qp, BATCH as usize - 1, Duration::from_secs(10));
+    assert_eq!(done.len(), BATCH as usize - 1, "{}", qp.dump());
+    assert!(done.iter().all(|(c, _)| c.status.is_success() && c.tag != 5));
+    std::thread::sleep(Duration::from_millis(300));
+    let late = collect(&mut qp, 1, Duration::from_millis(10));
+    assert!(late.is_empty(), "{late:?}");
+    assert_eq!(qp.outstanding(), 1);
+    assert_eq!(qp.outstanding_tags().iter().map(|&(_, t)| t).collect::<Vec<_>>(), vec![5]);
+    // The controller fetched it: SQHD of the later CQEs moved past it.
+    assert_eq!(qp.sq().head(), qp.sq().tail(), "{}", qp.dump());
+    assert_eq!(r.emu.stats().faults_injected, 1);
+    // Not executed: LBA 5 still reads as zeroes, its neighbours as written.
+    r.emu.clear_faults();
+    let rd = DmaBuffer::new(&r.dev, (BATCH * 4096) as usize).unwrap();
+    rd.fill(0xFF);
+    let c = batch(&mut qp, &ns, IoOp::Read, 4..7, &rd);
+    assert!(c.iter().all(|c| c.status.is_success()));
+    let mut b = [0u8; 4096];
+    for (lba, want) in [(4u64, 0xA5u8), (5, 0), (6, 0xA5)] {
+        rd.read_bytes((lba * 4096) as usize, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == want), "LBA {lba}");
+    }
+    assert_eq!(qp.outstanding(), 1, "the held command stays outstanding");
+}
+
+#[test]
+fn delayed_command_completes_no_earlier_than_its_delay() {
+    let delay = Duration::from_millis(200);
+    let mut r = rig(|c| c.faults = vec![at_lba(3, FaultAction::Delay(delay), None)]);
+    let ns = *r.ctrl.namespace(1).unwrap();
+    let mut qp = r.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    let buf = DmaBuffer::new(&r.dev, (BATCH * 4096) as usize).unwrap();
+    let start = Instant::now();
+    submit(&mut qp, &ns, IoOp::Read, 0..BATCH, &buf);
+    let done = collect(&mut qp, BATCH as usize, Duration::from_secs(10));
+    assert_eq!(done.len(), BATCH as usize, "{}", qp.dump());
+    assert!(done.iter().all(|(c, _)| c.status.is_success()));
+    let (last, at) = done.last().unwrap();
+    assert_eq!(last.tag, 3, "the delayed command completes last");
+    assert!(*at - start >= delay, "completed after {:?}", *at - start);
+    assert_eq!(r.emu.stats().faults_injected, 1);
+}
+
+#[test]
+fn delay_adds_to_the_timing_model() {
+    let delay = Duration::from_millis(100);
+    let mut r = rig(|c| {
+        c.timing = Some(nvme_emu::TimingModel {
+            latency: Duration::from_millis(20),
+            bandwidth_bytes_per_s: None,
+            iops: None,
+        });
+        c.faults = vec![at_lba(0, FaultAction::Delay(delay), Some(1))];
+    });
+    let ns = *r.ctrl.namespace(1).unwrap();
+    let mut qp = r.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    let buf = DmaBuffer::new(&r.dev, 2 * 4096).unwrap();
+    let start = Instant::now();
+    submit(&mut qp, &ns, IoOp::Read, 0..2, &buf);
+    let done = collect(&mut qp, 2, Duration::from_secs(10));
+    assert_eq!(done.len(), 2, "{}", qp.dump());
+    assert_eq!(done[0].0.tag, 1);
+    assert!(done[0].1 - start >= Duration::from_millis(20));
+    assert_eq!(done[1].0.tag, 0);
+    assert!(done[1].1 - start >= delay + Duration::from_millis(20), "{:?}", done[1].1 - start);
+}
+
+#[test]
+fn rule_with_times_one_fails_once_and_the_retry_succeeds() {
+    let mut r = rig(|c| c.faults = vec![at_lba(7, FaultAction::Fail(media_error()), Some(1))]);
+    let ns = *r.ctrl.namespace(1).unwrap();
+    let mut qp = r.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    let buf = DmaBuffer::new(&r.dev, (BATCH * 4096) as usize).unwrap();
+    let first = batch(&mut qp, &ns, IoOp::Read, 7..8, &buf);
+    assert_eq!(first[0].status, media_error());
+    let retry = batch(&mut qp, &ns, IoOp::Read, 7..8, &buf);
+    assert!(retry[0].status.is_success(), "{retry:?}");
+    let again = batch(&mut qp, &ns, IoOp::Read, 0..BATCH, &buf);
+    assert!(again.iter().all(|c| c.status.is_success()));
+    assert_eq!(r.emu.stats().faults_injected, 1);
+}
+
+#[test]
+fn faults_added_at_run_time_apply_until_cleared() {
+    let mut r = rig(|_| {});
+    let ns = *r.ctrl.namespace(1).unwrap();
+    let mut qp = r.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    let buf = DmaBuffer::new(&r.dev, (BATCH * 4096) as usize).unwrap();
+    let ok = batch(&mut qp, &ns, IoOp::Write, 0..BATCH, &buf);
+    assert!(ok.iter().all(|c| c.status.is_success()));
+    assert_eq!(r.emu.stats().faults_injected, 0);
+
+    // Every read from SQ 1 fails; writes are untouched.
+    let read_fails = FaultRule {
+        matches: FaultMatch { qid: Some(1), opcode: Some(nvm_opcode::READ), nsid: Some(1), lba: None },
+        action: FaultAction::Fail(media_error()),
+        times: None,
+    };
+    r.emu.add_fault(read_fails);
+    let reads = batch(&mut qp, &ns, IoOp::Read, 0..BATCH, &buf);
+    assert!(reads.iter().all(|c| c.status == media_error()), "{reads:?}");
+    let writes = batch(&mut qp, &ns, IoOp::Write, 0..BATCH, &buf);
+    assert!(writes.iter().all(|c| c.status.is_success()));
+    assert_eq!(r.emu.stats().faults_injected, BATCH);
+
+    r.emu.clear_faults();
+    let reads = batch(&mut qp, &ns, IoOp::Read, 0..BATCH, &buf);
+    assert!(reads.iter().all(|c| c.status.is_success()), "{reads:?}");
+    assert_eq!(r.emu.stats().faults_injected, BATCH);
+}
+
+#[test]
+fn admin_commands_can_be_failed_too() {
+    let mut r = rig(|_| {});
+    let status = Status::generic(nvme_regs::status::generic::INTERNAL_ERROR);
+    r.emu.add_fault(FaultRule {
+        matches: FaultMatch { qid: Some(0), ..Default::default() },
+        action: FaultAction::Fail(status),
+        times: Some(1),
+    });
+    // Create I/O CQ fails (not executed), the next attempt goes through.
+    assert!(r.ctrl.create_io_queue_pair(1, 16, 15).is_err());
+    assert_eq!(r.emu.stats().faults_injected, 1);
+    let mut qp = r.ctrl.create_io_queue_pair(1, 16, 15).unwrap();
+    let ns = *r.ctrl.namespace(1).unwrap();
+    let buf = DmaBuffer::new(&r.dev, 4096).unwrap();
+    assert!(batch(&mut qp, &ns, IoOp::Read, 0..1, &buf)[0].status.is_success());
+}
