@@ -186,8 +186,19 @@ impl HostMapping {
     /// `host..host + len` must stay allocated until the mapping is dropped,
     /// and must not overlap another registration.
     unsafe fn new(ctx: &Arc<CudaContext>, host: *mut u8, len: usize) -> Result<Self, GpuError> {
+        // SAFETY: forwarded.
+        unsafe { Self::with_flags(ctx, host, len, 0) }
+    }
+
+    /// As [`HostMapping::new`], adding `extra` registration flags (e.g.
+    /// `CU_MEMHOSTREGISTER_IOMEMORY` for a device's MMIO window).
+    ///
+    /// # Safety
+    ///
+    /// As for [`HostMapping::new`].
+    unsafe fn with_flags(ctx: &Arc<CudaContext>, host: *mut u8, len: usize, extra: u32) -> Result<Self, GpuError> {
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP | extra;
         // SAFETY: forwarded from this function's contract.
         unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) }
             .result()
@@ -434,6 +445,21 @@ impl GpuDrive {
         // struct keeps `device` alive longer than the mapping (field order:
         // `bar` drops first).
         let bar = unsafe { HostMapping::new(&gpu.ctx, bar.base_ptr(), bar.len()) }?;
+        Ok(Self { bar, device })
+    }
+
+    /// Maps a real controller's BAR0 (an MMIO window, e.g. mmapped from
+    /// vfio-pci) into the GPU with `CU_MEMHOSTREGISTER_IOMEMORY`, so GPU
+    /// threads store to its doorbells directly over PCIe. Written for real
+    /// drives (issue 3's device access); not yet run on hardware: see
+    /// docs/gpu.md. Emulated drives use [`GpuDrive::map`].
+    pub fn map_mmio(gpu: &Gpu, device: Arc<dyn NvmeDevice>) -> Result<Self, GpuError> {
+        let bar = device.bar0();
+        // SAFETY: the window stays mapped while `device` lives, which this
+        // struct keeps alive longer than the registration.
+        let bar = unsafe {
+            HostMapping::with_flags(&gpu.ctx, bar.base_ptr(), bar.len(), sys::CU_MEMHOSTREGISTER_IOMEMORY)
+        }?;
         Ok(Self { bar, device })
     }
 
