@@ -196,7 +196,12 @@ impl HostMapping {
     /// # Safety
     ///
     /// As for [`HostMapping::new`].
-    unsafe fn with_flags(ctx: &Arc<CudaContext>, host: *mut u8, len: usize, extra: u32) -> Result<Self, GpuError> {
+    unsafe fn with_flags(
+        ctx: &Arc<CudaContext>,
+        host: *mut u8,
+        len: usize,
+        extra: u32,
+    ) -> Result<Self, GpuError> {
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP | extra;
         // SAFETY: forwarded from this function's contract.

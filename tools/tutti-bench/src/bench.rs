@@ -320,16 +320,16 @@ pub fn stripe(a: &StripeArgs) -> Result<(), String> {
 #[derive(Debug, Args)]
 pub struct GpuRateArgs {
     /// Emulated controllers (each has one controller thread), 1..=32.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=32))]
+    #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u64).range(1..=32))]
     pub drives: u64,
-    /// I/O queue pairs per controller, 1..=16 (one GPU thread block each).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=16))]
+    /// I/O queue pairs per controller, 1..=64 (one GPU thread block each).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub queues_per_drive: u64,
     /// Entries per queue, 2..=1024 (threads per block = entries - 1).
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(2..=1024))]
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=1024))]
     pub queue_depth: u32,
     /// Commands in the launch.
-    #[arg(long, default_value_t = 4_000_000)]
+    #[arg(long, default_value_t = 8_000_000)]
     pub commands: u64,
     /// Print JSON.
     #[arg(long)]
