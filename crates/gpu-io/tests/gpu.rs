@@ -247,34 +247,37 @@ fn kv_blocks_in_gpu_memory_round_trip_through_the_emulator() {
 }
 
 #[test]
-fn a_command_that_does_not_complete_in_budget_times_out_alone() {
+fn a_command_the_emulator_never_completes_times_out_alone() {
+    use nvme_emu::{FaultAction, FaultMatch, FaultRule};
     let Some(gpu) = gpu() else { return };
-    // Drive 0 answers after 3 s; drive 1 at once. One launch over both.
-    let mut slow = drive(&gpu, "slow", |c| {
-        c.timing = Some(nvme_emu::TimingModel {
-            latency: Duration::from_secs(3),
-            bandwidth_bytes_per_s: None,
-            iops: None,
+    // The emulator fetches the read of LBA 7 but never completes it; a
+    // second drive in the same launch is untouched.
+    let mut a = drive(&gpu, "never", |c| {
+        c.faults.push(FaultRule {
+            matches: FaultMatch { lba: Some(7..8), ..Default::default() },
+            action: FaultAction::NeverComplete,
+            times: None,
         })
     });
-    let mut fast = drive(&gpu, "fast", |_| {});
-    let qs =
-        GpuQueue::new(&gpu, &slow.gpu_drive, slow.ctrl.create_io_queue_pair(1, 16, 15).unwrap()).unwrap();
-    let qf =
-        GpuQueue::new(&gpu, &fast.gpu_drive, fast.ctrl.create_io_queue_pair(1, 16, 15).unwrap()).unwrap();
-    let bs = DmaBuffer::new(&slow.dev, 16 * 4096).unwrap();
-    let bf = DmaBuffer::new(&fast.dev, 16 * 4096).unwrap();
-    let (rs, rf) = (
-        GpuRegion::new(&gpu, bs.mapping(), bs.len()).unwrap(),
-        GpuRegion::new(&gpu, bf.mapping(), bf.len()).unwrap(),
+    let mut b = drive(&gpu, "fine", |_| {});
+    let qa = GpuQueue::new(&gpu, &a.gpu_drive, a.ctrl.create_io_queue_pair(1, 32, 31).unwrap()).unwrap();
+    let qb = GpuQueue::new(&gpu, &b.gpu_drive, b.ctrl.create_io_queue_pair(1, 32, 31).unwrap()).unwrap();
+    let ba = DmaBuffer::new(&a.dev, 16 * 4096).unwrap();
+    let bb = DmaBuffer::new(&b.dev, 16 * 4096).unwrap();
+    let (ra, rb) = (
+        GpuRegion::new(&gpu, ba.mapping(), ba.len()).unwrap(),
+        GpuRegion::new(&gpu, bb.mapping(), bb.len()).unwrap(),
     );
-    let mut reqs = vec![rw(nvm_opcode::READ, 0, 0, 0)];
-    reqs.extend((0..15u64).map(|b| rw(nvm_opcode::READ, 1, b, b * 4096)));
+    let mut reqs: Vec<_> = (0..16u64).map(|l| rw(nvm_opcode::READ, 0, l, l * 4096)).collect();
+    reqs.extend((0..16u64).map(|l| rw(nvm_opcode::READ, 1, l, l * 4096)));
     let t = std::time::Instant::now();
-    let st = gpu.run(&[(&qs, &rs), (&qf, &rf)], &reqs, 15, Duration::from_millis(200)).unwrap();
+    let st = gpu.run(&[(&qa, &ra), (&qb, &rb)], &reqs, 31, Duration::from_millis(200)).unwrap();
     assert!(t.elapsed() < Duration::from_secs(2), "the budget bounds the launch");
-    assert_eq!(st[0], GpuStatus::Timeout);
-    assert!(st[1..].iter().all(|s| *s == GpuStatus::Success), "{st:?}");
+    for (i, s) in st.iter().enumerate() {
+        let want = if i == 7 { GpuStatus::Timeout } else { GpuStatus::Success };
+        assert_eq!(*s, want, "request {i}");
+    }
+    assert_eq!(a.emu.stats().faults_injected, 1);
 }
 
 #[test]
