@@ -327,6 +327,64 @@ pub struct EmulatedDriveConfig {
     /// Timing model. Absent: commands complete as fast as the CPU goes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timing: Option<TimingConfig>,
+    /// Fault injection, for testing error handling: commands matching a
+    /// rule fail, never complete, or complete late. Default none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<FaultConfig>,
+}
+
+/// One fault-injection rule of an emulated drive (the emulator's
+/// `FaultRule`). YAML: `{ lba: [400, 401], op: read, action: never_complete }`,
+/// `action: { fail: { sct: 2, sc: 0x81, dnr: true } }`,
+/// `action: { delay_us: 5000 }`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultConfig {
+    /// Logical blocks `[start, end)`: I/O commands touching any of them
+    /// match. Absent: every command (admin included) matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lba: Option<[u64; 2]>,
+    /// Namespace to match. Absent: any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nsid: Option<u32>,
+    /// Command to match. Absent: any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<FaultOp>,
+    /// What happens to a matching command.
+    pub action: FaultActionConfig,
+    /// Apply to the first `times` matches only. Absent: every match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub times: Option<u64>,
+}
+
+/// Command kinds a fault rule can match.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultOp {
+    /// NVM Read (02h).
+    Read,
+    /// NVM Write (01h).
+    Write,
+}
+
+/// What a fault rule does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum FaultActionConfig {
+    /// Complete with this NVMe status; no data moves.
+    Fail {
+        /// Status Code Type, 0..=7.
+        sct: u8,
+        /// Status Code.
+        sc: u8,
+        /// Do Not Retry.
+        #[serde(default)]
+        dnr: bool,
+    },
+    /// Fetch the command but never complete it.
+    NeverComplete,
+    /// Complete normally, this many microseconds late.
+    DelayUs(u64),
 }
 
 fn default_mqes() -> u16 {
@@ -363,6 +421,7 @@ impl EmulatedDriveConfig {
             mdts: default_mdts(),
             io_queues: default_io_queues(),
             timing: None,
+            faults: Vec::new(),
         }
     }
 }
@@ -544,6 +603,16 @@ impl fmt::Display for RefKind {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
+    /// A fault rule's LBA range is empty or reversed.
+    #[error("{path}: empty LBA range [{start}, {end})")]
+    FaultRange {
+        /// Key path.
+        path: String,
+        /// First block.
+        start: u64,
+        /// One past the last block.
+        end: u64,
+    },
     /// Two emulated drives name the same backing file.
     #[error("{path}: backing file {} is already used by drive {other:?}", file.display())]
     SharedBackingFile {
@@ -774,7 +843,8 @@ impl ConfigError {
             | ConfigError::StripeUnitBlockSize { path, .. }
             | ConfigError::QueueDepthExceedsMqes { path, .. }
             | ConfigError::QueuesExceedIoQueues { path, .. }
-            | ConfigError::SharedBackingFile { path, .. } => path.clone(),
+            | ConfigError::SharedBackingFile { path, .. }
+            | ConfigError::FaultRange { path, .. } => path.clone(),
         }
     }
 }
@@ -1106,6 +1176,17 @@ impl EmulatedDriveConfig {
         range(base, "dstrd", self.dstrd.into(), 0, 15)?;
         range(base, "mdts", self.mdts.into(), 0, 31)?;
         range(base, "io_queues", self.io_queues.into(), 1, u16::MAX.into())?;
+        for (i, f) in self.faults.iter().enumerate() {
+            let path = format!("{base}.faults[{i}]");
+            if let Some([a, b]) = f.lba {
+                if a >= b {
+                    return Err(ConfigError::FaultRange { path: format!("{path}.lba"), start: a, end: b });
+                }
+            }
+            if let FaultActionConfig::Fail { sct, .. } = f.action {
+                range(&format!("{path}.action.fail"), "sct", sct.into(), 0, 7)?;
+            }
+        }
         if let Some(t) = &self.timing {
             let base = format!("{base}.timing");
             if let Some(bw) = t.bandwidth_mb_s {

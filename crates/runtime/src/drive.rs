@@ -7,9 +7,13 @@ use std::time::Duration;
 
 use gpu_io::{Gpu, GpuDrive, GpuQueue};
 use nvm_queue::{Controller, ControllerOptions, NamespaceInfo, NvmeDevice, QueuePair};
-use nvme_emu::{BackingSpec, Emulator, EmulatorConfig, NamespaceSpec, TimingModel};
+use nvme_emu::{
+    BackingSpec, Emulator, EmulatorConfig, FaultAction, FaultMatch, FaultRule, NamespaceSpec, TimingModel,
+};
 
-use crate::config::{Backing, DriveConfig, EmulatedDriveConfig, Execution};
+use crate::config::{
+    Backing, DriveConfig, EmulatedDriveConfig, Execution, FaultActionConfig, FaultConfig, FaultOp,
+};
 use crate::error::Error;
 
 /// How a datapath wants a drive set up.
@@ -67,12 +71,36 @@ fn emulator_config(name: &str, cfg: &EmulatedDriveConfig) -> EmulatorConfig {
     e.dstrd = cfg.dstrd;
     e.mdts = cfg.mdts;
     e.io_queues = cfg.io_queues;
+    e.faults = cfg.faults.iter().map(fault_rule).collect();
     e.timing = cfg.timing.map(|t| TimingModel {
         latency: Duration::from_micros(t.latency_us),
         bandwidth_bytes_per_s: t.bandwidth_mb_s.map(|b| b.saturating_mul(1_000_000)),
         iops: t.iops,
     });
     e
+}
+
+fn fault_rule(f: &FaultConfig) -> FaultRule {
+    use nvme_regs::opcode::nvm_opcode;
+    FaultRule {
+        matches: FaultMatch {
+            qid: None,
+            opcode: f.op.map(|o| match o {
+                FaultOp::Read => nvm_opcode::READ,
+                FaultOp::Write => nvm_opcode::WRITE,
+            }),
+            nsid: f.nsid,
+            lba: f.lba.map(|[a, b]| a..b),
+        },
+        action: match f.action {
+            FaultActionConfig::Fail { sct, sc, dnr } => {
+                FaultAction::Fail(nvme_regs::Status::new(sct, sc).with_dnr(dnr))
+            }
+            FaultActionConfig::NeverComplete => FaultAction::NeverComplete,
+            FaultActionConfig::DelayUs(us) => FaultAction::Delay(Duration::from_micros(us)),
+        },
+        times: f.times,
+    }
 }
 
 impl Drive {

@@ -506,3 +506,19 @@ drives:
     assert_eq!(e.path(), "drives.b.emulated.backing");
     assert!(e.to_string().contains("\"a\""), "{e}");
 }
+
+#[test]
+fn fault_rules_parse_and_are_checked() {
+    let ok = "drives:\n  d0:\n    emulated:\n      namespaces: [{capacity: 1MiB, block_size: 4096}]\n      faults:\n        - { lba: [4, 8], op: read, action: never_complete }\n        - { action: { fail: { sct: 2, sc: 0x81, dnr: true } }, times: 1 }\n        - { op: write, action: { delay_us: 500 } }\n";
+    let c = Config::from_yaml_str(ok).unwrap();
+    let DriveConfig::Emulated(d) = &c.drives["d0"];
+    assert_eq!(d.faults.len(), 3);
+    assert_eq!(d.faults[1].action, FaultActionConfig::Fail { sct: 2, sc: 0x81, dnr: true });
+    let empty = ok.replace("[4, 8]", "[8, 8]");
+    let e = Config::from_yaml_str(&empty).unwrap_err();
+    assert_eq!(e.path(), "drives.d0.emulated.faults[0].lba");
+    let bad_sct = ok.replace("sct: 2", "sct: 9");
+    assert!(Config::from_yaml_str(&bad_sct).unwrap_err().to_string().contains("sct"));
+    let unknown = ok.replace("never_complete", "explode");
+    assert!(Config::from_yaml_str(&unknown).is_err());
+}
