@@ -227,3 +227,19 @@ fn data_in_copy_only_memory_round_trips_through_prps() {
     r.dev.dma_unmap(&ms).unwrap();
     r.dev.dma_unmap(&md).unwrap();
 }
+
+#[test]
+fn cq_head_doorbell_follows_every_completion_on_a_64_entry_queue() {
+    // After k completions the CQ head doorbell must read k mod 64, or the
+    // controller would see a full CQ and the 64th completion never arrive.
+    let mut r = rig(|_| {});
+    let ns = *r.ctrl.namespace(1).unwrap();
+    let mut qp = r.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    let db = qp.cq().doorbell_offset();
+    let buf = DmaBuffer::new(&r.dev, 4096).unwrap();
+    for k in 1..=200u32 {
+        let c = io(&mut qp, IoOp::Read, (&ns, r.ctrl.max_transfer()), 0, 4096, &buf, 0);
+        assert!(c[0].status.is_success());
+        assert_eq!(r.dev.bar0().read32(db).unwrap(), k % 64, "after {k} completions");
+    }
+}
