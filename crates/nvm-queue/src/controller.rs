@@ -495,8 +495,70 @@ impl Controller {
                 dstrd: self.cap.dstrd(),
             },
         )?;
-        let cq = CreateIoCq::new(qid, entries).build();
-        let mut cq = cq;
+        self.recreate_io_queue_pair(&qp)?;
+        Ok(qp)
+    }
+
+    /// Controller-level reset (NVMe Base 2.0 3.7.2): CC.EN = 0 and wait for
+    /// CSTS.RDY = 0 (which also clears CSTS.CFS and deletes every queue on
+    /// the controller), then the admin queue is re-programmed on the same
+    /// memory, the controller re-enabled, re-identified, and the I/O queue
+    /// count asked for again.
+    ///
+    /// Every command outstanding on any queue is gone: the owners of I/O
+    /// queue pairs must call [`QueuePair::reset_after_controller_reset`]
+    /// (failing what it returns) and then
+    /// [`Controller::recreate_io_queue_pair`]. After the reset the
+    /// controller no longer touches memory of the old commands.
+    pub fn reset(&mut self) -> Result<(), ControllerError> {
+        let bar = self.device.bar0();
+        let cc = Cc(bar.read32(offset::CC)?);
+        if Cc(u32::MAX) == cc {
+            return Err(ControllerError::DeviceGone { register: "CC" });
+        }
+        bar.write32(offset::CC, cc.with_en(false).with_shn(ShutdownNotification::None).0)?;
+        wait_csts(&*self.device, self.ready_timeout, "CSTS.RDY = 0 for reset", false, |c| !c.rdy())?;
+        self.live_queues.clear();
+        // Nothing on the admin queue can complete any more.
+        let lost = self.admin.reset_after_controller_reset();
+        if !lost.is_empty() {
+            // The scratch page may have belonged to one of them; the reset
+            // ended its DMA, so it can be reused.
+            tracing::warn!(commands = lost.len(), "admin commands lost in the reset");
+        }
+        let entries = self.admin.sq().size();
+        let asq = self.admin.sq().memory().device_addr(0)?;
+        let acq = self.admin.cq().memory().device_addr(0)?;
+        bar.write32(offset::AQA, Aqa::new((entries - 1) as u16, (entries - 1) as u16).0)?;
+        bar.write64(offset::ASQ, asq)?;
+        bar.write64(offset::ACQ, acq)?;
+        let mps = self.page_size.trailing_zeros() - 12;
+        let cc = Cc(0)
+            .with_iosqes(6)
+            .with_iocqes(4)
+            .with_mps(mps as u8)
+            .with_css(0)
+            .with_ams(0)
+            .with_shn(ShutdownNotification::None)
+            .with_en(true);
+        bar.write32(offset::CC, cc.0)?;
+        wait_csts(&*self.device, self.ready_timeout, "CSTS.RDY = 1 after reset", true, |c| c.rdy())?;
+        self.shut_down = false;
+        self.identify()?;
+        self.set_number_of_queues()
+    }
+
+    /// Creates I/O queue pair `qp` on the controller, on the pair's memory:
+    /// Create I/O CQ, then Create I/O SQ. [`Controller::create_io_queue_pair`]
+    /// uses it; after [`Controller::reset`] and
+    /// [`QueuePair::reset_after_controller_reset`] it creates the queue again.
+    pub fn recreate_io_queue_pair(&mut self, qp: &QueuePair) -> Result<(), ControllerError> {
+        let qid = qp.qid();
+        if qid == 0 || qid > self.io_queues_granted || self.live_queues.contains(&qid) {
+            return Err(ControllerError::NoQueue { qid, granted: self.io_queues_granted });
+        }
+        let entries = qp.sq().size();
+        let mut cq = CreateIoCq::new(qid, entries).build();
         cq.set_prp(qp.cq().memory().device_addr(0)?, 0);
         self.admin_command(cq, "Create I/O Completion Queue")?;
         let mut sq = CreateIoSq::new(qid, entries, qid).build();
@@ -506,7 +568,7 @@ impl Controller {
             return Err(e);
         }
         self.live_queues.push(qid);
-        Ok(qp)
+        Ok(())
     }
 
     /// Deletes I/O queue pair `qid` on the controller: the SQ first, then

@@ -51,6 +51,9 @@ pub(crate) struct Drive {
     /// Cleared when the runtime shuts the controller down: its queues are
     /// gone, so nothing may ring their doorbells or poll them any more.
     alive: AtomicBool,
+    /// Set when the controller reported a fatal status (CSTS.CFS) or
+    /// vanished: its queues are dead until `Runtime::reset_drive`.
+    pub failed: AtomicBool,
     pub ns: NamespaceInfo,
     pub max_transfer: usize,
 }
@@ -170,6 +173,7 @@ impl Drive {
             queues,
             next_queue: AtomicUsize::new(0),
             alive: AtomicBool::new(true),
+            failed: AtomicBool::new(false),
             ns,
             max_transfer,
         })
@@ -177,7 +181,7 @@ impl Drive {
 
     /// `false` once the controller was shut down.
     pub fn is_alive(&self) -> bool {
-        self.alive.load(Ordering::Acquire)
+        self.alive.load(Ordering::Acquire) && !self.failed.load(Ordering::Acquire)
     }
 
     /// Marks the drive's queues gone (before deleting them), waiting for any

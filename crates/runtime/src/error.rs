@@ -184,6 +184,13 @@ pub enum RequestStatus {
     /// be outstanding; the memory stays mapped until they complete or the
     /// controller is reset.
     Timeout,
+    /// The drive's controller reported a fatal error (CSTS.CFS) or vanished
+    /// while the request was in flight; its commands were abandoned. The
+    /// drive takes new work again after [`crate::Runtime::reset_drive`].
+    ControllerFatal {
+        /// Name of the drive.
+        drive: String,
+    },
     /// Some commands could not be queued (queue stayed full past the
     /// submission bound, or the buffer could not be described).
     SubmitFailed {

@@ -12,6 +12,12 @@
 //! Units: bytes everywhere in this API. Logical blocks exist only below it
 //! (`nvm-queue`).
 //!
+//! Execution: a datapath's commands are submitted by CPU threads (the
+//! caller's, in `submit`, with completions polled in `wait`) or, with
+//! `execution: gpu`, by GPU threads: one `submit` is one kernel launch for
+//! the batch (`gpu-io`, docs/gpu.md). GPU memory is registered with
+//! [`Runtime::register_gpu_memory`].
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use tutti::{Config, Request, Runtime};

@@ -197,6 +197,9 @@ pub struct Runtime {
     /// Regions a GPU command timed out on: the drive may still write them,
     /// so they stay mapped for the runtime's lifetime.
     zombie_regions: Mutex<Vec<Arc<Region>>>,
+    /// Per drive index: regions of commands abandoned when its controller
+    /// failed; kept mapped until `reset_drive` resets the controller.
+    pinned_until_reset: Mutex<HashMap<usize, Vec<Arc<Region>>>>,
     late_completions: AtomicU64,
 }
 
@@ -318,6 +321,7 @@ impl Runtime {
             submitters: AtomicUsize::new(0),
             gpu,
             zombie_regions: Mutex::new(Vec::new()),
+            pinned_until_reset: Mutex::new(HashMap::new()),
             late_completions: AtomicU64::new(0),
         })
     }
@@ -1015,6 +1019,10 @@ impl Runtime {
                 idle = 0;
             } else {
                 idle += 1;
+                if idle % 256 == 0 {
+                    // Nothing completes: is a controller dead?
+                    self.check_drives(&dps);
+                }
                 backoff(idle);
             }
         }
@@ -1049,6 +1057,91 @@ impl Runtime {
             return Err(stale_op(op));
         }
         Ok(st.datapaths.clone())
+    }
+
+    /// Looks for controllers of these datapaths that reported CSTS.CFS or
+    /// read all ones, and fails their outstanding commands.
+    fn check_drives(&self, dps: &[usize]) {
+        for &dpi in dps {
+            for d in self.datapaths[dpi].drives() {
+                if !d.is_alive() || d.queues.is_empty() {
+                    continue;
+                }
+                let dead = match d.controller.try_lock() {
+                    Ok(c) => c.csts().map_or(true, |csts| csts.cfs()),
+                    Err(_) => false,
+                };
+                if dead {
+                    self.fail_drive(d);
+                }
+            }
+        }
+    }
+
+    /// Marks `d` failed and ends every command outstanding on its queues
+    /// with [`RequestStatus::ControllerFatal`]. Their memory is released
+    /// only by the controller reset ([`Runtime::reset_drive`]), because a
+    /// controller in this state may still be writing it.
+    fn fail_drive(&self, d: &Drive) {
+        if d.failed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tracing::error!(drive = %d.name, "controller fatal status: failing its outstanding commands");
+        for q in &d.queues {
+            let mut qp = lock(q);
+            // The rings are dead; their commands end here (the queue memory
+            // itself stays allocated in the pair).
+            let lost = qp.reset_after_controller_reset();
+            let mut ops = lock(&self.ops);
+            for (_, tag) in lost {
+                let (slot, gen16, index) = split_tag(tag);
+                let Some((h, st)) = ops.get_mut_by_slot(slot) else { continue };
+                if h.generation & 0xFFFF != gen16 {
+                    continue;
+                }
+                st.outstanding = st.outstanding.saturating_sub(1);
+                finish_commands(st, index, 1, Some(RequestStatus::ControllerFatal { drive: d.name.clone() }));
+                lock(&self.pinned_until_reset).entry(d.index).or_default().extend(st._regions.iter().cloned());
+                if st.retired && st.outstanding == 0 {
+                    let _ = ops.remove(h);
+                }
+            }
+        }
+    }
+
+    /// Resets drive `name`'s controller (CC.EN = 0, which also clears
+    /// CSTS.CFS), brings it up again and re-creates its I/O queues, after a
+    /// fatal controller error failed its outstanding requests with
+    /// [`RequestStatus::ControllerFatal`]. Works on a healthy drive too
+    /// (its outstanding commands fail the same way). CPU-executed drives
+    /// only.
+    pub fn reset_drive(&self, name: &str) -> Result<(), Error> {
+        let d = self
+            .drives
+            .iter()
+            .find(|d| d.name == name)
+            .ok_or_else(|| Error::Uri { uri: name.to_owned(), reason: "no drive of that name".into() })?;
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(Error::ShuttingDown);
+        }
+        if d.gpu.is_some() {
+            return Err(Error::Gpu {
+                context: format!("resetting drive {name:?}: GPU-driven queues are not re-created yet"),
+                source: gpu_io::GpuError::Batch("unsupported".into()),
+            });
+        }
+        self.fail_drive(d);
+        let ctrl_err = |source| Error::Controller { drive: d.name.clone(), source };
+        let mut c = lock(&d.controller);
+        c.reset().map_err(ctrl_err)?;
+        for q in &d.queues {
+            let qp = lock(q);
+            c.recreate_io_queue_pair(&qp).map_err(ctrl_err)?;
+        }
+        // The reset ended every DMA of the abandoned commands.
+        lock(&self.pinned_until_reset).remove(&d.index);
+        d.failed.store(false, Ordering::Release);
+        Ok(())
     }
 
     /// Reaps every queue's completions once, from the calling thread: late

@@ -1,0 +1,8 @@
+//! Fuzz target `prp_builder`: see tests/fuzz_bodies.rs.
+#![no_main]
+
+#[path = "../../tests/fuzz_bodies.rs"]
+#[allow(dead_code)]
+mod bodies;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| bodies::prp_builder(data));

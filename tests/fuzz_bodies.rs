@@ -1,0 +1,115 @@
+//! The bodies of the fuzz targets in `fuzz/`, shared with the ordinary
+//! `cargo test` that replays every saved corpus entry and crash
+//! (`tests/fuzz_corpus.rs`), so CI runs them without a fuzzer. Each body
+//! must never panic, whatever the bytes; where it can, it also checks a
+//! property of the result.
+
+use nvm_queue::prp::{PrpBuilder, PrpListMemory, VecListPages};
+use nvm_queue::DmaMapping;
+use nvme_regs::identify::parse_active_namespace_list;
+use nvme_regs::{Cqe, ErrorLogEntry, IdentifyController, IdentifyNamespace, SmartLog, Status};
+
+/// Bytes a device hands the driver: CQEs, Identify data, log pages.
+pub fn decode_device_data(data: &[u8]) {
+    for chunk in data.chunks_exact(16) {
+        let dw = |i: usize| u32::from_le_bytes([chunk[i], chunk[i + 1], chunk[i + 2], chunk[i + 3]]);
+        let cqe = Cqe::from_dwords([dw(0), dw(4), dw(8), dw(12)]);
+        let s = cqe.status();
+        let _ = (cqe.phase(), s.is_success(), s.name(), s.to_string());
+        // The 15 status bits round-trip exactly.
+        assert_eq!(Status::from_field(s.to_field(cqe.phase())), s);
+        assert_eq!(s.to_field(cqe.phase()), cqe.status);
+    }
+    let mut page = [0u8; 4096];
+    let n = data.len().min(4096);
+    page[..n].copy_from_slice(&data[..n]);
+    for bytes in [&page[..], data] {
+        if let Ok(c) = IdentifyController::parse(bytes) {
+            let _ = (c.vid(), c.sn(), c.mn(), c.fr(), c.mdts(), c.nn(), c.sqes(), c.cqes(), c.oncs());
+            for mps in [4096usize, 8192, 1 << 27] {
+                let _ = c.max_transfer_bytes(mps);
+            }
+        }
+        if let Ok(ns) = IdentifyNamespace::parse(bytes) {
+            let _ = (ns.nsze(), ns.ncap(), ns.nlbaf(), ns.flbas(), ns.formatted_lba_format(), ns.block_size());
+            if let Ok(bs) = ns.block_size() {
+                assert!((512..=65536).contains(&bs) && bs.is_power_of_two());
+            }
+            for i in 0..70 {
+                let _ = ns.lbaf(i);
+            }
+        }
+        if let Ok(list) = parse_active_namespace_list(bytes) {
+            assert!(list.take(2000).all(|nsid| nsid != 0));
+        }
+    }
+    if let Ok(s) = SmartLog::parse(&page[..512]) {
+        let _ = (s.composite_temperature(), s.data_units_read(), s.media_errors());
+    }
+    let _ = ErrorLogEntry::parse_page(data);
+}
+
+/// The PRP builder over an arbitrary buffer layout: either a typed error,
+/// or PRPs that a controller's walk turns into exactly the transfer's pages.
+pub fn prp_builder(data: &[u8]) {
+    if data.len() < 12 {
+        return;
+    }
+    let page = 4096usize << (data[0] % 3);
+    let offset = usize::from(u16::from_le_bytes([data[1], data[2]])) * 4 + usize::from(data[3] % 4);
+    let len = usize::from(u16::from_le_bytes([data[4], data[5]])) * 37 + usize::from(data[6]);
+    // Per-page device addresses: contiguous, or scattered from the input.
+    let pages: Vec<u64> = if data[7] & 1 == 0 {
+        (0..64u64).map(|i| 0x1_0000_0000 + i * 4096).collect()
+    } else {
+        data[8..].chunks(2).take(64).map(|c| 0x2_0000_0000 + u64::from(c[0]) * 4096 + u64::from(*c.get(1).unwrap_or(&0) & 1) * 0x100_0000).collect()
+    };
+    let mapping = DmaMapping::from_pages(pages);
+    let Ok(b) = PrpBuilder::new(page) else { return };
+    let mut list = VecListPages::new(0x9_0000_0000, 4, page);
+    let Ok(prp) = b.build(&mapping, offset, len, &mut list) else { return };
+    // Walk as a controller would and compare with the mapping.
+    assert_eq!(prp.prp1, mapping.addr(offset).unwrap());
+    assert_eq!(prp.prp1 % 4, 0);
+    let in_first = page - (prp.prp1 as usize % page);
+    let n = len.saturating_sub(in_first).div_ceil(page);
+    let mut entries = Vec::new();
+    if n == 1 {
+        entries.push(prp.prp2);
+    } else if n > 1 {
+        let per = page / 8;
+        let (mut lp, mut slot) = (0usize, 0usize);
+        assert_eq!(prp.prp2, list.list_page_addr(0));
+        while entries.len() < n {
+            let e = list.pages[lp][slot];
+            if slot == per - 1 && n - entries.len() > 1 {
+                lp += 1;
+                slot = 0;
+                assert_eq!(e, list.addrs[lp]);
+                continue;
+            }
+            entries.push(e);
+            slot += 1;
+        }
+    }
+    for (i, e) in entries.iter().enumerate() {
+        assert_eq!(*e % page as u64, 0, "entry {i} not page aligned");
+        assert_eq!(Some(*e), mapping.addr(offset + in_first + i * page));
+    }
+}
+
+/// The YAML configuration parser: a config or a typed error with a path.
+pub fn config_parser(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    match tutti::Config::from_yaml_str(text) {
+        Ok(c) => {
+            // Whatever parses and validates also prints and re-parses.
+            if let Ok(y) = c.to_yaml_string() {
+                let _ = tutti::Config::from_yaml_str(&y);
+            }
+        }
+        Err(e) => {
+            let _ = (e.path(), e.to_string());
+        }
+    }
+}

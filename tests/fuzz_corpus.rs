@@ -1,0 +1,41 @@
+//! Replays every saved corpus entry and crash of the fuzz targets in
+//! `fuzz/` through the same bodies (`fuzz_bodies.rs`), so CI checks them on
+//! stable Rust without a fuzzer.
+
+#[path = "fuzz_bodies.rs"]
+mod bodies;
+
+use std::path::Path;
+
+fn replay(target: &str, body: fn(&[u8])) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+    let mut n = 0;
+    for dir in ["corpus", "artifacts"] {
+        let Ok(entries) = std::fs::read_dir(root.join(dir).join(target)) else { continue };
+        for e in entries.flatten() {
+            let bytes = std::fs::read(e.path()).unwrap();
+            body(&bytes);
+            n += 1;
+        }
+    }
+    println!("{target}: replayed {n} inputs");
+    // Seeds that must always be exercised, corpus or not.
+    body(&[]);
+    body(&[0xFF; 4096]);
+    body(&[0x00; 4097]);
+}
+
+#[test]
+fn decode_device_data_corpus() {
+    replay("decode_device_data", bodies::decode_device_data);
+}
+
+#[test]
+fn prp_builder_corpus() {
+    replay("prp_builder", bodies::prp_builder);
+}
+
+#[test]
+fn config_parser_corpus() {
+    replay("config_parser", bodies::config_parser);
+}
