@@ -1,12 +1,22 @@
 //! Fault injection in the emulator (`FaultRule`) seen through the driver:
 //! media errors, commands that never complete, late completions, rules that
-//! fire a limited number of times, and rules added and cleared at run time.
+//! fire a limited number of times, rules added and cleared at run time,
+//! protocol-breaking completions (duplicate, unknown CID, lagging SQHD,
+//! phase tag before body), a fatal controller, and controller-level faults
+//! (never ready, device gone).
 
 use std::time::{Duration, Instant};
 
-use nvm_queue::{plan_io, Completion, DataRef, DmaBuffer, IoOp, NamespaceInfo, QueuePair};
-use nvme_emu::{FaultAction, FaultMatch, FaultRule};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use nvm_queue::{
+    plan_io, Completion, Controller, ControllerError, ControllerOptions, DataRef, DmaBuffer, IoOp,
+    NamespaceInfo, NvmeDevice, QueuePair,
+};
+use nvme_emu::{Emulator, EmulatorConfig, FaultAction, FaultMatch, FaultRule, NamespaceSpec};
 use nvme_regs::opcode::nvm_opcode;
+use nvme_regs::registers::{doorbell_offset, offset};
 use nvme_regs::status::media;
 use nvme_regs::Status;
 use tutti_tests::rig;
@@ -227,4 +237,213 @@ fn admin_commands_can_be_failed_too() {
     let ns = *r.ctrl.namespace(1).unwrap();
     let buf = DmaBuffer::new(&r.dev, 4096).unwrap();
     assert!(batch(&mut qp, &ns, IoOp::Read, 0..1, &buf)[0].status.is_success());
+}
+
+/// A rule matching every command of I/O SQ 1.
+fn on_sq1(action: FaultAction, times: Option<u64>) -> FaultRule {
+    FaultRule { matches: FaultMatch { qid: Some(1), ..Default::default() }, action, times }
+}
+
+#[test]
+fn complete_twice_delivers_one_completion_and_counts_a_protocol_error() {
+    let mut r = rig(|_| {});
+    let ns = *r.ctrl.namespace(1).unwrap();
+    let mut qp = r.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    r.emu.add_fault(at_lba(2, FaultAction::CompleteTwice, Some(1)));
+    let buf = DmaBuffer::new(&r.dev, (BATCH * 4096) as usize).unwrap();
+    let done = batch(&mut qp, &ns, IoOp::Read, 0..4, &buf);
+    assert_eq!(done.iter().map(|c| c.tag).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+    assert!(done.iter().all(|c| c.status.is_success()), "{done:?}");
+    // The duplicate is consumed (now or in a later poll) but delivers nothing.
+    let extra = collect(&mut qp, 1, Duration::from_millis(100));
+    assert!(extra.is_empty(), "{extra:?}");
+    let s = qp.stats();
+    assert_eq!((s.completed, s.protocol_errors, s.wrong_sqid), (4, 1, 0), "{s:?}");
+    assert_eq!(qp.outstanding(), 0);
+    assert_eq!(r.emu.stats().faults_injected, 1);
+    // The queue keeps working.
+    let again = batch(&mut qp, &ns, IoOp::Read, 0..BATCH, &buf);
+    assert!(again.iter().all(|c| c.status.is_success()));
+    assert_eq!(qp.stats().protocol_errors, 1);
+}
+
+#[test]
+fn unknown_cid_is_a_protocol_error_and_the_command_stays_outstanding() {
+    let mut r = rig(|_| {});
+    let ns = *r.ctrl.namespace(1).unwrap();
+    // 63 CIDs: slot bits 5:0, slots 0..=62; 0xFFFF names slot 63 (none).
+    let mut qp = r.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    r.emu.add_fault(at_lba(3, FaultAction::UnknownCid(0xFFFF), None));
+    let buf = DmaBuffer::new(&r.dev, (BATCH * 4096) as usize).unwrap();
+    submit(&mut qp, &ns, IoOp::Read, 0..BATCH, &buf);
+    let done = collect(&mut qp, BATCH as usize - 1, Duration::from_secs(10));
+    assert_eq!(done.len(), BATCH as usize - 1, "{}", qp.dump());
+    assert!(done.iter().all(|(c, _)| c.status.is_success() && c.tag != 3));
+    let late = collect(&mut qp, 1, Duration::from_millis(200));
+    assert!(late.is_empty(), "{late:?}");
+    let s = qp.stats();
+    assert_eq!((s.completed, s.protocol_errors), (BATCH - 1, 1), "{s:?}");
+    assert_eq!(qp.outstanding_tags().iter().map(|&(_, t)| t).collect::<Vec<_>>(), vec![3]);
+    // Executed all the same: it read its block (the media counter shows it).
+    assert_eq!(r.emu.stats().media_bytes_read, BATCH * 4096);
+    assert_eq!(r.emu.stats().faults_injected, 1);
+}
+
+#[test]
+fn lagging_sqhd_still_completes_and_the_queue_keeps_working() {
+    let mut r = rig(|_| {});
+    let ns = *r.ctrl.namespace(1).unwrap();
+    let mut qp = r.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    // Every command on LBA 0 reports an SQHD one entry behind.
+    r.emu.add_fault(at_lba(0, FaultAction::LaggingSqhd, None));
+    let buf = DmaBuffer::new(&r.dev, 20 * 4096).unwrap();
+    let first = batch(&mut qp, &ns, IoOp::Read, 0..1, &buf);
+    assert!(first[0].status.is_success(), "{first:?}");
+    // 100 more, 20 per batch (one lagging CQE in each), wrapping the
+    // 64-entry SQ; the driver's SQ head must never pass the controller's.
+    for _ in 0..5 {
+        let done = batch(&mut qp, &ns, IoOp::Read, 0..20, &buf);
+        assert!(done.iter().all(|c| c.status.is_success()), "{done:?}");
+    }
+    let s = qp.stats();
+    assert_eq!((s.completed, s.protocol_errors, s.wrong_sqid), (101, 0, 0), "{s:?}");
+    assert_eq!(qp.outstanding(), 0);
+    assert_eq!(r.emu.stats().faults_injected, 6);
+}
+
+#[test]
+fn phase_before_body_still_delivers_the_right_cid_and_status() {
+    let mut r = rig(|_| {});
+    let ns = *r.ctrl.namespace(1).unwrap();
+    let mut qp = r.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    let buf = DmaBuffer::new(&r.dev, (BATCH * 4096) as usize).unwrap();
+    buf.fill(0x5A);
+    // From the very first pass over the CQ, where a stale body is zeroes
+    // (SQID 0): the driver re-reads a body that names another SQ until it
+    // settles, instead of dropping the completion.
+    r.emu.add_fault(on_sq1(FaultAction::PhaseBeforeBody, None));
+    for _ in 0..4 {
+        let done = batch(&mut qp, &ns, IoOp::Write, 0..BATCH, &buf);
+        assert!(done.iter().all(|c| c.status.is_success()));
+    }
+    let bs = u64::from(ns.block_size);
+    let mapping = buf.mapping().clone();
+    let mut cids = HashMap::new();
+    let mut tag = 0u64;
+    // 200 commands, 20 per ring, writes and reads alternating by batch.
+    for round in 0..10 {
+        let op = if round % 2 == 0 { IoOp::Write } else { IoOp::Read };
+        for lba in 0..20u64 {
+            let c = plan_io(&ns, (lba % BATCH) * bs, bs, 1 << 20).unwrap().into_iter().next().unwrap();
+            let data = DataRef { mapping: &mapping, offset: ((lba % BATCH) * bs) as usize, len: c.len };
+            cids.insert(tag, qp.submit(op.sqe(ns.nsid, &c), Some(data), tag).unwrap());
+            tag += 1;
+        }
+        qp.ring();
+        let done = collect(&mut qp, 20, Duration::from_secs(10));
+        assert_eq!(done.len(), 20, "{}", qp.dump());
+        for (c, _) in &done {
+            assert_eq!(Some(&c.cid), cids.get(&c.tag), "{c:?}");
+            assert!(c.status.is_success(), "{c:?}");
+        }
+    }
+    let s = qp.stats();
+    assert_eq!((s.completed, s.protocol_errors, s.wrong_sqid), (64 + 200, 0, 0), "{s:?}");
+    assert_eq!(qp.outstanding(), 0);
+    assert_eq!(r.emu.stats().faults_injected, 264);
+    // The data went through.
+    let mut b = [0u8; 4096];
+    buf.read_bytes(0, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0x5A));
+}
+
+#[test]
+fn controller_fatal_sets_cfs_and_stops_all_queues_until_reset() {
+    let mut r = rig(|_| {});
+    let ns = *r.ctrl.namespace(1).unwrap();
+    let mut qp = r.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    r.emu.add_fault(at_lba(5, FaultAction::ControllerFatal, Some(1)));
+    let buf = DmaBuffer::new(&r.dev, (BATCH * 4096) as usize).unwrap();
+    assert!(!r.ctrl.csts().unwrap().cfs());
+    submit(&mut qp, &ns, IoOp::Read, 0..BATCH, &buf);
+    // Commands are fetched in order: 0..5 complete, 5 is the fatal one,
+    // nothing after it is processed.
+    let done = collect(&mut qp, 5, Duration::from_secs(10));
+    assert_eq!(done.iter().map(|(c, _)| c.tag).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !r.ctrl.csts().unwrap().cfs() {
+        assert!(Instant::now() < deadline, "CSTS.CFS never set");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Later commands, I/O and admin, are not completed.
+    submit(&mut qp, &ns, IoOp::Read, 0..4, &buf);
+    let late = collect(&mut qp, 1, Duration::from_millis(200));
+    assert!(late.is_empty(), "{late:?}");
+    assert_eq!(qp.outstanding(), BATCH as usize - 5 + 4);
+    let e = r.ctrl.create_io_queue_pair(2, 16, 15).unwrap_err();
+    assert!(matches!(e, ControllerError::Fatal { .. }), "{e}");
+    assert!(r.ctrl.csts().unwrap().cfs());
+    assert_eq!(r.emu.stats().faults_injected, 1);
+
+    // A controller reset (CC.EN 1 -> 0) clears CFS and every queue.
+    r.ctrl.reset().unwrap();
+    assert!(!r.ctrl.csts().unwrap().cfs());
+    assert_eq!(qp.reset_after_controller_reset().len(), BATCH as usize - 5 + 4);
+    r.ctrl.recreate_io_queue_pair(&qp).unwrap();
+    let again = batch(&mut qp, &ns, IoOp::Read, 0..BATCH, &buf);
+    assert!(again.iter().all(|c| c.status.is_success()), "{again:?}");
+}
+
+/// Starts an emulator configured by `f` without bringing it up.
+fn bare(f: impl FnOnce(&mut EmulatorConfig)) -> (Arc<Emulator>, Arc<dyn NvmeDevice>) {
+    let mut cfg = EmulatorConfig::new("bare", vec![NamespaceSpec::new(1024, 4096)]);
+    f(&mut cfg);
+    let emu = Emulator::start(cfg).expect("emulator starts");
+    let dev: Arc<dyn NvmeDevice> = emu.clone();
+    (emu, dev)
+}
+
+#[test]
+fn never_ready_makes_init_time_out_after_cap_to() {
+    let (_emu, dev) = bare(|c| {
+        c.never_ready = true;
+        c.cap_to_500ms = 1;
+    });
+    let start = Instant::now();
+    let e = Controller::init(dev, ControllerOptions::default()).unwrap_err();
+    let took = start.elapsed();
+    assert!(matches!(e, ControllerError::Timeout { what: "CSTS.RDY = 1 after CC.EN = 1", .. }), "{e}");
+    assert!(took >= Duration::from_millis(500), "{took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+#[test]
+fn registers_all_ones_make_init_report_the_device_gone() {
+    let (emu, dev) = bare(|c| c.registers_all_ones = true);
+    assert_eq!(dev.bar0().read64(offset::CAP).unwrap(), u64::MAX);
+    let e = Controller::init(dev, ControllerOptions::default()).unwrap_err();
+    assert!(matches!(e, ControllerError::DeviceGone { .. }), "{e}");
+    assert_eq!(emu.stats().commands, 0);
+}
+
+#[test]
+fn set_gone_at_run_time_reads_all_ones_and_stops_the_controller() {
+    let mut r = rig(|_| {});
+    let ns = *r.ctrl.namespace(1).unwrap();
+    let mut qp = r.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    let buf = DmaBuffer::new(&r.dev, (BATCH * 4096) as usize).unwrap();
+    assert!(batch(&mut qp, &ns, IoOp::Read, 0..BATCH, &buf).iter().all(|c| c.status.is_success()));
+    let before = r.emu.stats().commands;
+    r.emu.set_gone();
+    let e = r.ctrl.csts().unwrap_err();
+    assert!(matches!(e, ControllerError::DeviceGone { register: "CSTS" }), "{e}");
+    assert_eq!(r.dev.bar0().read64(offset::CAP).unwrap(), u64::MAX);
+    submit(&mut qp, &ns, IoOp::Read, 0..4, &buf);
+    let late = collect(&mut qp, 1, Duration::from_millis(200));
+    assert!(late.is_empty(), "{late:?}");
+    assert_eq!(qp.outstanding(), 4);
+    assert_eq!(r.emu.stats().commands, before);
+    // The host's doorbell write did not stick.
+    assert_eq!(r.dev.bar0().read32(doorbell_offset(1, false, 0)).unwrap(), u32::MAX);
+    assert!(matches!(r.ctrl.reset(), Err(ControllerError::DeviceGone { .. })));
 }

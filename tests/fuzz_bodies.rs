@@ -31,7 +31,8 @@ pub fn decode_device_data(data: &[u8]) {
             }
         }
         if let Ok(ns) = IdentifyNamespace::parse(bytes) {
-            let _ = (ns.nsze(), ns.ncap(), ns.nlbaf(), ns.flbas(), ns.formatted_lba_format(), ns.block_size());
+            let _ =
+                (ns.nsze(), ns.ncap(), ns.nlbaf(), ns.flbas(), ns.formatted_lba_format(), ns.block_size());
             if let Ok(bs) = ns.block_size() {
                 assert!((512..=65536).contains(&bs) && bs.is_power_of_two());
             }
@@ -56,13 +57,23 @@ pub fn prp_builder(data: &[u8]) {
         return;
     }
     let page = 4096usize << (data[0] % 3);
-    let offset = usize::from(u16::from_le_bytes([data[1], data[2]])) * 4 + usize::from(data[3] % 4);
-    let len = usize::from(u16::from_le_bytes([data[4], data[5]])) * 37 + usize::from(data[6]);
+    const SPAN: usize = 64 * 4096;
+    // Mostly in range (so the interesting paths run), sometimes not.
+    let raw_off = usize::from(u16::from_le_bytes([data[1], data[2]])) * 4 + usize::from(data[3] % 4);
+    let offset = if data[3] & 0x80 == 0 { raw_off % SPAN } else { raw_off };
+    let raw_len = usize::from(u16::from_le_bytes([data[4], data[5]])) * 37 + usize::from(data[6]);
+    let len = if data[6] & 0x80 == 0 { raw_len % (SPAN - offset.min(SPAN - 1)) } else { raw_len };
     // Per-page device addresses: contiguous, or scattered from the input.
     let pages: Vec<u64> = if data[7] & 1 == 0 {
         (0..64u64).map(|i| 0x1_0000_0000 + i * 4096).collect()
     } else {
-        data[8..].chunks(2).take(64).map(|c| 0x2_0000_0000 + u64::from(c[0]) * 4096 + u64::from(*c.get(1).unwrap_or(&0) & 1) * 0x100_0000).collect()
+        data[8..]
+            .chunks(2)
+            .take(64)
+            .map(|c| {
+                0x2_0000_0000 + u64::from(c[0]) * 4096 + u64::from(*c.get(1).unwrap_or(&0) & 1) * 0x100_0000
+            })
+            .collect()
     };
     let mapping = DmaMapping::from_pages(pages);
     let Ok(b) = PrpBuilder::new(page) else { return };

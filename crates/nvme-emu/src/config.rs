@@ -106,6 +106,15 @@ pub struct EmulatorConfig {
     /// [`crate::FaultRule`]; more with [`crate::Emulator::add_fault`]).
     /// Default empty.
     pub faults: Vec<FaultRule>,
+    /// Fault injection: CC.EN = 1 never sets CSTS.RDY (the controller
+    /// stays disabled and processes nothing), so a host's enable times out
+    /// after CAP.TO. Default `false`.
+    pub never_ready: bool,
+    /// Fault injection: the device is gone from the start; every register
+    /// (CAP and CSTS included) reads `0xFFFF_FFFF` and the controller does
+    /// nothing, as [`crate::Emulator::set_gone`] at run time. Default
+    /// `false`.
+    pub registers_all_ones: bool,
 }
 
 impl EmulatorConfig {
@@ -131,6 +140,8 @@ impl EmulatorConfig {
             serial,
             model: "tutti nvme-emu".to_owned(),
             faults: Vec::new(),
+            never_ready: false,
+            registers_all_ones: false,
         }
     }
 

@@ -22,7 +22,7 @@ use crate::config::{EmulatorConfig, NamespaceSpec};
 use crate::dma::{DmaFault, DmaView, IovaSpace};
 use crate::fault::{FaultAction, Faults};
 use crate::prp::Segment;
-use crate::queues::{CompQueue, Completion, SubQueue};
+use crate::queues::{CompQueue, Completion, CqeQuirk, SubQueue};
 use crate::regs::{RegisterPage, MPSMAX, MPSMIN};
 use crate::timing::Timing;
 
@@ -38,6 +38,8 @@ const WAKE_MARGIN: Duration = Duration::from_micros(60);
 const DEEP_IDLE: Duration = Duration::from_millis(5);
 /// Idle time after which the controller sleeps 1 ms at a time.
 const DEEPER_IDLE: Duration = Duration::from_millis(50);
+/// How often a gone controller restores its all-ones register page.
+const GONE_REFILL: Duration = Duration::from_millis(1);
 
 /// State shared between the [`crate::Emulator`] handle and its thread.
 #[derive(Debug)]
@@ -48,6 +50,12 @@ pub(crate) struct Shared {
     pub stop: AtomicBool,
     /// Fault-injection rules ([`crate::FaultRule`]).
     pub faults: Faults,
+    /// The device is gone ([`crate::Emulator::set_gone`],
+    /// [`EmulatorConfig::registers_all_ones`]): the thread only keeps the
+    /// register page all ones.
+    pub gone: AtomicBool,
+    /// Set by the thread once it has seen `gone` and stopped working.
+    pub gone_ack: AtomicBool,
 }
 
 /// Counters behind [`crate::EmuStats`].
@@ -78,8 +86,8 @@ pub(crate) enum State {
     Disabled,
     /// CSTS.RDY = 1, processing commands.
     Enabled,
-    /// CSTS.CFS = 1: a failed enable or an unrecoverable fault; waits for
-    /// CC.EN = 0.
+    /// CSTS.CFS = 1: a failed enable, an unrecoverable fault or
+    /// [`FaultAction::ControllerFatal`]; waits for CC.EN = 0.
     Fatal,
     /// CSTS.SHST = complete; waits for CC.EN = 0.
     ShutDown,
@@ -264,6 +272,14 @@ impl Controller {
         self.set_csts(sh, self.csts.with_shst(ShutdownStatus::Complete));
     }
 
+    /// [`FaultAction::ControllerFatal`]: CSTS.CFS = 1, nothing processed
+    /// until a reset.
+    fn injected_fatal(&mut self, sh: &Shared) {
+        tracing::debug!("nvme-emu: fault injection, setting CSTS.CFS");
+        self.state = State::Fatal;
+        self.set_csts(sh, self.csts.with_cfs(true));
+    }
+
     /// Moves a fatal controller to CSTS.CFS = 1.
     fn fatal(&mut self, sh: &Shared) {
         tracing::warn!("nvme-emu: queue memory not accessible, setting CSTS.CFS");
@@ -275,7 +291,8 @@ impl Controller {
     fn handle_cc(&mut self, sh: &Shared) {
         let cc = sh.regs.cc();
         match self.state {
-            State::Disabled if cc.en() => self.enable(sh, cc),
+            // `never_ready`: CC.EN = 1 is never acted on (CSTS.RDY stays 0).
+            State::Disabled if cc.en() && !self.config.never_ready => self.enable(sh, cc),
             State::Enabled if !cc.en() => self.reset(sh),
             State::Enabled => {
                 if let s @ (ShutdownNotification::Normal | ShutdownNotification::Abrupt) = cc.shn() {
@@ -359,6 +376,9 @@ impl Controller {
                 break;
             };
             work |= self.drain_sq(sh, dma, qid, now)?;
+            if self.state != State::Enabled {
+                break;
+            }
         }
         Ok(work)
     }
@@ -393,17 +413,31 @@ impl Controller {
             n += 1;
             // Fault injection: one relaxed load when no rule is installed.
             let mut delay = None;
+            let mut cid = sqe.cid();
+            let mut quirk = CqeQuirk::None;
+            let mut copies = 1;
             let outcome = match sh.faults.check(qid, &sqe) {
                 None => self.execute(sh, dma, qid, &sqe),
                 Some(FaultAction::Fail(status)) => Outcome::status(status),
                 Some(FaultAction::NeverComplete) => Outcome::Deferred,
-                Some(FaultAction::Delay(d)) => {
-                    delay = Some(d);
+                Some(FaultAction::ControllerFatal) => {
+                    self.injected_fatal(sh);
+                    Outcome::Deferred
+                }
+                Some(action) => {
+                    match action {
+                        FaultAction::Delay(d) => delay = Some(d),
+                        FaultAction::CompleteTwice => copies = 2,
+                        FaultAction::UnknownCid(c) => cid = c,
+                        FaultAction::LaggingSqhd => quirk = CqeQuirk::LagSqhd,
+                        FaultAction::PhaseBeforeBody => quirk = CqeQuirk::PhaseFirst,
+                        FaultAction::Fail(_) | FaultAction::NeverComplete | FaultAction::ControllerFatal => {}
+                    }
                     self.execute(sh, dma, qid, &sqe)
                 }
             };
             if let Outcome::Complete { status, dw0, media_bytes } = outcome {
-                let c = Completion { dw0, sqid: qid, cid: sqe.cid(), status };
+                let c = Completion { dw0, sqid: qid, cid, status, quirk };
                 let modelled =
                     qid != 0 && media_bytes.is_some() && self.timing.as_ref().is_some_and(Timing::has_model);
                 if modelled || delay.is_some() {
@@ -414,12 +448,16 @@ impl Controller {
                         Some(bytes) if modelled => t.schedule(now, bytes),
                         _ => now,
                     };
-                    t.push(due + delay.unwrap_or_default(), cqid, c);
+                    for _ in 0..copies {
+                        t.push(due + delay.unwrap_or_default(), cqid, c);
+                    }
                     if let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) {
-                        cq.in_flight += 1;
+                        cq.in_flight += copies;
                     }
                 } else {
-                    self.complete_now(sh, dma, cqid, c)?;
+                    for _ in 0..copies {
+                        self.complete_now(sh, dma, cqid, c)?;
+                    }
                 }
             }
             if self.state != State::Enabled {
@@ -448,7 +486,7 @@ impl Controller {
         cqid: u16,
         c: Completion,
     ) -> Result<(), Fatal> {
-        let sqhd = self.sqhd(c.sqid);
+        let sqhd = self.sqhd(&c);
         let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) else {
             return Ok(());
         };
@@ -469,7 +507,7 @@ impl Controller {
                 break;
             }
             let Some(&c) = cq.pending.front() else { break };
-            let sqhd = self.sqhd(c.sqid);
+            let sqhd = self.sqhd(&c);
             let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) else {
                 break;
             };
@@ -488,10 +526,17 @@ impl Controller {
         }
     }
 
-    /// SQHD for a CQE of SQ `sqid`: its current head (entries before it
-    /// may be reused), or 0 for a deleted SQ.
-    fn sqhd(&self, sqid: u16) -> u16 {
-        self.sqs.get(usize::from(sqid)).and_then(Option::as_ref).map_or(0, |s| s.head as u16)
+    /// SQHD for the CQE `c`: its SQ's current head (entries before it may
+    /// be reused), one entry less for [`CqeQuirk::LagSqhd`], or 0 for a
+    /// deleted SQ.
+    fn sqhd(&self, c: &Completion) -> u16 {
+        self.sqs.get(usize::from(c.sqid)).and_then(Option::as_ref).map_or(0, |s| {
+            if c.quirk == CqeQuirk::LagSqhd {
+                ((s.head + s.size - 1) % s.size) as u16
+            } else {
+                s.head as u16
+            }
+        })
     }
 
     /// Counts a DMA fault on a data transfer.
@@ -563,10 +608,20 @@ impl Controller {
     }
 }
 
-/// The controller thread's body: poll until `stop`, backing off when idle.
+/// The controller thread's body: poll until `stop`, backing off when idle
+/// (sleeps are `park_timeout`s, so the handle can wake the thread with
+/// `unpark`), or only keep the register page all ones once `gone`.
 pub(crate) fn run(shared: Arc<Shared>, mut ctrl: Controller) {
     let mut idle_since = Instant::now();
     while !shared.stop.load(Ordering::Acquire) {
+        if shared.gone.load(Ordering::Acquire) {
+            // The device is gone: no more work; keep the register page all
+            // ones (host writes land in the page, undo them).
+            shared.regs.fill_ones();
+            shared.gone_ack.store(true, Ordering::Release);
+            std::thread::park_timeout(GONE_REFILL);
+            continue;
+        }
         let now = Instant::now();
         let (work, next_due) = ctrl.poll(&shared, now);
         if work {
@@ -580,7 +635,7 @@ pub(crate) fn run(shared: Arc<Shared>, mut ctrl: Controller) {
         // the CPU to the host and to other emulated drives (the timer
         // oversleeps by tens of microseconds, hence the margin).
         if let Some(d) = until_due.filter(|d| *d > WAKE_MARGIN * 2) {
-            std::thread::sleep(d - WAKE_MARGIN);
+            std::thread::park_timeout(d - WAKE_MARGIN);
             continue;
         }
         // No sched_yield phase: on small (virtual) machines a yield is a
@@ -598,7 +653,7 @@ pub(crate) fn run(shared: Arc<Shared>, mut ctrl: Controller) {
             } else {
                 SLEEP * 20
             };
-            std::thread::sleep(until_due.map_or(nap, |d| d.min(nap)));
+            std::thread::park_timeout(until_due.map_or(nap, |d| d.min(nap)));
         }
     }
 }

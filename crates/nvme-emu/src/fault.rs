@@ -1,5 +1,7 @@
 //! Scriptable fault injection: rules that make chosen commands fail, never
-//! complete, or complete late.
+//! complete, complete late, complete in ways that break the queue protocol
+//! (twice, with a foreign CID, with a lagging SQHD, phase tag before body),
+//! or bring the whole controller down (CSTS.CFS).
 //!
 //! The rules live in [`Shared`](crate::controller::Shared), so the
 //! [`crate::Emulator`] handle can add and clear them while the controller
@@ -49,6 +51,36 @@ pub enum FaultAction {
     /// Execute it normally, but post its CQE only after this extra delay
     /// (added to the timing model's due time when there is a timing model).
     Delay(Duration),
+    /// Execute it normally and post its CQE twice: the second is a
+    /// duplicate (same CID, status and DW0) in the next CQ slot, with the
+    /// SQHD current when it is written. A driver should count the second
+    /// as a protocol error, never complete another request with it.
+    CompleteTwice,
+    /// Execute it normally, but post its CQE with this CID instead of the
+    /// command's. The command itself then never completes (its CID stays
+    /// outstanding at the host until a controller reset), and the CQE
+    /// names a CID the host may not have in flight.
+    UnknownCid(u16),
+    /// Execute and complete it normally, but report in its CQE an SQHD one
+    /// entry behind the SQ head (`(head + size - 1) % size`), as a
+    /// controller that publishes its head late. Later CQEs carry the real
+    /// head again. (A CQE posted after its SQ was deleted still reports
+    /// SQHD 0.)
+    LaggingSqhd,
+    /// Execute and complete it normally, but write its CQE's DW3 (CID,
+    /// status, phase tag) first and the body (DW0 to DW2: result, SQHD,
+    /// SQID) about 200 us later, as a device that does not order its
+    /// writes. The entry ends up correct, but a host that sees the new
+    /// phase tag in the meantime reads the slot's previous body (zeroes on
+    /// the CQ's first pass, so SQID 0, or the CQE written there one pass
+    /// earlier). The controller thread spins through the delay.
+    PhaseBeforeBody,
+    /// A fatal controller error on this command: it is not executed and
+    /// never completed; CSTS.CFS becomes 1 and the controller stops
+    /// processing every queue (no fetches, no completions, scheduled ones
+    /// included) until the host resets it (CC.EN 1 -> 0 clears CFS and
+    /// deletes all queues, as on real hardware).
+    ControllerFatal,
 }
 
 /// One fault rule: the commands it matches, what happens to them, and how

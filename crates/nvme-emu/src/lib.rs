@@ -22,7 +22,8 @@
 //!   and abrupt shutdown (CSTS.SHST).
 //! * Queues: admin and up to `io_queues` I/O SQ/CQ pairs, physically
 //!   contiguous (CAP.CQR = 1), invalid doorbell writes counted and ignored,
-//!   CQ-full back-pressure, CQEs written body first and phase dword last.
+//!   CQ-full back-pressure, CQEs written body first and phase dword last
+//!   (unless [`FaultAction::PhaseBeforeBody`] says otherwise).
 //! * Admin: Identify (CNS 00h, 01h, 02h), Create/Delete I/O SQ and CQ, Get
 //!   Log Page (Error Information, SMART / Health), Set/Get Features (Number
 //!   of Queues; Get Volatile Write Cache), Abort, Asynchronous Event
@@ -69,7 +70,8 @@
 //! * Write Zeroes and Dataset Management deallocation zero the blocks in
 //!   the store: deallocated blocks read as zeroes (DLFEAT = 001b, DEAC
 //!   supported).
-//! * SQHD in a CQE is the SQ head when the CQE is written.
+//! * SQHD in a CQE is the SQ head when the CQE is written (one entry less
+//!   under [`FaultAction::LaggingSqhd`]).
 //! * The controller thread spins while busy and backs off when idle
 //!   (yield, then sleeps of 50 us growing to 1 ms after 50 ms idle), so the
 //!   first command after a long idle period may wait up to about 1 ms.
@@ -101,10 +103,45 @@
 //!   scheduled completions, which exists for this even without a
 //!   [`TimingModel`]; so, like modelled completions, a Delete I/O SQ posts
 //!   them early and a controller reset drops them.
+//! * [`FaultAction::CompleteTwice`]: the command executes normally; its CQE
+//!   is posted twice, in consecutive CQ slots when there is room (the
+//!   second a duplicate with the same CID, status and DW0). A driver should
+//!   drop the second as a protocol error.
+//! * [`FaultAction::UnknownCid`]: the command executes normally, but its
+//!   CQE carries the given CID instead of its own; the command itself never
+//!   completes (its CID stays outstanding until a controller reset).
+//! * [`FaultAction::LaggingSqhd`]: the command executes and completes
+//!   normally, but the SQHD of its CQE is one entry behind the SQ head
+//!   (modulo the SQ size); later CQEs report the real head again.
+//! * [`FaultAction::PhaseBeforeBody`]: the command executes and completes
+//!   normally, but its CQE's DW3 (CID, status, phase tag) is written first
+//!   and DW0 to DW2 (result, SQHD, SQID) about 200 us later (the controller
+//!   thread spins meanwhile). A host that acts on the new phase tag at once
+//!   reads the slot's previous body: zeroes on the CQ's first pass (SQID 0,
+//!   SQHD 0), else the CQE posted there one pass earlier. The entry ends up
+//!   correct.
+//! * [`FaultAction::ControllerFatal`]: the command is neither executed nor
+//!   completed; CSTS.CFS becomes 1 and the controller stops processing all
+//!   queues (no fetch, no completion, scheduled and waiting ones included)
+//!   until the host resets it: CC.EN 1 -> 0 clears CFS and deletes every
+//!   queue, as on real hardware.
 //!
 //! [`EmuStats::faults_injected`] counts the commands a rule applied to.
 //! With no rule installed the check costs one atomic load per command; the
 //! rule list's lock is taken only while rules are installed.
+//!
+//! Controller-level faults, off by default:
+//!
+//! * [`EmulatorConfig::never_ready`]: CC.EN = 1 never sets CSTS.RDY (the
+//!   controller stays disabled), so the host's enable times out after
+//!   CAP.TO ([`EmulatorConfig::cap_to_500ms`]).
+//! * [`EmulatorConfig::registers_all_ones`], or [`Emulator::set_gone`] at
+//!   run time: the device is gone. The register page is filled with all
+//!   ones (CAP, CSTS and every doorbell read `0xFFFF_FFFF`, the
+//!   specification's sign of a removed device) and the controller thread
+//!   stops all work; it only restores the all-ones page about every
+//!   millisecond, undoing host register writes. Commands in flight never
+//!   complete; nothing brings the device back.
 
 use std::fmt;
 use std::ptr::NonNull;
@@ -225,7 +262,12 @@ impl Emulator {
             stats: StatsAtomics::default(),
             stop: AtomicBool::new(false),
             faults: fault::Faults::new(config.faults.clone()),
+            gone: AtomicBool::new(config.registers_all_ones),
+            gone_ack: AtomicBool::new(false),
         });
+        if config.registers_all_ones {
+            shared.regs.fill_ones();
+        }
         let ctrl = Controller::new(config.clone(), backing);
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
@@ -267,6 +309,28 @@ impl Emulator {
         self.shared.faults.clear();
     }
 
+    /// Fault injection: the device disappears (surprise removal, dead
+    /// link), as [`EmulatorConfig::registers_all_ones`] from the start.
+    /// Every register, CAP, CSTS and the doorbells included, reads
+    /// `0xFFFF_FFFF` from when this returns; the controller thread stops
+    /// all work (no fetch, no completion, no DMA: commands in flight never
+    /// complete). Host register writes still land in the page's memory
+    /// until the thread restores all ones, at most about 1 ms later. There
+    /// is no way back: start a new emulator.
+    ///
+    /// Returns once the controller thread has stopped working (it finishes
+    /// the poll iteration in progress first).
+    pub fn set_gone(&self) {
+        self.shared.gone.store(true, Ordering::SeqCst);
+        self.shared.regs.fill_ones();
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+            while !self.shared.gone_ack.load(Ordering::Acquire) && !t.is_finished() {
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+        }
+    }
+
     /// Maps memory the emulator reaches only through copies (GPU memory,
     /// see [`ExternalMemory`]) into this controller's device address space,
     /// for data transfers. Unmap with [`NvmeDevice::dma_unmap`].
@@ -284,6 +348,7 @@ impl Drop for Emulator {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             if t.join().is_err() {
                 tracing::error!(name = %self.name, "nvme-emu controller thread panicked");
             }

@@ -28,7 +28,26 @@ pub(crate) struct Completion {
     pub cid: u16,
     /// Status field (CQE DW3 bits 31:17).
     pub status: nvme_regs::Status,
+    /// How the CQE is misreported (fault injection), normally
+    /// [`CqeQuirk::None`].
+    pub quirk: CqeQuirk,
 }
+
+/// A protocol-breaking way of writing one CQE ([`crate::FaultAction`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum CqeQuirk {
+    /// Written correctly.
+    #[default]
+    None,
+    /// SQHD one entry behind the SQ head ([`crate::FaultAction::LaggingSqhd`]).
+    LagSqhd,
+    /// DW3 first, the body [`PHASE_FIRST_DELAY`] later
+    /// ([`crate::FaultAction::PhaseBeforeBody`]).
+    PhaseFirst,
+}
+
+/// Time between a [`CqeQuirk::PhaseFirst`] CQE's DW3 and its body.
+pub(crate) const PHASE_FIRST_DELAY: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// One submission queue.
 #[derive(Debug)]
@@ -146,7 +165,8 @@ impl CompQueue {
 
     /// Writes one CQE at the tail: DW0..DW2 first, then DW3 (CID, phase,
     /// status) with a Release store so that a host seeing the new phase tag
-    /// (Acquire) sees the whole entry. The caller checks `is_full` first.
+    /// (Acquire) sees the whole entry; in the reverse order, with a delay,
+    /// for [`CqeQuirk::PhaseFirst`]. The caller checks `is_full` first.
     pub(crate) fn post(&mut self, dma: &DmaView<'_>, c: &Completion, sqhd: u16) -> Result<(), DmaFault> {
         let cqe = Cqe::new(c.dw0, sqhd, c.sqid, c.cid, c.status, self.phase);
         let d = cqe.to_dwords();
@@ -157,9 +177,22 @@ impl CompQueue {
         body[8..12].copy_from_slice(&d[2].to_le_bytes());
         // Check the whole entry first so that nothing is written on a fault.
         dma.check(iova, CQE_SIZE as usize)?;
-        dma.write(iova, &body)?;
-        // Release: orders the body stores above before the phase tag.
-        dma.store_u32(iova + 12, d[3], Ordering::Release)?;
+        if c.quirk == CqeQuirk::PhaseFirst {
+            // Fault injection: phase tag first, body later. The host may read
+            // the body while it is written, so write it with atomic stores.
+            dma.store_u32(iova + 12, d[3], Ordering::Release)?;
+            let until = std::time::Instant::now() + PHASE_FIRST_DELAY;
+            while std::time::Instant::now() < until {
+                std::hint::spin_loop();
+            }
+            for (i, dw) in d[..3].iter().enumerate() {
+                dma.store_u32(iova + 4 * i as u64, *dw, Ordering::Release)?;
+            }
+        } else {
+            dma.write(iova, &body)?;
+            // Release: orders the body stores above before the phase tag.
+            dma.store_u32(iova + 12, d[3], Ordering::Release)?;
+        }
         self.tail += 1;
         if self.tail >= self.size {
             self.tail = 0;

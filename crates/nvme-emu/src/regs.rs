@@ -122,6 +122,16 @@ impl RegisterPage {
         self.write32(doorbell_offset(qid, is_cq, self.dstrd), 0);
     }
 
+    /// Sets every register of the page, doorbells included, to all ones:
+    /// what a host reads from a device that is gone.
+    pub(crate) fn fill_ones(&self) {
+        let mut off = 0;
+        while off + 4 <= self.mmio.len() {
+            self.write32(off, u32::MAX);
+            off += 4;
+        }
+    }
+
     /// Resets every doorbell register in the page to 0.
     pub(crate) fn clear_all_doorbells(&self) {
         let mut off = offset::DOORBELL_BASE;
@@ -172,5 +182,9 @@ mod tests {
         assert_eq!(p.doorbell(300, true), 5);
         p.clear_all_doorbells();
         assert_eq!(p.doorbell(300, true), 0);
+        p.fill_ones();
+        assert_eq!(p.mmio().read64(offset::CAP).unwrap(), u64::MAX);
+        assert_eq!(p.mmio().read32(offset::CSTS).unwrap(), u32::MAX);
+        assert_eq!(p.doorbell(300, true), u32::MAX);
     }
 }

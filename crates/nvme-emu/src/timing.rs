@@ -147,7 +147,7 @@ mod tests {
         let b = t.schedule(now, 4096);
         assert_eq!(a, now + Duration::from_micros(20));
         assert_eq!(b, now + Duration::from_micros(30));
-        let c = Completion { dw0: 0, sqid: 1, cid: 0, status: Status::SUCCESS };
+        let c = Completion { dw0: 0, sqid: 1, cid: 0, status: Status::SUCCESS, quirk: Default::default() };
         t.push(b, 1, Completion { cid: 2, ..c });
         t.push(a, 1, Completion { cid: 1, ..c });
         assert_eq!(t.next_due(), Some(a));

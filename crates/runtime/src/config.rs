@@ -383,6 +383,9 @@ pub enum FaultActionConfig {
     },
     /// Fetch the command but never complete it.
     NeverComplete,
+    /// Do not complete it; set CSTS.CFS and stop all queues until the
+    /// controller is reset (`Runtime::reset_drive`).
+    ControllerFatal,
     /// Complete normally, this many microseconds late.
     DelayUs(u64),
 }

@@ -100,6 +100,7 @@ fn fault_rule(f: &FaultConfig) -> FaultRule {
                 FaultAction::Fail(nvme_regs::Status::new(sct, sc).with_dnr(dnr))
             }
             FaultActionConfig::NeverComplete => FaultAction::NeverComplete,
+            FaultActionConfig::ControllerFatal => FaultAction::ControllerFatal,
             FaultActionConfig::DelayUs(us) => FaultAction::Delay(Duration::from_micros(us)),
         },
         times: f.times,

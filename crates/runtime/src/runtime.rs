@@ -1019,7 +1019,7 @@ impl Runtime {
                 idle = 0;
             } else {
                 idle += 1;
-                if idle % 256 == 0 {
+                if idle.is_multiple_of(256) {
                     // Nothing completes: is a controller dead?
                     self.check_drives(&dps);
                 }
@@ -1101,7 +1101,10 @@ impl Runtime {
                 }
                 st.outstanding = st.outstanding.saturating_sub(1);
                 finish_commands(st, index, 1, Some(RequestStatus::ControllerFatal { drive: d.name.clone() }));
-                lock(&self.pinned_until_reset).entry(d.index).or_default().extend(st._regions.iter().cloned());
+                lock(&self.pinned_until_reset)
+                    .entry(d.index)
+                    .or_default()
+                    .extend(st._regions.iter().cloned());
                 if st.retired && st.outstanding == 0 {
                     let _ = ops.remove(h);
                 }

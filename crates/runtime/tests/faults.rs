@@ -81,3 +81,38 @@ fn a_late_completion_still_lands_within_the_wait() {
     assert_eq!(st, [RequestStatus::Success, RequestStatus::Success]);
     assert!(t0.elapsed() >= Duration::from_millis(100));
 }
+
+#[test]
+fn a_fatal_controller_fails_its_requests_and_reset_drive_brings_it_back() {
+    // The first read of drive b's LBA 0 makes its controller fatal (CFS).
+    let rt = stripe("b", "[{ lba: [0, 1], op: read, action: controller_fatal, times: 1 }]");
+    let mut buf = vec![0u64; (2 << 20) / 8];
+    let m = memory(&rt, &mut buf);
+    let t = rt.open("tutti://kv/0").unwrap();
+    // Write 1 MiB (all four drives), then read it back: the read touching
+    // drive b's LBA 0 hits the fault.
+    let w = rt
+        .wait(rt.submit(&[Request::write(t, 0, 1 << 20, m, 0)]).op().unwrap(), Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(w, [RequestStatus::Success]);
+    let reqs =
+        [Request::read(t, 0, 256 << 10, m, 1 << 20), Request::read(t, 512 << 10, 128 << 10, m, 1 << 20)];
+    let st = rt.wait(rt.submit(&reqs).op().unwrap(), Duration::from_secs(10)).unwrap();
+    // Request 1 covers drives a and b: b died under it.
+    assert_eq!(st[0], RequestStatus::ControllerFatal { drive: "b".into() });
+    // Request 2 touches only drive c.
+    assert_eq!(st[1], RequestStatus::Success);
+    // While b is failed, new work on it is refused, not lost.
+    let st = rt
+        .wait(rt.submit(&[Request::read(t, 128 << 10, 4096, m, 0)]).op().unwrap(), Duration::from_secs(5))
+        .unwrap();
+    assert!(matches!(st[0], RequestStatus::SubmitFailed { .. }), "{st:?}");
+    rt.reset_drive("b").unwrap();
+    let st = rt
+        .wait(rt.submit(&[Request::read(t, 0, 1 << 20, m, 1 << 20)]).op().unwrap(), Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(st, [RequestStatus::Success]);
+    let (a, b) = buf.split_at(1 << 17);
+    assert!(a == &b[..1 << 17], "data read back after the reset");
+    assert!(rt.reset_drive("zz").is_err());
+}

@@ -63,13 +63,14 @@ impl CompletionQueue {
         self.phase
     }
 
-    /// Takes the entry at the head if the controller has posted it.
+    /// The entry at the head if the controller has posted it (phase tag
+    /// match), without consuming it.
     ///
     /// The dword holding the phase tag (DW3) is loaded first with Acquire,
     /// so the rest of the entry, which the controller writes before DW3, is
     /// read after it.
     #[inline]
-    pub fn pop(&mut self) -> Option<Cqe> {
+    pub fn peek(&self) -> Option<Cqe> {
         let base = self.head as usize * CQE_SIZE;
         let dw3 = self.mem.load_u32(base + 12, Ordering::Acquire).ok()?;
         if (dw3 >> 16) & 1 != u32::from(self.phase) {
@@ -78,11 +79,36 @@ impl CompletionQueue {
         let dw0 = self.mem.load_u32(base, Ordering::Relaxed).ok()?;
         let dw1 = self.mem.load_u32(base + 4, Ordering::Relaxed).ok()?;
         let dw2 = self.mem.load_u32(base + 8, Ordering::Relaxed).ok()?;
+        Some(Cqe::from_dwords([dw0, dw1, dw2, dw3]))
+    }
+
+    /// Consumes the entry at the head (after [`CompletionQueue::peek`]
+    /// returned it), flipping the expected phase on wrap.
+    #[inline]
+    pub fn advance(&mut self) {
         self.head = self.ring.next(self.head);
         if self.head == 0 {
             self.phase = !self.phase;
         }
-        Some(Cqe::from_dwords([dw0, dw1, dw2, dw3]))
+    }
+
+    /// Takes the entry at the head if the controller has posted it.
+    #[inline]
+    pub fn pop(&mut self) -> Option<Cqe> {
+        let cqe = self.peek()?;
+        self.advance();
+        Some(cqe)
+    }
+
+    /// Reads again the body (DW0-DW2) of the entry at `index`, for an entry
+    /// whose phase dword was seen before its body was visible.
+    pub(crate) fn reread_body(&self, index: u32) -> Option<[u32; 3]> {
+        let base = index as usize * CQE_SIZE;
+        Some([
+            self.mem.load_u32(base, Ordering::Acquire).ok()?,
+            self.mem.load_u32(base + 4, Ordering::Acquire).ok()?,
+            self.mem.load_u32(base + 8, Ordering::Acquire).ok()?,
+        ])
     }
 
     /// Tells the controller, with one CQ head doorbell write, that every

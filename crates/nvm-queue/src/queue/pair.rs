@@ -16,6 +16,12 @@ use crate::dma::{DmaBuffer, DmaError};
 use crate::mmio::MmioError;
 use crate::prp::{DmaListPages, NoListPages, PrpBuilder, PrpError};
 
+/// How long a CQ entry whose phase tag is set but whose body names another
+/// SQ is left in place (re-read at each poll) before it is consumed as a
+/// protocol error: long enough for a device that writes DW3 before the body
+/// to finish, short enough that a truly foreign entry cannot stall the queue.
+pub const UNSETTLED_GRACE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Shape of a queue pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueuePairConfig {
@@ -131,6 +137,9 @@ pub struct QueuePair {
     lists_offset: usize,
     list_pages_per_cmd: usize,
     stats: QueueStats,
+    /// When the entry at the CQ head was first seen with a body naming
+    /// another SQ (see `poll`).
+    unsettled_since: Option<std::time::Instant>,
     /// Keeps the device, and so the BAR0 window the doorbells point into,
     /// alive as long as the pair.
     _device: Arc<dyn NvmeDevice>,
@@ -196,6 +205,7 @@ impl QueuePair {
             lists_offset,
             list_pages_per_cmd,
             stats: QueueStats::default(),
+            unsettled_since: None,
             _device: device.clone(),
         })
     }
@@ -292,7 +302,24 @@ impl QueuePair {
     pub fn poll(&mut self, mut f: impl FnMut(Completion)) -> usize {
         let mut n = 0;
         while n < self.cq.size() as usize {
-            let Some(cqe) = self.cq.pop() else { break };
+            let index = self.cq.head();
+            let Some(mut cqe) = self.cq.peek() else { break };
+            if cqe.sqid != self.sq.qid() {
+                // The phase dword may have become visible before the body (a
+                // device that writes DW3 first): give the body a moment, and
+                // if it still names another SQ, leave the entry for the next
+                // poll, up to UNSETTLED_GRACE, before calling it foreign.
+                cqe = self.settle_body(index, cqe);
+                if cqe.sqid != self.sq.qid() {
+                    let now = std::time::Instant::now();
+                    let since = *self.unsettled_since.get_or_insert(now);
+                    if now.duration_since(since) < UNSETTLED_GRACE {
+                        break;
+                    }
+                }
+            }
+            self.unsettled_since = None;
+            self.cq.advance();
             n += 1;
             if cqe.sqid != self.sq.qid() {
                 // Not ours: its SQHD and CID mean nothing for this SQ.
@@ -317,6 +344,22 @@ impl QueuePair {
         }
         self.cq.ring();
         n
+    }
+
+    /// Re-reads the body of CQ entry `index` for up to 50 µs until it
+    /// names this SQ; returns the last version read.
+    fn settle_body(&self, index: u32, mut cqe: nvme_regs::Cqe) -> nvme_regs::Cqe {
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_micros(50) {
+            std::hint::spin_loop();
+            if let Some([dw0, dw1, dw2]) = self.cq.reread_body(index) {
+                cqe = nvme_regs::Cqe::from_dwords([dw0, dw1, dw2, cqe.dw3()]);
+                if cqe.sqid == self.sq.qid() {
+                    break;
+                }
+            }
+        }
+        cqe
     }
 
     /// Tags of the outstanding commands, oldest slot first.
@@ -401,11 +444,15 @@ mod tests {
         qp.poll(|c| done.push(c.tag));
         assert_eq!(done, vec![100]);
         let s = qp.stats();
-        assert_eq!((s.completed, s.protocol_errors, s.wrong_sqid), (1, 3, 1));
-        assert_eq!(qp.sq().head(), 2, "the foreign CQE's SQHD 7 was not taken");
-        assert_eq!(qp.outstanding(), 1);
+        // The foreign entry is left in place for a grace period (its body
+        // might still be on its way), then consumed as a protocol error.
+        assert_eq!((s.completed, s.protocol_errors, s.wrong_sqid), (1, 2, 0));
+        std::thread::sleep(UNSETTLED_GRACE + std::time::Duration::from_millis(10));
         post(&qp, 4, Cqe::new(0, 2, 1, b, Status::SUCCESS, true));
         qp.poll(|c| done.push(c.tag));
+        let s = qp.stats();
+        assert_eq!((s.completed, s.protocol_errors, s.wrong_sqid), (2, 3, 1));
+        assert_eq!(qp.sq().head(), 2, "the foreign CQE's SQHD 7 was not taken");
         assert_eq!(done, vec![100, 200]);
         assert_eq!(qp.outstanding(), 0);
     }
