@@ -13,7 +13,8 @@ fn replay(target: &str, body: fn(&[u8])) {
     for dir in ["corpus", "artifacts"] {
         let Ok(entries) = std::fs::read_dir(root.join(dir).join(target)) else { continue };
         for e in entries.flatten() {
-            let bytes = std::fs::read(e.path()).unwrap();
+            // A running fuzzer may replace entries while we read.
+            let Ok(bytes) = std::fs::read(e.path()) else { continue };
             body(&bytes);
             n += 1;
         }
