@@ -192,7 +192,6 @@ impl Controller {
                 cap.max_page_size()
             )));
         }
-        let mps = page_size.trailing_zeros() - 12;
 
         // 1. Disable and wait for CSTS.RDY = 0 (a fatal status is cleared by
         //    the reset, so CFS is not an error here).
@@ -224,23 +223,8 @@ impl Controller {
                 dstrd: cap.dstrd(),
             },
         )?;
-        let asq = admin.sq().memory().device_addr(0)?;
-        let acq = admin.cq().memory().device_addr(0)?;
-        bar.write32(offset::AQA, Aqa::new((admin_entries - 1) as u16, (admin_entries - 1) as u16).0)?;
-        bar.write64(offset::ASQ, asq)?;
-        bar.write64(offset::ACQ, acq)?;
-
-        // 3. Enable, wait for CSTS.RDY = 1.
-        let cc = Cc(0)
-            .with_iosqes(6)
-            .with_iocqes(4)
-            .with_mps(mps as u8)
-            .with_css(0)
-            .with_ams(0)
-            .with_shn(ShutdownNotification::None)
-            .with_en(true);
-        bar.write32(offset::CC, cc.0)?;
-        wait_csts(&*device, ready_timeout, "CSTS.RDY = 1 after CC.EN = 1", true, |c| c.rdy())?;
+        // 3. AQA/ASQ/ACQ, enable, wait for CSTS.RDY = 1.
+        enable(&*device, &admin, page_size, ready_timeout)?;
 
         let scratch = DmaBuffer::new(&device, 4096)?;
         let mut ctrl = Self {
@@ -526,23 +510,7 @@ impl Controller {
             // ended its DMA, so it can be reused.
             tracing::warn!(commands = lost.len(), "admin commands lost in the reset");
         }
-        let entries = self.admin.sq().size();
-        let asq = self.admin.sq().memory().device_addr(0)?;
-        let acq = self.admin.cq().memory().device_addr(0)?;
-        bar.write32(offset::AQA, Aqa::new((entries - 1) as u16, (entries - 1) as u16).0)?;
-        bar.write64(offset::ASQ, asq)?;
-        bar.write64(offset::ACQ, acq)?;
-        let mps = self.page_size.trailing_zeros() - 12;
-        let cc = Cc(0)
-            .with_iosqes(6)
-            .with_iocqes(4)
-            .with_mps(mps as u8)
-            .with_css(0)
-            .with_ams(0)
-            .with_shn(ShutdownNotification::None)
-            .with_en(true);
-        bar.write32(offset::CC, cc.0)?;
-        wait_csts(&*self.device, self.ready_timeout, "CSTS.RDY = 1 after reset", true, |c| c.rdy())?;
+        enable(&*self.device, &self.admin, self.page_size, self.ready_timeout)?;
         self.shut_down = false;
         self.identify()?;
         self.set_number_of_queues()
@@ -630,6 +598,34 @@ impl Drop for Controller {
             }
         }
     }
+}
+
+/// Programs AQA/ASQ/ACQ for `admin` (64-bit registers as two halves, low
+/// first), writes CC with EN = 1 (IOSQES 6, IOCQES 4, MPS from `page_size`,
+/// NVM command set), and waits for CSTS.RDY = 1, failing at once on
+/// CSTS.CFS (NVMe Base 2.0 3.5.1).
+fn enable(
+    device: &dyn NvmeDevice,
+    admin: &QueuePair,
+    page_size: usize,
+    ready_timeout: Duration,
+) -> Result<(), ControllerError> {
+    let bar = device.bar0();
+    let entries = admin.sq().size();
+    bar.write32(offset::AQA, Aqa::new((entries - 1) as u16, (admin.cq().size() - 1) as u16).0)?;
+    bar.write64(offset::ASQ, admin.sq().memory().device_addr(0)?)?;
+    bar.write64(offset::ACQ, admin.cq().memory().device_addr(0)?)?;
+    let mps = page_size.trailing_zeros().saturating_sub(12);
+    let cc = Cc(0)
+        .with_iosqes(6)
+        .with_iocqes(4)
+        .with_mps(mps as u8)
+        .with_css(0)
+        .with_ams(0)
+        .with_shn(ShutdownNotification::None)
+        .with_en(true);
+    bar.write32(offset::CC, cc.0)?;
+    wait_csts(device, ready_timeout, "CSTS.RDY = 1 after CC.EN = 1", true, |c| c.rdy())
 }
 
 /// Polls CSTS until `done` holds, `timeout` passes, CSTS reads all ones, or
