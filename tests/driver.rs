@@ -243,3 +243,36 @@ fn cq_head_doorbell_follows_every_completion_on_a_64_entry_queue() {
         assert_eq!(r.dev.bar0().read32(db).unwrap(), k % 64, "after {k} completions");
     }
 }
+
+#[test]
+fn cq_memory_full_of_0xff_before_create_shows_no_phantom_completion() {
+    // 0xFF bytes carry phase tag 1, the phase of the first pass: a driver
+    // that does not clear CQ memory before Create I/O CQ would take them for
+    // completions. Delete the pair, poison its CQ, create it again.
+    let mut r = rig(|_| {});
+    let ns = *r.ctrl.namespace(1).unwrap();
+    let mut qp = r.ctrl.create_io_queue_pair(1, 16, 15).unwrap();
+    r.ctrl.delete_io_queue_pair(1).unwrap();
+    qp.cq().memory().fill(0xFF);
+    r.ctrl.recreate_io_queue_pair(&mut qp).unwrap();
+    let mut seen = 0;
+    qp.poll(|_| seen += 1);
+    assert_eq!(seen, 0, "no completion before the first doorbell");
+    assert_eq!(qp.stats().protocol_errors, 0);
+    let buf = DmaBuffer::new(&r.dev, 4096).unwrap();
+    let plan = plan_io(&ns, 0, 4096, r.ctrl.max_transfer()).unwrap();
+    let c = plan.into_iter().next().unwrap();
+    let cid = qp
+        .submit(IoOp::Read.sqe(1, &c), Some(DataRef { mapping: buf.mapping(), offset: 0, len: 4096 }), 7)
+        .unwrap();
+    qp.ring();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.is_empty() && Instant::now() < deadline {
+        qp.poll(|c| got.push(c));
+    }
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].cid, got[0].tag), (cid, 7));
+    assert!(got[0].status.is_success());
+    assert_eq!(qp.stats().wrong_sqid, 0, "the real CQE names SQ 1");
+}

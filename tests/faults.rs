@@ -389,7 +389,7 @@ fn controller_fatal_sets_cfs_and_stops_all_queues_until_reset() {
     r.ctrl.reset().unwrap();
     assert!(!r.ctrl.csts().unwrap().cfs());
     assert_eq!(qp.reset_after_controller_reset().len(), BATCH as usize - 5 + 4);
-    r.ctrl.recreate_io_queue_pair(&qp).unwrap();
+    r.ctrl.recreate_io_queue_pair(&mut qp).unwrap();
     let again = batch(&mut qp, &ns, IoOp::Read, 0..BATCH, &buf);
     assert!(again.iter().all(|c| c.status.is_success()), "{again:?}");
 }

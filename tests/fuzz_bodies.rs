@@ -124,3 +124,99 @@ pub fn config_parser(data: &[u8]) {
         }
     }
 }
+
+/// The driver's completion path facing a hostile device: the test writes
+/// arbitrary CQEs (any CID, SQID, SQHD, status, phase) into a live queue
+/// pair's CQ. It must never panic, never deliver a tag it did not submit,
+/// and never deliver a tag twice; every delivered status is what the CQE
+/// said.
+pub fn hostile_completions(data: &[u8]) {
+    use nvm_queue::queue::{QueuePair, QueuePairConfig};
+    use nvme_regs::opcode::Flush;
+    use std::collections::HashSet;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    if data.len() < 2 {
+        return;
+    }
+    let dev: Arc<dyn nvm_queue::NvmeDevice> = Arc::new(hostile::Device::new());
+    let entries = 2 + u32::from(data[0] % 31);
+    let cfg = QueuePairConfig {
+        qid: 1,
+        sq_entries: entries,
+        cq_entries: entries,
+        max_outstanding: (entries - 1) as u16,
+        max_transfer: 4096,
+        page_size: 4096,
+        dstrd: 0,
+    };
+    let Ok(mut qp) = QueuePair::new(&dev, cfg) else { return };
+    let mut issued = HashSet::new();
+    for t in 0..u64::from(data[1] % entries as u8) {
+        if qp.submit(Flush::new(1).build(), None, t).is_ok() {
+            issued.insert(t);
+        }
+    }
+    qp.ring();
+    let mut delivered = HashSet::new();
+    for round in data[2..].chunks(16 * entries as usize) {
+        let mem = qp.cq().memory();
+        for (i, cqe) in round.chunks_exact(16).enumerate() {
+            for d in 0..4 {
+                let v = u32::from_le_bytes([cqe[4 * d], cqe[4 * d + 1], cqe[4 * d + 2], cqe[4 * d + 3]]);
+                let _ = mem.store_u32(i * 16 + d * 4, v, Ordering::Release);
+            }
+        }
+        qp.poll(|c| {
+            assert!(issued.contains(&c.tag), "tag {} was never submitted", c.tag);
+            assert!(delivered.insert(c.tag), "tag {} delivered twice", c.tag);
+        });
+    }
+    let s = qp.stats();
+    assert_eq!(s.completed as usize, delivered.len());
+    assert!(qp.outstanding() + delivered.len() == issued.len());
+}
+
+mod hostile {
+    //! A device whose registers are plain memory and whose DMA mappings
+    //! hand out fake bus addresses: the test plays the controller.
+    use nvm_queue::{DeviceError, DmaMapping, Mmio, NvmeDevice};
+    use std::ptr::NonNull;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[derive(Debug)]
+    pub struct Device {
+        _page: Box<[u32]>,
+        mmio: Mmio,
+        next: AtomicU64,
+    }
+
+    impl Device {
+        pub fn new() -> Self {
+            let mut page = vec![0u32; 0x2000 / 4].into_boxed_slice();
+            // SAFETY: the boxed page lives as long as the device (its heap
+            // memory does not move) and is only accessed through `mmio`.
+            #[allow(unsafe_code)]
+            let mmio = unsafe { Mmio::new(page.as_mut_ptr().cast(), 0x2000) }.expect("aligned");
+            Self { _page: page, mmio, next: AtomicU64::new(0x1_0000_0000) }
+        }
+    }
+
+    impl NvmeDevice for Device {
+        fn name(&self) -> &str {
+            "hostile"
+        }
+        fn bar0(&self) -> &Mmio {
+            &self.mmio
+        }
+        #[allow(unsafe_code)]
+        unsafe fn dma_map(&self, _host: NonNull<u8>, len: usize) -> Result<DmaMapping, DeviceError> {
+            let iova = self.next.fetch_add((len as u64).next_multiple_of(4096) + 4096, Ordering::Relaxed);
+            Ok(DmaMapping::contiguous(iova, len))
+        }
+        fn dma_unmap(&self, _m: &DmaMapping) -> Result<(), DeviceError> {
+            Ok(())
+        }
+    }
+}

@@ -40,3 +40,8 @@ fn prp_builder_corpus() {
 fn config_parser_corpus() {
     replay("config_parser", bodies::config_parser);
 }
+
+#[test]
+fn hostile_completions_corpus() {
+    replay("hostile_completions", bodies::hostile_completions);
+}

@@ -467,7 +467,7 @@ impl Controller {
             return Err(ControllerError::NoQueue { qid, granted: self.io_queues_granted });
         }
         let entries = entries.min(self.cap.max_queue_entries()).max(2);
-        let qp = QueuePair::new(
+        let mut qp = QueuePair::new(
             &self.device,
             QueuePairConfig {
                 qid,
@@ -479,7 +479,7 @@ impl Controller {
                 dstrd: self.cap.dstrd(),
             },
         )?;
-        self.recreate_io_queue_pair(&qp)?;
+        self.recreate_io_queue_pair(&mut qp)?;
         Ok(qp)
     }
 
@@ -520,10 +520,16 @@ impl Controller {
     /// Create I/O CQ, then Create I/O SQ. [`Controller::create_io_queue_pair`]
     /// uses it; after [`Controller::reset`] and
     /// [`QueuePair::reset_after_controller_reset`] it creates the queue again.
-    pub fn recreate_io_queue_pair(&mut self, qp: &QueuePair) -> Result<(), ControllerError> {
+    pub fn recreate_io_queue_pair(&mut self, qp: &mut QueuePair) -> Result<(), ControllerError> {
         let qid = qp.qid();
         if qid == 0 || qid > self.io_queues_granted || self.live_queues.contains(&qid) {
             return Err(ControllerError::NoQueue { qid, granted: self.io_queues_granted });
+        }
+        if !qp.prepare_for_create() {
+            return Err(ControllerError::Unsupported(format!(
+                "queue {qid} still has {} commands outstanding",
+                qp.outstanding()
+            )));
         }
         let entries = qp.sq().size();
         let mut cq = CreateIoCq::new(qid, entries).build();

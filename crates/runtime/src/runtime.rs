@@ -1138,8 +1138,8 @@ impl Runtime {
         let mut c = lock(&d.controller);
         c.reset().map_err(ctrl_err)?;
         for q in &d.queues {
-            let qp = lock(q);
-            c.recreate_io_queue_pair(&qp).map_err(ctrl_err)?;
+            let mut qp = lock(q);
+            c.recreate_io_queue_pair(&mut qp).map_err(ctrl_err)?;
         }
         // The reset ended every DMA of the abandoned commands.
         lock(&self.pinned_until_reset).remove(&d.index);

@@ -376,6 +376,20 @@ impl QueuePair {
         self.cids.drain()
     }
 
+    /// Readies the rings for Create I/O CQ/SQ: zeroes the CQ memory (so no
+    /// stale entry, whatever its bytes, carries the phase tag of the first
+    /// pass) and restarts the indexes. Refused (`false`) while commands are
+    /// outstanding.
+    pub fn prepare_for_create(&mut self) -> bool {
+        if self.outstanding() != 0 {
+            return false;
+        }
+        self.sq.reset();
+        self.cq.reset();
+        self.unsettled_since = None;
+        true
+    }
+
     /// A one-paragraph state dump for diagnosing a stalled queue.
     pub fn dump(&self) -> String {
         let mut s = String::new();
