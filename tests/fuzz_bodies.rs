@@ -220,3 +220,63 @@ mod hostile {
         }
     }
 }
+
+/// The emulator fed arbitrary admin and I/O SQEs (any opcode, NSID, PRPs,
+/// CDWs), doorbell writes and register writes: its controller thread must
+/// keep running (no panic) and never touch memory outside what was mapped
+/// (a stray access would crash the process).
+pub fn emulator_commands(data: &[u8]) {
+    use nvm_queue::{Controller, ControllerOptions, DmaBuffer, NvmeDevice};
+    use nvme_emu::{Emulator, EmulatorConfig, NamespaceSpec};
+    use nvme_regs::Sqe;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    let mut cfg =
+        EmulatorConfig::new("fuzz", vec![NamespaceSpec::new(256, 4096), NamespaceSpec::new(64, 512)]);
+    cfg.mqes = 15;
+    cfg.io_queues = 2;
+    let emu = Emulator::start(cfg).expect("emulator starts");
+    let dev: Arc<dyn NvmeDevice> = emu.clone();
+    let opts = ControllerOptions { admin_timeout: Duration::from_millis(20), ..Default::default() };
+    let mut ctrl = Controller::init(dev.clone(), opts).expect("fresh emulator comes up");
+    let Ok(mut qp) = ctrl.create_io_queue_pair(1, 8, 7) else { return };
+    let buf = DmaBuffer::new(&dev, 16 * 1024).expect("dma");
+    let _ = buf.mapping();
+    for (k, op) in data.chunks(65).take(32).enumerate() {
+        let mut b = [0u8; 65];
+        b[..op.len()].copy_from_slice(op);
+        let mut dw = [0u32; 16];
+        for (i, d) in dw.iter_mut().enumerate() {
+            *d = u32::from_le_bytes([b[1 + 4 * i], b[2 + 4 * i], b[3 + 4 * i], b[4 + 4 * i]]);
+        }
+        let sqe = Sqe::from_dwords(dw);
+        match b[0] % 8 {
+            // Admin commands (Create/Delete queues, Identify, logs, features...).
+            0..=2 => {
+                let _ = ctrl.admin_command(sqe, "fuzz");
+            }
+            // I/O commands with the SQE's own PRPs (often unmapped).
+            3..=5 => {
+                if qp.submit(sqe, None, k as u64).is_ok() {
+                    qp.ring();
+                }
+                let t = Instant::now();
+                while t.elapsed() < Duration::from_micros(200) {
+                    qp.poll(|_| {});
+                }
+            }
+            // A raw doorbell write (any queue, any value).
+            6 => {
+                let _ = dev.bar0().write32(0x1000 + usize::from(b[1] % 16) * 4, dw[1] % 64);
+            }
+            // A raw register write (CC, AQA, ASQ, ACQ, INTMS...).
+            _ => {
+                let reg = [0x0C, 0x10, 0x14, 0x24, 0x28, 0x2C, 0x30, 0x34][usize::from(b[1] % 8)];
+                let _ = dev.bar0().write32(reg, dw[1]);
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(1));
+    assert!(emu.is_running(), "the emulator's controller thread died");
+}

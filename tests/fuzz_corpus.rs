@@ -45,3 +45,8 @@ fn config_parser_corpus() {
 fn hostile_completions_corpus() {
     replay("hostile_completions", bodies::hostile_completions);
 }
+
+#[test]
+fn emulator_commands_corpus() {
+    replay("emulator_commands", bodies::emulator_commands);
+}

@@ -338,6 +338,12 @@ impl Emulator {
         self.shared.iova.map_external(mem)
     }
 
+    /// `true` while the controller thread runs: `false` after it stopped,
+    /// and (a bug, which tests and fuzzing look for) if it panicked.
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
     /// The configuration it was started with.
     pub fn config(&self) -> &EmulatorConfig {
         &self.config

@@ -1,0 +1,8 @@
+//! Fuzz target `emulator_commands`: see tests/fuzz_bodies.rs.
+#![no_main]
+
+#[path = "../../tests/fuzz_bodies.rs"]
+#[allow(dead_code)]
+mod bodies;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| bodies::emulator_commands(data));
