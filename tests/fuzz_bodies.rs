@@ -238,9 +238,13 @@ pub fn emulator_commands(data: &[u8]) {
     cfg.io_queues = 2;
     let emu = Emulator::start(cfg).expect("emulator starts");
     let dev: Arc<dyn NvmeDevice> = emu.clone();
-    let opts = ControllerOptions { admin_timeout: Duration::from_millis(20), ..Default::default() };
-    let mut ctrl = Controller::init(dev.clone(), opts).expect("fresh emulator comes up");
+    // Bring-up with the normal bound (a busy machine may delay the
+    // emulator's thread by milliseconds), then short bounds for the fuzzed
+    // commands, some of which never complete (AER) by design.
+    let mut ctrl =
+        Controller::init(dev.clone(), ControllerOptions::default()).expect("fresh emulator comes up");
     let Ok(mut qp) = ctrl.create_io_queue_pair(1, 8, 7) else { return };
+    ctrl.set_admin_timeout(Duration::from_millis(20));
     let buf = DmaBuffer::new(&dev, 16 * 1024).expect("dma");
     let _ = buf.mapping();
     for (k, op) in data.chunks(65).take(32).enumerate() {

@@ -368,6 +368,11 @@ impl Controller {
         self.namespaces.iter().find(|n| n.nsid == nsid)
     }
 
+    /// Changes the bound on each later admin command.
+    pub fn set_admin_timeout(&mut self, timeout: Duration) {
+        self.opts.admin_timeout = timeout;
+    }
+
     /// I/O queue pairs granted by Set Features (Number of Queues).
     pub fn io_queues_granted(&self) -> u16 {
         self.io_queues_granted
