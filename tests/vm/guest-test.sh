@@ -1,0 +1,178 @@
+#!/bin/sh
+# Runs inside the QEMU guest (started by /init). Every step prints
+#   TUTTI-VM-STEP <name> BEGIN
+#   ...its output (stdout and stderr)...
+#   TUTTI-VM-STEP <name> rc=<exit status> secs=<guest seconds>
+# and the script ends with TUTTI-VM-DONE. tests/vm.rs parses these lines.
+#
+# The four controllers (tests/vm/run.sh pins their addresses):
+#   0000:00:10.0 512-byte blocks      0000:00:11.0 4096-byte blocks
+#   0000:00:12.0 mdts=2               0000:00:13.0 max_ioqpairs=2
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+export RUST_BACKTRACE=1
+ADDRS="0000:00:10.0 0000:00:11.0 0000:00:12.0 0000:00:13.0"
+# Per-step limit (guest seconds); the host's QEMU timeout covers the rest.
+STEP_TIMEOUT=${STEP_TIMEOUT:-300}
+
+now() { cut -d' ' -f1 /proc/uptime; }
+
+# step NAME COMMAND...: runs COMMAND (a program, or a function of this
+# script) with the markers around it.
+step() {
+    name=$1
+    shift
+    echo "TUTTI-VM-STEP $name BEGIN"
+    t0=$(now)
+    if type "$1" 2>/dev/null | grep -q 'function'; then
+        "$@" 2>&1
+    else
+        timeout "$STEP_TIMEOUT" "$@" 2>&1
+    fi
+    rc=$?
+    t1=$(now)
+    echo "TUTTI-VM-STEP $name rc=$rc secs=$(awk "BEGIN { printf \"%.2f\", $t1 - $t0 }")"
+    return 0
+}
+
+# The NVMe functions (class 0x010802) in /sys/bus/pci.
+nvme_functions() {
+    for d in /sys/bus/pci/devices/*; do
+        [ "$(cat "$d/class")" = 0x010802 ] && basename "$d"
+    done
+}
+
+driver_of() {
+    if [ -e "/sys/bus/pci/devices/$1/driver" ]; then
+        basename "$(readlink "/sys/bus/pci/devices/$1/driver")"
+    else
+        echo none
+    fi
+}
+
+# Block devices of a function bound to nvme (nvmeXnY), space separated.
+blockdevs_of() {
+    ls -d /sys/bus/pci/devices/"$1"/nvme/nvme*/nvme*n* 2>/dev/null | while read -r b; do
+        printf '%s ' "$(basename "$b")"
+    done
+}
+
+# wait_nvme ADDR...: until each function is bound to nvme and has a block
+# device (the kernel driver probes asynchronously). 60 guest seconds.
+wait_nvme() {
+    i=0
+    while [ $i -lt 600 ]; do
+        ok=1
+        for a in "$@"; do
+            if [ "$(driver_of "$a")" != nvme ] || [ -z "$(blockdevs_of "$a")" ]; then
+                ok=0
+            fi
+        done
+        [ $ok = 1 ] && return 0
+        sleep 0.1
+        i=$((i + 1))
+    done
+    return 1
+}
+
+# The four controllers are present, NVMe class, on the kernel nvme driver
+# with a block device each.
+check_controllers() {
+    local waited rc found a d drv b
+    wait_nvme $ADDRS
+    waited=$?
+    rc=0
+    found=$(nvme_functions | tr '\n' ' ')
+    echo "nvme functions: $found"
+    for a in $ADDRS; do
+        d=/sys/bus/pci/devices/$a
+        if [ ! -e "$d" ]; then
+            echo "$a: missing"
+            rc=1
+            continue
+        fi
+        drv=$(driver_of "$a")
+        echo "$a class=$(cat "$d/class") id=$(cat "$d/vendor"):$(cat "$d/device") driver=$drv" \
+            "iommu_group=$(basename "$(readlink "$d/iommu_group" 2>/dev/null)" 2>/dev/null)" \
+            "block=$(blockdevs_of "$a")"
+        [ "$(cat "$d/class")" = 0x010802 ] || rc=1
+        [ "$drv" = nvme ] || rc=1
+    done
+    [ "$(echo $found | wc -w)" = 4 ] || rc=1
+    [ $waited = 0 ] || { echo "timed out waiting for the nvme driver"; rc=1; }
+    for b in /sys/block/nvme*; do
+        [ -e "$b" ] && echo "$(basename "$b"): $(cat "$b/size") sectors, logical_block_size $(cat "$b/queue/logical_block_size"), max_hw_sectors_kb $(cat "$b/queue/max_hw_sectors_kb")"
+    done
+    return $rc
+}
+
+# The IOMMU is on: DMA remapping groups exist and every controller has one.
+check_iommu() {
+    local rc n g a
+    rc=0
+    dmesg | grep -iE 'DMAR|IOMMU' | grep -viE 'ACPI' | head -n 8
+    n=$(ls /sys/kernel/iommu_groups 2>/dev/null | wc -l)
+    echo "iommu groups: $n"
+    [ "$n" -gt 0 ] || rc=1
+    for a in $ADDRS; do
+        g=$(readlink "/sys/bus/pci/devices/$a/iommu_group" 2>/dev/null)
+        if [ -z "$g" ]; then
+            echo "$a: no iommu_group"
+            rc=1
+        else
+            echo "$a: group $(basename "$g"): $(ls "/sys/bus/pci/devices/$a/iommu_group/devices" | tr '\n' ' ')"
+        fi
+    done
+    return $rc
+}
+
+# Hand one controller to vfio-pci through sysfs alone (driver_override,
+# unbind, drivers_probe), check that /dev/vfio/<group> appears, and give it
+# back to nvme. Proves the IOMMU/VFIO setup independently of tutti-probe.
+check_vfio_sysfs() {
+    local a d g rc
+    a=0000:00:13.0
+    d=/sys/bus/pci/devices/$a
+    g=$(basename "$(readlink "$d/iommu_group")")
+    rc=0
+    echo vfio-pci >"$d/driver_override"
+    [ -e "$d/driver" ] && echo "$a" >"$d/driver/unbind"
+    echo "$a" >/sys/bus/pci/drivers_probe
+    echo "$a: driver=$(driver_of "$a")"
+    [ "$(driver_of "$a")" = vfio-pci ] || rc=1
+    ls -l /dev/vfio/
+    [ -c "/dev/vfio/$g" ] || { echo "/dev/vfio/$g missing"; rc=1; }
+    # Back to the kernel driver.
+    echo "$a" >"$d/driver/unbind"
+    echo >"$d/driver_override"
+    echo "$a" >/sys/bus/pci/drivers_probe
+    if wait_nvme "$a"; then
+        echo "$a: back on $(driver_of "$a") with $(blockdevs_of "$a")"
+    else
+        echo "$a: not back on nvme (driver=$(driver_of "$a"))"
+        rc=1
+    fi
+    return $rc
+}
+
+step controllers check_controllers
+step iommu check_iommu
+step vfio-sysfs check_vfio_sysfs
+
+if ! command -v tutti-probe >/dev/null 2>&1; then
+    echo "tutti-probe is not in this guest: the tutti-probe steps fail with rc=127"
+fi
+step list tutti-probe list
+step status tutti-probe status
+step bind tutti-probe bind --all-unused
+step list-json tutti-probe list --json
+for a in $ADDRS; do
+    step "identify-$a" tutti-probe identify "$a"
+done
+for a in $ADDRS; do
+    step "conformance-$a" tutti-probe conformance "$a"
+done
+step selftest tutti-probe selftest 0000:00:10.0 --lba-range 0..2048 --yes
+step replay tutti-bench replay --config /vm/replay.yaml --store kv --requests 200 --json
+step unbind tutti-probe unbind $ADDRS
+step list-final tutti-probe list
+echo "TUTTI-VM-DONE"
