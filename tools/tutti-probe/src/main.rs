@@ -1,0 +1,2 @@
+//! tutti-probe (work in progress).
+fn main() {}
