@@ -271,16 +271,7 @@ fn read_function(sys: &Sysfs, addr: &PciAddr, usage: &Usage) -> Result<NvmeFunct
     } else {
         Vec::new()
     };
-    Ok(NvmeFunction {
-        addr: *addr,
-        vendor,
-        device,
-        driver,
-        numa_node,
-        iommu_group,
-        bar0_bytes,
-        controllers,
-    })
+    Ok(NvmeFunction { addr: *addr, vendor, device, driver, numa_node, iommu_group, bar0_bytes, controllers })
 }
 
 /// BAR0 size from the first line of a PCI `resource` file (`start end
@@ -299,11 +290,8 @@ pub fn parse_bar0_size(resource: &str) -> Option<u64> {
 
 fn read_controller(sys: &Sysfs, dir: &Path, name: &str, usage: &Usage) -> KernelController {
     let attr = |a: &str| sys.read_opt(&dir.join(a)).unwrap_or_default();
-    let mut ns_names: Vec<String> = sys
-        .list_dir(dir)
-        .into_iter()
-        .filter_map(|n| namespace_block_name(&n))
-        .collect();
+    let mut ns_names: Vec<String> =
+        sys.list_dir(dir).into_iter().filter_map(|n| namespace_block_name(&n)).collect();
     ns_names.dedup();
     let namespaces = ns_names.iter().map(|n| read_block(sys, n, None, usage)).collect();
     KernelController {
@@ -365,8 +353,8 @@ fn read_block(sys: &Sysfs, name: &str, parent: Option<&str>, usage: &Usage) -> B
         })
         .collect();
     let open_by = usage.open.get(name).cloned().unwrap_or_default();
-    let root_fs =
-        mount_points.iter().any(|m| m == "/") || holders.iter().any(|h| h.mount_points.iter().any(|m| m == "/"));
+    let root_fs = mount_points.iter().any(|m| m == "/")
+        || holders.iter().any(|h| h.mount_points.iter().any(|m| m == "/"));
     let (nsid, logical_block_bytes, partitions) = if parent.is_none() {
         let nsid = sys
             .read_opt(&dir.join("nsid"))
@@ -377,7 +365,10 @@ fn read_block(sys: &Sysfs, name: &str, parent: Option<&str>, usage: &Usage) -> B
         let parts = sys
             .list_dir(&dir)
             .into_iter()
-            .filter(|p| p.strip_prefix(&prefix).is_some_and(|n| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit())))
+            .filter(|p| {
+                p.strip_prefix(&prefix)
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()))
+            })
             .map(|p| read_block(sys, &p, Some(name), usage))
             .collect();
         (nsid, lbs, parts)

@@ -60,7 +60,9 @@ pub enum PciError {
         source: io::Error,
     },
     /// The vfio-pci driver is not registered.
-    #[error("the vfio-pci driver is not loaded: run `modprobe vfio-pci` (it loads vfio and vfio_iommu_type1)")]
+    #[error(
+        "the vfio-pci driver is not loaded: run `modprobe vfio-pci` (it loads vfio and vfio_iommu_type1)"
+    )]
     VfioPciNotLoaded,
     /// The kernel's nvme driver is not registered (needed to give a drive back).
     #[error("the kernel nvme driver is not loaded: run `modprobe nvme`")]
@@ -155,10 +157,14 @@ pub(crate) fn errno_hint(err: &io::Error, what: &str) -> String {
         Some(libc::EACCES) | Some(libc::EPERM) => {
             format!("; permission denied: run as root, or grant this user access to {what}")
         }
-        Some(libc::EBUSY) => format!("; {what} is busy: another process (a VM, SPDK, another tutti) holds it"),
-        Some(libc::ENOMEM) => "; the IOMMU could not pin the memory: raise RLIMIT_MEMLOCK (`ulimit -l unlimited`, \
+        Some(libc::EBUSY) => {
+            format!("; {what} is busy: another process (a VM, SPDK, another tutti) holds it")
+        }
+        Some(libc::ENOMEM) => {
+            "; the IOMMU could not pin the memory: raise RLIMIT_MEMLOCK (`ulimit -l unlimited`, \
                                or memlock in /etc/security/limits.conf) or run as root"
-            .to_owned(),
+                .to_owned()
+        }
         Some(libc::ENOENT) => format!("; {what} does not exist"),
         _ => String::new(),
     }

@@ -113,7 +113,8 @@ impl FakeTree {
         w(&d.join("class"), &format!("0x{:06x}\n", f.class))?;
         w(&d.join("numa_node"), &format!("{}\n", f.numa_node))?;
         w(&d.join("driver_override"), "(null)\n")?;
-        let (start, end) = if f.bar0_bytes == 0 { (0, 0) } else { (0xfe80_0000u64, 0xfe80_0000 + f.bar0_bytes - 1) };
+        let (start, end) =
+            if f.bar0_bytes == 0 { (0, 0) } else { (0xfe80_0000u64, 0xfe80_0000 + f.bar0_bytes - 1) };
         w(
             &d.join("resource"),
             &format!("0x{start:016x} 0x{end:016x} 0x0000000000140204\n0x0000000000000000 0x0000000000000000 0x0000000000000000\n"),
@@ -140,7 +141,14 @@ impl FakeTree {
     }
 
     /// Adds kernel controller `nvmeN` under the function (`nvme/nvmeN`).
-    pub fn add_controller(&self, addr: &PciAddr, name: &str, model: &str, serial: &str, fw: &str) -> io::Result<()> {
+    pub fn add_controller(
+        &self,
+        addr: &PciAddr,
+        name: &str,
+        model: &str,
+        serial: &str,
+        fw: &str,
+    ) -> io::Result<()> {
         let d = self.p(&format!("sys/bus/pci/devices/{addr}/nvme/{name}"));
         // The kernel pads these with spaces.
         w(&d.join("model"), &format!("{model:<40}\n"))?;
@@ -183,7 +191,10 @@ impl FakeTree {
         let p = self.p("proc/self/mountinfo");
         let mut s = fs::read_to_string(&p).unwrap_or_default();
         let id = s.lines().count() + 20;
-        s.push_str(&format!("{id} 1 {majmin} / {} rw,relatime shared:1 - ext4 /dev/{dev} rw\n", at.replace(' ', "\\040")));
+        s.push_str(&format!(
+            "{id} 1 {majmin} / {} rw,relatime shared:1 - ext4 /dev/{dev} rw\n",
+            at.replace(' ', "\\040")
+        ));
         fs::write(p, s)
     }
 

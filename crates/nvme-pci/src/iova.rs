@@ -106,7 +106,8 @@ impl IovaAllocator {
             return Err(IovaError::ZeroLength);
         }
         let len = len.checked_next_multiple_of(IOVA_PAGE).ok_or(IovaError::Exhausted { len })?;
-        let align = len.checked_next_power_of_two().unwrap_or(MAX_NATURAL_ALIGN).clamp(IOVA_PAGE, MAX_NATURAL_ALIGN);
+        let align =
+            len.checked_next_power_of_two().unwrap_or(MAX_NATURAL_ALIGN).clamp(IOVA_PAGE, MAX_NATURAL_ALIGN);
         let mut found = None;
         for (&start, &flen) in &self.free {
             let Some(a) = start.checked_next_multiple_of(align) else { continue };
@@ -218,7 +219,11 @@ mod tests {
     }
 
     /// The model: a set of live (start, len) allocations.
-    fn check(a: &IovaAllocator, ranges: &[(u64, u64)], live: &BTreeMap<u64, u64>) -> Result<(), TestCaseError> {
+    fn check(
+        a: &IovaAllocator,
+        ranges: &[(u64, u64)],
+        live: &BTreeMap<u64, u64>,
+    ) -> Result<(), TestCaseError> {
         let got: BTreeMap<u64, u64> = a.allocations().collect();
         prop_assert_eq!(&got, live);
         let mut prev_end = 0u64;
@@ -226,7 +231,11 @@ mod tests {
             prop_assert!(s >= prev_end, "overlap at {:#x}", s);
             prev_end = s + l;
             prop_assert!(s % IOVA_PAGE == 0 && l % IOVA_PAGE == 0);
-            prop_assert!(ranges.iter().any(|&(rs, re)| rs <= s && s + l - 1 <= re), "outside ranges: {:#x}", s);
+            prop_assert!(
+                ranges.iter().any(|&(rs, re)| rs <= s && s + l - 1 <= re),
+                "outside ranges: {:#x}",
+                s
+            );
         }
         let total: u64 = a.ranges().iter().map(|&(s, e)| e - s + 1).sum();
         let used: u64 = live.values().sum();

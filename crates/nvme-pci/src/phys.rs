@@ -27,6 +27,9 @@ pub enum PagemapError {
     /// Present, but the PFN reads as zero: the process lacks CAP_SYS_ADMIN.
     #[error("page frame number hidden: reading physical addresses needs CAP_SYS_ADMIN (run as root)")]
     PfnHidden,
+    /// The PFN is beyond a 64-bit physical address.
+    #[error("page frame number {0:#x} is out of range")]
+    PfnOutOfRange(u64),
 }
 
 /// Decodes one pagemap entry to the physical address of the page's first
@@ -42,7 +45,7 @@ pub fn decode_pagemap_entry(entry: u64) -> Result<u64, PagemapError> {
     if pfn == 0 {
         return Err(PagemapError::PfnHidden);
     }
-    Ok(pfn * PAGEMAP_PAGE)
+    pfn.checked_mul(PAGEMAP_PAGE).ok_or(PagemapError::PfnOutOfRange(pfn))
 }
 
 /// Reads the physical address of each 4 KiB page of `vaddr..vaddr + len`
@@ -73,8 +76,9 @@ mod tests {
         assert_eq!(decode_pagemap_entry(PRESENT), Err(PagemapError::PfnHidden));
         assert_eq!(decode_pagemap_entry(0x12345), Err(PagemapError::NotPresent));
         assert_eq!(decode_pagemap_entry(PRESENT | SWAPPED | 0x55), Err(PagemapError::Swapped));
-        // Largest PFN (55 bits).
-        assert_eq!(decode_pagemap_entry(PRESENT | PFN_MASK), Ok(PFN_MASK * 4096));
+        // Largest PFN that fits a 64-bit address, and one past it.
+        assert_eq!(decode_pagemap_entry(PRESENT | (u64::MAX >> 12)), Ok((u64::MAX >> 12) * 4096));
+        assert_eq!(decode_pagemap_entry(PRESENT | PFN_MASK), Err(PagemapError::PfnOutOfRange(PFN_MASK)));
     }
 
     #[test]

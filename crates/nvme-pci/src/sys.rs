@@ -49,9 +49,9 @@ pub const VFIO_IOMMU_MAP_DMA: libc::c_ulong = vfio_io(13);
 pub const VFIO_IOMMU_UNMAP_DMA: libc::c_ulong = vfio_io(14);
 
 pub use b::{
-    vfio_region_info, VFIO_API_VERSION, VFIO_DMA_MAP_FLAG_READ, VFIO_DMA_MAP_FLAG_WRITE,
+    vfio_region_info, VFIO_TYPE1v2_IOMMU, VFIO_API_VERSION, VFIO_DMA_MAP_FLAG_READ, VFIO_DMA_MAP_FLAG_WRITE,
     VFIO_GROUP_FLAGS_VIABLE, VFIO_NOIOMMU_IOMMU, VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX,
-    VFIO_REGION_INFO_FLAG_MMAP, VFIO_TYPE1v2_IOMMU,
+    VFIO_REGION_INFO_FLAG_MMAP,
 };
 
 /// Converts an ioctl/libc return value to a result (`-1` -> errno).
@@ -130,7 +130,8 @@ pub fn group_get_device_fd(group: &File, name: &str) -> io::Result<File> {
 
 /// VFIO_DEVICE_GET_REGION_INFO for region `index` (BAR0 = 0, config = 7).
 pub fn region_info(device: &File, index: u32) -> io::Result<vfio_region_info> {
-    let mut ri = vfio_region_info { argsz: size_of::<vfio_region_info>() as u32, index, ..Default::default() };
+    let mut ri =
+        vfio_region_info { argsz: size_of::<vfio_region_info>() as u32, index, ..Default::default() };
     // SAFETY: with argsz = size_of::<vfio_region_info>() the kernel writes at
     // most that many bytes (capabilities beyond it are only reported through
     // a larger argsz, which we do not ask for).
@@ -251,7 +252,8 @@ pub struct MappedBar {
 impl MappedBar {
     /// Maps `len` bytes of `fd` at `offset`.
     pub fn map(fd: &File, len: usize, offset: u64) -> io::Result<Self> {
-        let offset = libc::off_t::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let offset =
+            libc::off_t::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: a fresh mapping chosen by the kernel (addr = NULL) cannot
         // alias any Rust object; failure is MAP_FAILED, checked below.
         let p = unsafe {

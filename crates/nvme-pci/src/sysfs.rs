@@ -124,7 +124,9 @@ impl Sysfs {
     /// Names of the entries of a directory, sorted; empty when it is missing.
     pub fn list_dir(&self, path: &Path) -> Vec<String> {
         let mut v: Vec<String> = match fs::read_dir(path) {
-            Ok(rd) => rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect(),
+            Ok(rd) => {
+                rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect()
+            }
             Err(_) => Vec::new(),
         };
         v.sort();

@@ -158,7 +158,9 @@ impl VfioNvme {
         })?;
         let v = sys::get_api_version(&container).map_err(|e| os("VFIO_GET_API_VERSION", String::new(), e))?;
         if v != sys::VFIO_API_VERSION as i32 {
-            return Err(PciError::VfioUnsupported { what: format!("API version {} (got {v})", sys::VFIO_API_VERSION) });
+            return Err(PciError::VfioUnsupported {
+                what: format!("API version {} (got {v})", sys::VFIO_API_VERSION),
+            });
         }
         let iommu_type = match mode {
             AccessMode::Iommu => sys::VFIO_TYPE1v2_IOMMU,
@@ -202,7 +204,10 @@ impl VfioNvme {
             if bar_info.flags & sys::VFIO_REGION_INFO_FLAG_MMAP == 0 || bar_info.size < 0x2000 {
                 return Err(PciError::Bar0 {
                     addr: *addr,
-                    why: format!("region flags {:#x}, size {:#x}: not mmap-able or too small", bar_info.flags, bar_info.size),
+                    why: format!(
+                        "region flags {:#x}, size {:#x}: not mmap-able or too small",
+                        bar_info.flags, bar_info.size
+                    ),
                 });
             }
             let bar = MappedBar::map(&device, bar_info.size as usize, bar_info.offset).map_err(|e| PciError::Bar0 {
@@ -215,7 +220,8 @@ impl VfioNvme {
             })?;
             let cfg = sys::region_info(&device, sys::VFIO_PCI_CONFIG_REGION_INDEX)
                 .map_err(|e| os("VFIO_DEVICE_GET_REGION_INFO (config)", String::new(), e))?;
-            let config = (device.try_clone().map_err(|e| os("dup of the device fd", String::new(), e))?, cfg.offset);
+            let config =
+                (device.try_clone().map_err(|e| os("dup of the device fd", String::new(), e))?, cfg.offset);
             Ok((device, bar, config))
         })();
         let (device, bar, config) = match result {
@@ -265,8 +271,10 @@ impl VfioNvme {
         if len < 0x2000 {
             return Err(PciError::Bar0 { addr: *addr, why: format!("BAR0 is {len:#x} bytes (unassigned?)") });
         }
-        let bar = MappedBar::map(&file, len as usize, 0)
-            .map_err(|e| PciError::Bar0 { addr: *addr, why: format!("mmap of {} failed: {e}", res.display()) })?;
+        let bar = MappedBar::map(&file, len as usize, 0).map_err(|e| PciError::Bar0 {
+            addr: *addr,
+            why: format!("mmap of {} failed: {e}", res.display()),
+        })?;
         let cpath = dir.join("config");
         let config = open_rw(&cpath).map_err(|e| {
             let hint = errno_hint(&e, &cpath.display().to_string());
@@ -366,7 +374,9 @@ impl NvmeDevice for VfioNvme {
                 let at = a.alloc(len as u64).map_err(|_| DeviceError::AddressSpaceExhausted { len })?;
                 // SAFETY (contract forwarded): the caller of `dma_map` keeps
                 // the memory allocated and unreferenced while mapped.
-                if let Err(source) = unsafe { sys::dma_map(container, host.as_ptr() as usize, at, len as u64) } {
+                if let Err(source) =
+                    unsafe { sys::dma_map(container, host.as_ptr() as usize, at, len as u64) }
+                {
                     let _ = a.free(at);
                     let op = if source.raw_os_error() == Some(libc::ENOMEM) {
                         "VFIO_IOMMU_MAP_DMA (pinning hit RLIMIT_MEMLOCK: raise `ulimit -l` or run as root)"
@@ -407,7 +417,8 @@ impl NvmeDevice for VfioNvme {
             Dma::Iommu { container, iova } => {
                 let mut a = iova.lock().unwrap_or_else(|p| p.into_inner());
                 let len = a.len_of(first).ok_or(DeviceError::NotMapped { iova: first })?;
-                sys::dma_unmap(container, first, len).map_err(|source| DeviceError::Os { op: "VFIO_IOMMU_UNMAP_DMA", source })?;
+                sys::dma_unmap(container, first, len)
+                    .map_err(|source| DeviceError::Os { op: "VFIO_IOMMU_UNMAP_DMA", source })?;
                 let _ = a.free(first);
                 Ok(())
             }
