@@ -1,0 +1,237 @@
+//! The project's binaries against QEMU's NVMe controllers, inside a Linux
+//! guest, through vfio-pci and an emulated Intel IOMMU (issue 3).
+//!
+//! Runs `tests/vm/run.sh`, which builds the guest (Debian kernel, busybox,
+//! statically linked `tutti-probe` / `tutti-bench`) and boots it under
+//! `qemu-system-x86_64` with four NVMe controllers; the guest prints
+//! `TUTTI-VM-STEP <name> BEGIN` / `TUTTI-VM-STEP <name> rc=<n>` around each
+//! step (tests/vm/guest-test.sh). Skips (and passes) with the printed reason
+//! when QEMU or another host tool is missing (run.sh exits 77).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+/// The controllers' pinned addresses and serial numbers (tests/vm/run.sh).
+const CONTROLLERS: [(&str, &str); 4] = [
+    ("0000:00:10.0", "tutti0"),
+    ("0000:00:11.0", "tutti1"),
+    ("0000:00:12.0", "tutti2"),
+    ("0000:00:13.0", "tutti3"),
+];
+
+/// What QEMU's NVMe controller reports as its model number.
+const QEMU_MODEL: &str = "QEMU NVMe Ctrl";
+
+/// One guest step: its exit status (None when the guest never finished it)
+/// and its output lines.
+#[derive(Debug, Default)]
+struct Step {
+    rc: Option<i32>,
+    lines: Vec<String>,
+}
+
+/// Splits the console output into steps by their markers.
+fn parse_steps(console: &str) -> (Vec<String>, BTreeMap<String, Step>) {
+    let mut order = Vec::new();
+    let mut steps: BTreeMap<String, Step> = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in console.lines() {
+        if let Some(rest) = line.strip_prefix("TUTTI-VM-STEP ") {
+            let mut words = rest.split_whitespace();
+            let (Some(name), Some(what)) = (words.next(), words.next()) else { continue };
+            if what == "BEGIN" {
+                order.push(name.to_owned());
+                steps.insert(name.to_owned(), Step::default());
+                current = Some(name.to_owned());
+            } else if let Some(rc) = what.strip_prefix("rc=") {
+                if let Some(s) = steps.get_mut(name) {
+                    s.rc = rc.parse().ok();
+                }
+                current = None;
+            }
+            continue;
+        }
+        if let Some(s) = current.as_ref().and_then(|n| steps.get_mut(n)) {
+            s.lines.push(line.to_owned());
+        }
+    }
+    (order, steps)
+}
+
+/// The value of a `key: value` line of a step's output, trimmed.
+fn field<'a>(step: &'a Step, key: &str) -> Option<&'a str> {
+    step.lines.iter().find_map(|l| {
+        let (k, v) = l.trim().split_once(':')?;
+        (k.trim() == key).then(|| v.trim())
+    })
+}
+
+/// A number field of the (pretty-printed) replay JSON summary.
+fn json_u64(step: &Step, key: &str) -> Option<u64> {
+    let quoted = format!("\"{key}\"");
+    step.lines.iter().find_map(|l| {
+        let rest = l.trim().strip_prefix(&quoted)?.trim_start().strip_prefix(':')?;
+        rest.trim().trim_end_matches(',').parse().ok()
+    })
+}
+
+/// QEMU's version (`QEMU emulator version 7.2.22 (Debian ...)`): its NVMe
+/// controller reports it as the firmware revision.
+fn qemu_version() -> Option<String> {
+    let out = Command::new("qemu-system-x86_64").arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = text.lines().next()?.strip_prefix("QEMU emulator version ")?;
+    Some(v.split_whitespace().next()?.to_owned())
+}
+
+/// The last `n` lines of a file, for failure reports.
+fn tail(path: &Path, n: usize) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(s) => {
+            let lines: Vec<&str> = s.lines().collect();
+            lines[lines.len().saturating_sub(n)..].join("\n")
+        }
+        Err(e) => format!("({}: {e})", path.display()),
+    }
+}
+
+/// Checks the parsed steps; returns one message per failed expectation.
+fn check(order: &[String], steps: &BTreeMap<String, Step>, firmware: Option<&str>) -> Vec<String> {
+    let mut failures = Vec::new();
+    let mut expected: Vec<String> = ["modules", "controllers", "iommu", "vfio-sysfs", "list", "status", "bind", "list-json"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    expected.extend(CONTROLLERS.iter().map(|(a, _)| format!("identify-{a}")));
+    expected.extend(CONTROLLERS.iter().map(|(a, _)| format!("conformance-{a}")));
+    expected.extend(["selftest", "replay", "unbind", "list-final"].iter().map(|s| (*s).to_owned()));
+    for name in &expected {
+        match steps.get(name) {
+            None => failures.push(format!("step {name}: did not run")),
+            Some(Step { rc: None, .. }) => failures.push(format!("step {name}: did not finish")),
+            Some(Step { rc: Some(rc), .. }) if *rc != 0 => failures.push(format!("step {name}: rc={rc}")),
+            Some(_) => {}
+        }
+    }
+    for name in order {
+        if !expected.contains(name) {
+            match steps[name].rc {
+                None => failures.push(format!("step {name} (extra): did not finish")),
+                Some(0) => {}
+                Some(rc) => failures.push(format!("step {name} (extra): rc={rc}")),
+            }
+        }
+    }
+
+    // identify: through the project's own admin queue.
+    for (addr, serial) in CONTROLLERS {
+        let Some(s) = steps.get(&format!("identify-{addr}")) else { continue };
+        if field(s, "model") != Some(QEMU_MODEL) {
+            failures.push(format!("identify {addr}: model {:?}, expected {QEMU_MODEL:?}", field(s, "model")));
+        }
+        if field(s, "serial") != Some(serial) {
+            failures.push(format!("identify {addr}: serial {:?}, expected {serial:?}", field(s, "serial")));
+        }
+        match (field(s, "firmware"), firmware) {
+            (Some(f), Some(want)) if f == want => {}
+            (got, want) => failures.push(format!(
+                "identify {addr}: firmware {got:?}, expected {want:?} (QEMU's version)"
+            )),
+        }
+    }
+
+    // conformance: `conformance <addr>: <n> passed, <m> failed`, m == 0.
+    for (addr, _) in CONTROLLERS {
+        let Some(s) = steps.get(&format!("conformance-{addr}")) else { continue };
+        let prefix = format!("conformance {addr}:");
+        let summary = s.lines.iter().rev().find_map(|l| l.trim().strip_prefix(prefix.as_str()));
+        let counts = summary.and_then(|rest| {
+            let mut it = rest.split(',').map(|p| p.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()));
+            Some((it.next()??, it.next()??))
+        });
+        match counts {
+            Some((passed, 0)) if passed > 0 => {}
+            Some((passed, failed)) => {
+                failures.push(format!("conformance {addr}: {passed} passed, {failed} failed"));
+            }
+            None => failures.push(format!("conformance {addr}: no summary line")),
+        }
+    }
+
+    // replay: every loaded block verified, something loaded.
+    if let Some(s) = steps.get("replay") {
+        let loaded = json_u64(s, "blocks_loaded");
+        let verified = json_u64(s, "blocks_verified");
+        let bytes = json_u64(s, "bytes_loaded");
+        match (loaded, verified, bytes) {
+            (Some(l), Some(v), Some(b)) if l == v && v > 0 && b > 0 => {}
+            _ => failures.push(format!(
+                "replay: blocks_loaded {loaded:?}, blocks_verified {verified:?}, bytes_loaded {bytes:?} \
+                 (expected all loaded blocks verified, more than 0)"
+            )),
+        }
+    }
+    failures
+}
+
+#[test]
+fn qemu_nvme_guest() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
+    let script = root.join("tests/vm/run.sh");
+    let console_log = root.join("target/vm/console.log");
+    let out = Command::new("bash")
+        .arg(&script)
+        .current_dir(&root)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(77) {
+        let reason = stdout.lines().chain(stderr.lines()).find(|l| l.starts_with("SKIP")).unwrap_or("SKIP");
+        println!("{reason}");
+        eprintln!("qemu_nvme_guest: {reason}");
+        return;
+    }
+    println!("{stdout}");
+    let (order, steps) = parse_steps(&stdout);
+    let mut failures = Vec::new();
+    if !out.status.success() {
+        failures.push(format!("{} exited with {}", script.display(), out.status));
+    }
+    if !stdout.lines().any(|l| l == "TUTTI-VM-DONE") {
+        failures.push("the guest did not reach TUTTI-VM-DONE".into());
+    }
+    failures.extend(check(&order, &steps, qemu_version().as_deref()));
+    if !failures.is_empty() {
+        eprintln!("--- run.sh stderr (tail) ---");
+        let lines: Vec<&str> = stderr.lines().collect();
+        eprintln!("{}", lines[lines.len().saturating_sub(40)..].join("\n"));
+        eprintln!("--- {} (tail) ---\n{}", console_log.display(), tail(&console_log, 80));
+        panic!("QEMU guest test failed:\n  {}", failures.join("\n  "));
+    }
+}
+
+#[test]
+fn parses_markers() {
+    let console = "noise\nTUTTI-VM-STEP identify-0000:00:10.0 BEGIN\nmodel: QEMU NVMe Ctrl\n  serial:   tutti0\n\
+                   firmware: 7.2.22\nTUTTI-VM-STEP identify-0000:00:10.0 rc=0 secs=0.1\n\
+                   TUTTI-VM-STEP conformance-0000:00:10.0 BEGIN\nok: x\nconformance 0000:00:10.0: 12 passed, 1 failed\n\
+                   TUTTI-VM-STEP conformance-0000:00:10.0 rc=1 secs=2\nTUTTI-VM-STEP replay BEGIN\n{\n  \
+                   \"blocks_loaded\": 10,\n  \"blocks_verified\": 10,\n  \"bytes_loaded\": 4096\n}\n\
+                   TUTTI-VM-STEP replay rc=0\nTUTTI-VM-STEP hang BEGIN\n";
+    let (order, steps) = parse_steps(console);
+    assert_eq!(order.len(), 4);
+    let id = &steps["identify-0000:00:10.0"];
+    assert_eq!(id.rc, Some(0));
+    assert_eq!(field(id, "model"), Some(QEMU_MODEL));
+    assert_eq!(field(id, "serial"), Some("tutti0"));
+    assert_eq!(steps["hang"].rc, None);
+    assert_eq!(json_u64(&steps["replay"], "blocks_verified"), Some(10));
+    let f = check(&order, &steps, Some("7.2.22"));
+    assert!(f.iter().any(|m| m == "conformance 0000:00:10.0: 12 passed, 1 failed"), "{f:?}");
+    assert!(f.iter().any(|m| m == "step conformance-0000:00:10.0: rc=1"), "{f:?}");
+    assert!(f.iter().any(|m| m == "step hang (extra): did not finish"), "{f:?}");
+    assert!(!f.iter().any(|m| m.starts_with("identify 0000:00:10.0")), "{f:?}");
+    assert!(!f.iter().any(|m| m.starts_with("replay:")), "{f:?}");
+}
