@@ -2,6 +2,8 @@
 //! deletion, Get Log Page, Set/Get Features, Abort, Asynchronous Event
 //! Request.
 
+use std::sync::atomic::Ordering;
+
 use nvme_regs::features::feature_id;
 use nvme_regs::identify::oncs_bits;
 use nvme_regs::log::log_id;
@@ -15,7 +17,7 @@ use zerocopy::IntoBytes;
 use crate::config::EmulatorConfig;
 use crate::controller::{Controller, Outcome, Shared};
 use crate::dma::DmaView;
-use crate::queues::{CompQueue, SubQueue};
+use crate::queues::{CompQueue, Completion, CqeQuirk, SubQueue};
 
 /// Identify Controller VID and SSVID: FFFFh, a value the PCI-SIG never
 /// assigns, so nothing mistakes the emulator for a real vendor's device
@@ -92,7 +94,7 @@ impl Controller {
             return invalid_field();
         }
         match sqe.opcode() {
-            admin_opcode::DELETE_IO_SQ => self.delete_sq(sqe),
+            admin_opcode::DELETE_IO_SQ => self.delete_sq(sh, dma, sqe),
             admin_opcode::CREATE_IO_SQ => self.create_sq(sh, sqe),
             admin_opcode::GET_LOG_PAGE => self.get_log_page(sh, dma, sqe),
             admin_opcode::DELETE_IO_CQ => self.delete_cq(sqe),
@@ -201,17 +203,31 @@ impl Controller {
         Outcome::ok(0)
     }
 
-    /// Delete I/O SQ. Every command of the SQ was executed when fetched;
-    /// their completions still scheduled by the timing model are made due
-    /// now and posted (or queued behind a full CQ) before this command
-    /// completes, so none is lost. Nothing is reported as aborted.
-    fn delete_sq(&mut self, sqe: &Sqe) -> Outcome {
+    /// Delete I/O SQ (NVMe Base 2.0 5.7). Every command of the SQ that was
+    /// fetched but not completed ends with "Command Aborted due to SQ
+    /// Deletion" (SCT 0h, SC 08h) on its CQ, posted before this command's
+    /// own completion (or queued behind a full CQ, posted once the host
+    /// moves its head): commands held by [`crate::FaultAction::NeverComplete`],
+    /// and completions still scheduled by the timing model or a
+    /// [`crate::FaultAction::Delay`] (those commands already moved their
+    /// data: the specification lets a controller abort or complete them).
+    /// Completions already waiting for room in the CQ keep their status.
+    /// Entries the host published but the controller has not fetched are
+    /// dropped with the queue.
+    fn delete_sq(&mut self, sh: &Shared, dma: &DmaView<'_>, sqe: &Sqe) -> Outcome {
         let qid = sqe.cdw10 as u16;
         let Some(cqid) =
             self.sqs.get(usize::from(qid)).and_then(Option::as_ref).map(|s| s.cqid).filter(|_| qid != 0)
         else {
             return cs(command_specific::INVALID_QUEUE_IDENTIFIER);
         };
+        // Held commands, then scheduled ones in due order (no order among
+        // the aborts is promised).
+        let mut aborted: Vec<u16> = self
+            .sqs
+            .get_mut(usize::from(qid))
+            .and_then(Option::as_mut)
+            .map_or_else(Vec::new, |s| std::mem::take(&mut s.held));
         if let Some(t) = &mut self.timing {
             if t.heap.iter().any(|s| s.completion.sqid == qid) {
                 let mut all = std::mem::take(&mut t.heap).into_sorted_vec();
@@ -220,18 +236,27 @@ impl Controller {
                     if s.completion.sqid == qid {
                         if let Some(cq) = self.cqs.get_mut(usize::from(s.cqid)).and_then(Option::as_mut) {
                             cq.in_flight = cq.in_flight.saturating_sub(1);
-                            cq.pending.push_back(s.completion);
                         }
+                        aborted.push(s.completion.cid);
                     } else {
                         t.heap.push(s);
                     }
                 }
             }
         }
+        let status = Status::generic(generic::ABORTED_SQ_DELETION);
+        for cid in aborted {
+            let c = Completion { dw0: 0, sqid: qid, cid, status, quirk: CqeQuirk::None };
+            sh.stats.sq_deletion_aborts.fetch_add(1, Ordering::Relaxed);
+            if self.complete_now(sh, dma, cqid, c).is_err() {
+                // The CQ's memory is gone: unrecoverable, as for any CQE.
+                self.fatal(sh);
+                return Outcome::Deferred;
+            }
+        }
         if let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) {
             cq.sq_count = cq.sq_count.saturating_sub(1);
         }
-        // The next poll iteration posts them (SQHD 0: the SQ is gone).
         self.sqs[usize::from(qid)] = None;
         self.active_sqs.retain(|&q| q != qid);
         Outcome::ok(0)

@@ -22,7 +22,7 @@ use crate::config::{EmulatorConfig, NamespaceSpec};
 use crate::dma::{DmaFault, DmaView, IovaSpace};
 use crate::fault::{FaultAction, Faults};
 use crate::prp::Segment;
-use crate::queues::{CompQueue, Completion, CqeQuirk, SubQueue};
+use crate::queues::{CompQueue, Completion, CqeQuirk, SqDoorbell, SubQueue};
 use crate::regs::{RegisterPage, MPSMAX, MPSMIN};
 use crate::timing::Timing;
 
@@ -67,6 +67,10 @@ pub(crate) struct StatsAtomics {
     pub media_bytes_written: AtomicU64,
     pub doorbell_violations: AtomicU64,
     pub dma_faults: AtomicU64,
+    pub sq_tail_backwards: AtomicU64,
+    pub sqe_overwritten: AtomicU64,
+    pub cq_full_stalls: AtomicU64,
+    pub sq_deletion_aborts: AtomicU64,
 }
 
 /// Hot counters, accumulated by the thread and added to [`StatsAtomics`]
@@ -113,7 +117,7 @@ impl Outcome {
 
 /// An unrecoverable error: queue memory could not be accessed.
 #[derive(Debug)]
-struct Fatal;
+pub(crate) struct Fatal;
 
 impl From<DmaFault> for Fatal {
     fn from(_: DmaFault) -> Self {
@@ -281,7 +285,7 @@ impl Controller {
     }
 
     /// Moves a fatal controller to CSTS.CFS = 1.
-    fn fatal(&mut self, sh: &Shared) {
+    pub(crate) fn fatal(&mut self, sh: &Shared) {
         tracing::warn!("nvme-emu: queue memory not accessible, setting CSTS.CFS");
         sh.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
         self.state = State::Fatal;
@@ -390,8 +394,25 @@ impl Controller {
             let Some(sq) = self.sqs.get_mut(usize::from(qid)).and_then(Option::as_mut) else {
                 return Ok(false);
             };
-            if raw != sq.last_db && !sq.doorbell(raw) {
-                sh.stats.doorbell_violations.fetch_add(1, Ordering::Relaxed);
+            if raw != sq.last_db {
+                let (old, released) = (sq.tail, sq.released);
+                match sq.doorbell(raw) {
+                    SqDoorbell::Ok => {}
+                    SqDoorbell::OutOfRange => {
+                        sh.stats.doorbell_violations.fetch_add(1, Ordering::Relaxed);
+                    }
+                    SqDoorbell::Backwards => {
+                        sh.stats.doorbell_violations.fetch_add(1, Ordering::Relaxed);
+                        sh.stats.sq_tail_backwards.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            qid,
+                            tail = old,
+                            new_tail = raw,
+                            sq_head_reported = released,
+                            "nvme-emu: SQ tail doorbell moved backwards (ignored)"
+                        );
+                    }
+                }
             }
         }
         let mut n = 0;
@@ -419,7 +440,13 @@ impl Controller {
             let outcome = match sh.faults.check(qid, &sqe) {
                 None => self.execute(sh, dma, qid, &sqe),
                 Some(FaultAction::Fail(status)) => Outcome::status(status),
-                Some(FaultAction::NeverComplete) => Outcome::Deferred,
+                Some(FaultAction::NeverComplete) => {
+                    // Held: Delete I/O SQ aborts it.
+                    if let Some(sq) = self.sqs.get_mut(usize::from(qid)).and_then(Option::as_mut) {
+                        sq.held.push(cid);
+                    }
+                    Outcome::Deferred
+                }
                 Some(FaultAction::ControllerFatal) => {
                     self.injected_fatal(sh);
                     Outcome::Deferred
@@ -478,22 +505,40 @@ impl Controller {
     }
 
     /// Posts `c` to CQ `cqid` now, or queues it behind earlier waiting
-    /// completions when the CQ is full. A missing CQ drops it.
-    fn complete_now(
+    /// completions when the CQ is full (counting a "CQ full" stall when it
+    /// starts). A missing CQ drops it.
+    pub(crate) fn complete_now(
         &mut self,
         sh: &Shared,
         dma: &DmaView<'_>,
         cqid: u16,
         c: Completion,
     ) -> Result<(), Fatal> {
-        let sqhd = self.sqhd(&c);
         let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) else {
             return Ok(());
         };
         if cq.pending.is_empty() && !cq.is_full() {
+            let sqhd = self.release_sqhd(sh, dma, &c);
+            let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) else {
+                return Ok(());
+            };
             cq.post(dma, &c, sqhd)?;
             self.count_posted(sh, &c);
         } else {
+            if cq.is_full() && !cq.stalled {
+                // The host has not returned CQ entries (CQ head doorbell):
+                // completions wait, and the SQs feeding this CQ stop being
+                // fetched once its backlog reaches its size, as on real
+                // hardware.
+                cq.stalled = true;
+                sh.stats.cq_full_stalls.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    cqid,
+                    head = cq.head,
+                    tail = cq.tail,
+                    "nvme-emu: CQ full, completions wait for the CQ head doorbell"
+                );
+            }
             cq.pending.push_back(c);
         }
         Ok(())
@@ -507,12 +552,13 @@ impl Controller {
                 break;
             }
             let Some(&c) = cq.pending.front() else { break };
-            let sqhd = self.sqhd(&c);
+            let sqhd = self.release_sqhd(sh, dma, &c);
             let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) else {
                 break;
             };
             cq.post(dma, &c, sqhd)?;
             cq.pending.pop_front();
+            cq.stalled = false;
             self.count_posted(sh, &c);
             posted = true;
         }
@@ -526,17 +572,34 @@ impl Controller {
         }
     }
 
-    /// SQHD for the CQE `c`: its SQ's current head (entries before it may
-    /// be reused), one entry less for [`CqeQuirk::LagSqhd`], or 0 for a
-    /// deleted SQ.
-    fn sqhd(&self, c: &Completion) -> u16 {
-        self.sqs.get(usize::from(c.sqid)).and_then(Option::as_ref).map_or(0, |s| {
-            if c.quirk == CqeQuirk::LagSqhd {
-                ((s.head + s.size - 1) % s.size) as u16
-            } else {
-                s.head as u16
-            }
-        })
+    /// SQHD for the CQE `c`, about to be posted: its SQ's current head
+    /// (entries before it may be reused), one entry less for
+    /// [`CqeQuirk::LagSqhd`], or 0 for a deleted SQ. The slots this releases
+    /// to the host are checked first: an SQE that changed since its fetch
+    /// was overwritten while the controller owned it (counted, warned).
+    /// With a lagging SQHD the host may still infer from the completion
+    /// itself that the command was fetched, so the real head is released.
+    fn release_sqhd(&mut self, sh: &Shared, dma: &DmaView<'_>, c: &Completion) -> u16 {
+        let Some(s) = self.sqs.get_mut(usize::from(c.sqid)).and_then(Option::as_mut) else {
+            return 0;
+        };
+        let from = s.released;
+        let changed = s.release(dma);
+        if changed > 0 {
+            sh.stats.sqe_overwritten.fetch_add(u64::from(changed), Ordering::Relaxed);
+            tracing::warn!(
+                sqid = c.sqid,
+                slots = changed,
+                from,
+                to = s.head,
+                "nvme-emu: SQE overwritten while the controller owned its slot"
+            );
+        }
+        if c.quirk == CqeQuirk::LagSqhd {
+            ((s.head + s.size - 1) % s.size) as u16
+        } else {
+            s.head as u16
+        }
     }
 
     /// Counts a DMA fault on a data transfer.
@@ -633,9 +696,11 @@ pub(crate) fn run(shared: Arc<Shared>, mut ctrl: Controller) {
         // Completions are scheduled and the media channel is busy until
         // then: sleep through most of the wait instead of spinning, leaving
         // the CPU to the host and to other emulated drives (the timer
-        // oversleeps by tens of microseconds, hence the margin).
+        // oversleeps by tens of microseconds, hence the margin). At most a
+        // deep-idle nap at a time: doorbells (a Delete I/O SQ, new commands)
+        // must still be seen while a long Delay is pending.
         if let Some(d) = until_due.filter(|d| *d > WAKE_MARGIN * 2) {
-            std::thread::park_timeout(d - WAKE_MARGIN);
+            std::thread::park_timeout((d - WAKE_MARGIN).min(SLEEP * 20));
             continue;
         }
         // No sched_yield phase: on small (virtual) machines a yield is a

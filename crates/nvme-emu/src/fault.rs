@@ -45,8 +45,9 @@ pub enum FaultAction {
     Fail(Status),
     /// Fetch it (the SQ head advances, SQHD reflects it) but never post a
     /// completion. The command is not executed. The host's CID stays
-    /// outstanding until it resets the controller: in this emulator a
-    /// Delete I/O SQ does not complete it either, and Abort never aborts.
+    /// outstanding until it deletes the SQ (Delete I/O SQ completes it
+    /// with "Command Aborted due to SQ Deletion") or resets the controller
+    /// (no completion); Abort never aborts.
     NeverComplete,
     /// Execute it normally, but post its CQE only after this extra delay
     /// (added to the timing model's due time when there is a timing model).

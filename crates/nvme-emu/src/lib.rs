@@ -63,10 +63,29 @@
 //! # Behaviour worth knowing
 //!
 //! * Commands execute when fetched (data moves then); with a
-//!   [`TimingModel`] only the CQE waits. Delete I/O SQ therefore never
-//!   aborts anything: completions still scheduled for that SQ are posted
-//!   to its CQ (SQHD 0 once the SQ is gone), none with "Aborted due to SQ
-//!   Deletion".
+//!   [`TimingModel`] only the CQE waits. Delete I/O SQ completes every
+//!   command of the SQ fetched but not completed (held by
+//!   [`FaultAction::NeverComplete`], or scheduled by the timing model or a
+//!   [`FaultAction::Delay`]) with "Command Aborted due to SQ Deletion"
+//!   (SCT 0h, SC 08h), posted to its CQ before the Delete's own
+//!   completion (behind a full CQ they wait for the host's head doorbell);
+//!   entries published but not fetched are dropped.
+//!
+//! # Checks on the driver
+//!
+//! Besides invalid doorbell values ([`EmuStats::doorbell_violations`]) and
+//! DMA outside mapped memory (a Data Transfer Error for data, CSTS.CFS for
+//! queue memory; [`EmuStats::dma_faults`]), the controller counts, warns
+//! about (`tracing::warn!`) and survives:
+//!
+//! * an SQ tail doorbell that moves backwards or laps the head
+//!   ([`EmuStats::sq_tail_backwards`], ignored);
+//! * an SQE overwritten while its slot was still the controller's
+//!   ([`EmuStats::sqe_overwritten`]; see `queues.rs` for why this is
+//!   checked when a CQE releases the slot rather than at fetch);
+//! * a CQ whose head doorbell is not written: the CQ fills, completions
+//!   wait and the SQs feeding it stop being fetched until the head moves
+//!   ([`EmuStats::cq_full_stalls`]).
 //! * Write Zeroes and Dataset Management deallocation zero the blocks in
 //!   the store: deallocated blocks read as zeroes (DLFEAT = 001b, DEAC
 //!   supported).
@@ -94,15 +113,16 @@
 //!   side effect); its CQE carries the given status, posted at once.
 //! * [`FaultAction::NeverComplete`]: the command is fetched (the SQ head
 //!   advances and later CQEs' SQHD show it) but not executed and never
-//!   completed. Its CID stays outstanding at the host until the host resets
-//!   the controller (CC.EN 1 -> 0); Delete I/O SQ does not complete it
-//!   either, and Abort never aborts.
+//!   completed. Its CID stays outstanding at the host until the host
+//!   deletes the SQ (Delete I/O SQ completes it as "Aborted due to SQ
+//!   Deletion") or resets the controller (CC.EN 1 -> 0, no completion);
+//!   Abort never aborts.
 //! * [`FaultAction::Delay`]: the command executes normally; its CQE is
 //!   posted that much later (after the timing model's due time, if there is
 //!   a model). Delayed completions wait in the timing model's heap of
 //!   scheduled completions, which exists for this even without a
-//!   [`TimingModel`]; so, like modelled completions, a Delete I/O SQ posts
-//!   them early and a controller reset drops them.
+//!   [`TimingModel`]; so, like modelled completions, a Delete I/O SQ
+//!   completes them at once as aborted and a controller reset drops them.
 //! * [`FaultAction::CompleteTwice`]: the command executes normally; its CQE
 //!   is posted twice, in consecutive CQ slots when there is room (the
 //!   second a duplicate with the same CID, status and DW0). A driver should
@@ -232,6 +252,21 @@ pub struct EmuStats {
     /// Commands a fault-injection rule applied to ([`FaultRule`]), counted
     /// when the command is fetched.
     pub faults_injected: u64,
+    /// SQ tail doorbell writes outside the window the host may fill: the
+    /// tail moved backwards, or past the oldest slot not yet reported free
+    /// by a CQE's SQHD (also counted in `doorbell_violations`; ignored).
+    pub sq_tail_backwards: u64,
+    /// SQ slots whose SQE changed between its fetch and the CQE that
+    /// released the slot to the host (SQHD past it): the host overwrote a
+    /// slot the controller still owned.
+    pub sqe_overwritten: u64,
+    /// Times a CQ filled up with completions waiting for the host to move
+    /// its CQ head doorbell (one per episode; the controller stalls, as
+    /// real hardware does, until the head moves).
+    pub cq_full_stalls: u64,
+    /// Commands completed with "Command Aborted due to SQ Deletion" by a
+    /// Delete I/O SQ.
+    pub sq_deletion_aborts: u64,
 }
 
 /// A running software NVMe controller. Dropping it stops and joins the
@@ -289,6 +324,10 @@ impl Emulator {
             doorbell_violations: l(&s.doorbell_violations),
             dma_faults: l(&s.dma_faults),
             faults_injected: l(&self.shared.faults.injected),
+            sq_tail_backwards: l(&s.sq_tail_backwards),
+            sqe_overwritten: l(&s.sqe_overwritten),
+            cq_full_stalls: l(&s.cq_full_stalls),
+            sq_deletion_aborts: l(&s.sq_deletion_aborts),
         }
     }
 

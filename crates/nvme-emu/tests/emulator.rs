@@ -641,3 +641,200 @@ fn unmapped_queue_memory_is_fatal() {
     let buf = DmaBuffer::new(&h.dev, PAGE).unwrap();
     assert!(h.admin(identify(1, 0, buf.device_addr(0).unwrap())).status().is_success());
 }
+
+/// A rule for every command of SQ `qid`.
+fn on_queue(qid: u16, opcode: Option<u8>, action: nvme_emu::FaultAction) -> nvme_emu::FaultRule {
+    nvme_emu::FaultRule {
+        matches: nvme_emu::FaultMatch { qid: Some(qid), opcode, ..Default::default() },
+        action,
+        times: None,
+    }
+}
+
+#[test]
+fn sq_tail_moving_backwards_is_counted_and_ignored() {
+    let mut h = Harness::start(config("backwards"));
+    let mut q = h.create_io(1, 8);
+    // Held commands: no CQE reports an SQHD, so slots 0..3 stay the
+    // controller's.
+    h.emu.add_fault(on_queue(1, None, nvme_emu::FaultAction::NeverComplete));
+    for _ in 0..3 {
+        q.push(Sqe::new(0x00, 1));
+    }
+    h.ring_sq(1, q.sq_tail);
+    assert!(wait_for(|| Some(()).filter(|_| h.emu.stats().faults_injected == 3)).is_some());
+    // 3 -> 2: backwards. Accepted, it would read as a wrap over 7 entries
+    // (slots 3..7, 0, 1) and run whatever they hold.
+    h.ring_sq(1, 2);
+    assert!(wait_for(|| Some(()).filter(|_| h.emu.stats().sq_tail_backwards == 1)).is_some());
+    std::thread::sleep(Duration::from_millis(10));
+    let s = h.emu.stats();
+    assert_eq!((s.doorbell_violations, s.faults_injected, s.commands), (1, 3, 2), "{s:?}");
+    assert!(q.peek().is_none(), "nothing was fetched from the stale slots");
+    // 2 -> 3 -> 4 (one new command): forward again, accepted.
+    h.emu.clear_faults();
+    let c = h.submit_on(&mut q, Sqe::new(0x00, 1));
+    assert_eq!(c.status(), Status::SUCCESS);
+    assert_eq!(c.sqhd, 4);
+    assert_eq!(h.emu.stats().sq_tail_backwards, 1);
+    assert!(h.emu.is_running());
+}
+
+#[test]
+fn an_sqe_overwritten_while_the_controller_owns_its_slot_is_counted() {
+    let mut h = Harness::start(config("overwrite"));
+    let mut q = h.create_io(1, 8);
+    // The first command's CQE (which releases slot 0 with SQHD 1) comes
+    // 200 ms after its fetch: the slot is the controller's meanwhile.
+    h.emu.add_fault(nvme_emu::FaultRule {
+        times: Some(1),
+        ..on_queue(1, None, nvme_emu::FaultAction::Delay(Duration::from_millis(200)))
+    });
+    let cid = q.push(Sqe::new(0x00, 1));
+    h.ring_sq(1, q.sq_tail);
+    assert!(wait_for(|| Some(()).filter(|_| h.emu.stats().faults_injected == 1)).is_some());
+    // The host reuses slot 0 too early (it has seen no SQHD yet).
+    let mut other = Sqe::new(0x00, 1);
+    other.set_cid(0x0BAD);
+    q.sq.write_bytes(0, zerocopy::IntoBytes::as_bytes(&other)).unwrap();
+    let c = wait_for(|| q.pop()).expect("the delayed CQE");
+    h.ring_cq(1, q.cq_head);
+    assert_eq!((c.cid, c.sqhd), (cid, 1));
+    let s = h.emu.stats();
+    assert_eq!(s.sqe_overwritten, 1, "{s:?}");
+    // Reusing slots after their release is fine: three laps of the ring.
+    for _ in 0..24 {
+        assert_eq!(h.submit_on(&mut q, Sqe::new(0x00, 1)).status(), Status::SUCCESS);
+    }
+    assert_eq!(h.emu.stats().sqe_overwritten, 1);
+    assert!(h.emu.is_running());
+}
+
+#[test]
+fn a_cq_head_doorbell_never_written_fills_the_cq_and_stalls() {
+    let mut h = Harness::start(config("cqstall"));
+    let mut q = Queue::new(&h.dev, 1, 16, 4);
+    assert_eq!(h.admin(create_cq(1, 4, q.cq.device_addr(0).unwrap())).status(), Status::SUCCESS);
+    assert_eq!(h.admin(create_sq(1, 16, q.sq.device_addr(0).unwrap(), 1)).status(), Status::SUCCESS);
+    for _ in 0..12 {
+        q.push(Sqe::new(0x00, 1));
+    }
+    h.ring_sq(1, q.sq_tail);
+    assert!(wait_for(|| Some(()).filter(|_| h.emu.stats().cq_full_stalls == 1)).is_some());
+    std::thread::sleep(Duration::from_millis(20));
+    // Three posted (one slot stays empty), the fourth slot untouched.
+    let mut got = Vec::new();
+    while let Some(c) = q.pop() {
+        got.push(c.cid);
+    }
+    assert_eq!(got, [0, 1, 2]);
+    let mut slot3 = [0u8; 16];
+    q.cq.read_bytes(48, &mut slot3).unwrap();
+    assert_eq!(slot3, [0u8; 16], "nothing written over the entry the host owns");
+    let s = h.emu.stats();
+    assert_eq!((s.cq_full_stalls, s.commands), (1, 2 + 3), "one stall; only 3 completions posted: {s:?}");
+    // The SQ stopped being fetched once 4 completions waited (7 of 12
+    // fetched): the head doorbell brings the rest, in order.
+    h.ring_cq(1, q.cq_head);
+    let mut cids = Vec::new();
+    let t = Instant::now();
+    while cids.len() < 9 && t.elapsed() < TIMEOUT {
+        let mut any = false;
+        while let Some(c) = q.pop() {
+            assert!(c.status().is_success());
+            cids.push(c.cid);
+            any = true;
+        }
+        if any {
+            h.ring_cq(1, q.cq_head);
+        }
+        std::thread::yield_now();
+    }
+    assert_eq!(cids, (3..12).collect::<Vec<u16>>());
+    // Consumed promptly this time, but each refill of 3 without a doorbell
+    // in between may stall again: at least the first episode was counted.
+    assert!(h.emu.stats().cq_full_stalls >= 1);
+    assert!(h.emu.is_running());
+}
+
+fn delete_sq(qid: u16) -> Sqe {
+    let mut s = Sqe::new(0x00, 0);
+    s.cdw10 = u32::from(qid);
+    s
+}
+
+fn delete_cq(qid: u16) -> Sqe {
+    let mut s = Sqe::new(0x04, 0);
+    s.cdw10 = u32::from(qid);
+    s
+}
+
+#[test]
+fn delete_io_sq_aborts_held_and_delayed_commands_before_its_own_completion() {
+    let mut h = Harness::start(config("abort"));
+    let mut q = h.create_io(1, 8);
+    let buf = DmaBuffer::new(&h.dev, PAGE).unwrap();
+    let a = buf.device_addr(0).unwrap();
+    h.emu.add_fault(on_queue(1, Some(0x02), nvme_emu::FaultAction::NeverComplete));
+    h.emu.add_fault(on_queue(1, Some(0x01), nvme_emu::FaultAction::Delay(Duration::from_secs(30))));
+    let held = [q.push(rw(0x02, 1, 0, 1, a, 0)), q.push(rw(0x02, 1, 1, 1, a, 0))];
+    let delayed = q.push(rw(0x01, 1, 2, 1, a, 0));
+    let flush = q.push(Sqe::new(0x00, 1));
+    h.ring_sq(1, q.sq_tail);
+    let c = wait_for(|| q.pop()).expect("the flush completes");
+    assert_eq!((c.cid, c.status()), (flush, Status::SUCCESS));
+    h.ring_cq(1, q.cq_head);
+    assert!(wait_for(|| Some(()).filter(|_| h.emu.stats().faults_injected == 3)).is_some());
+    std::thread::sleep(Duration::from_millis(5));
+    assert!(q.peek().is_none());
+
+    assert_eq!(h.admin(delete_sq(1)).status(), Status::SUCCESS);
+    // The aborts were posted before the Delete's CQE: no wait needed.
+    let mut aborted = Vec::new();
+    while let Some(c) = q.pop() {
+        assert_eq!(c.sqid, 1);
+        assert_eq!(c.status(), Status::generic(gsc::ABORTED_SQ_DELETION), "CID {}", c.cid);
+        assert!(!c.status().dnr);
+        aborted.push(c.cid);
+    }
+    h.ring_cq(1, q.cq_head);
+    aborted.sort_unstable();
+    let mut want = vec![held[0], held[1], delayed];
+    want.sort_unstable();
+    assert_eq!(aborted, want, "each fetched, uncompleted command aborted once");
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(q.peek().is_none(), "nothing else, ever");
+    assert_eq!(h.emu.stats().sq_deletion_aborts, 3);
+    assert_eq!(h.admin(delete_cq(1)).status(), Status::SUCCESS);
+}
+
+#[test]
+fn delete_io_sq_drops_entries_it_has_not_fetched() {
+    let mut h = Harness::start(config("dropunfetched"));
+    let mut q = Queue::new(&h.dev, 1, 16, 4);
+    assert_eq!(h.admin(create_cq(1, 4, q.cq.device_addr(0).unwrap())).status(), Status::SUCCESS);
+    assert_eq!(h.admin(create_sq(1, 16, q.sq.device_addr(0).unwrap(), 1)).status(), Status::SUCCESS);
+    // The CQ head never moves: 3 posted, 4 waiting, then fetching stops
+    // with 5 of 12 entries unfetched.
+    for _ in 0..12 {
+        q.push(Sqe::new(0x00, 1));
+    }
+    h.ring_sq(1, q.sq_tail);
+    assert!(wait_for(|| Some(()).filter(|_| h.emu.stats().cq_full_stalls == 1)).is_some());
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(h.admin(delete_sq(1)).status(), Status::SUCCESS);
+    // The 7 fetched ones complete (normally: they had finished); the other
+    // 5 never run.
+    let mut cids = Vec::new();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(300) {
+        while let Some(c) = q.pop() {
+            cids.push(c.cid);
+        }
+        h.ring_cq(1, q.cq_head);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(cids, (0..7).collect::<Vec<u16>>());
+    assert_eq!(h.emu.stats().sq_deletion_aborts, 0);
+    assert_eq!(h.admin(delete_cq(1)).status(), Status::SUCCESS);
+}
