@@ -99,10 +99,11 @@ fn tail(path: &Path, n: usize) -> String {
 /// Checks the parsed steps; returns one message per failed expectation.
 fn check(order: &[String], steps: &BTreeMap<String, Step>, firmware: Option<&str>) -> Vec<String> {
     let mut failures = Vec::new();
-    let mut expected: Vec<String> = ["modules", "controllers", "iommu", "vfio-sysfs", "list", "status", "bind", "list-json"]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
+    let mut expected: Vec<String> =
+        ["modules", "controllers", "iommu", "vfio-sysfs", "list", "status", "bind", "list-json"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
     expected.extend(CONTROLLERS.iter().map(|(a, _)| format!("identify-{a}")));
     expected.extend(CONTROLLERS.iter().map(|(a, _)| format!("conformance-{a}")));
     expected.extend(["selftest", "replay", "unbind", "list-final"].iter().map(|s| (*s).to_owned()));
@@ -135,9 +136,8 @@ fn check(order: &[String], steps: &BTreeMap<String, Step>, firmware: Option<&str
         }
         match (field(s, "firmware"), firmware) {
             (Some(f), Some(want)) if f == want => {}
-            (got, want) => failures.push(format!(
-                "identify {addr}: firmware {got:?}, expected {want:?} (QEMU's version)"
-            )),
+            (got, want) => failures
+                .push(format!("identify {addr}: firmware {got:?}, expected {want:?} (QEMU's version)")),
         }
     }
 
@@ -147,7 +147,8 @@ fn check(order: &[String], steps: &BTreeMap<String, Step>, firmware: Option<&str
         let prefix = format!("conformance {addr}:");
         let summary = s.lines.iter().rev().find_map(|l| l.trim().strip_prefix(prefix.as_str()));
         let counts = summary.and_then(|rest| {
-            let mut it = rest.split(',').map(|p| p.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()));
+            let mut it =
+                rest.split(',').map(|p| p.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()));
             Some((it.next()??, it.next()??))
         });
         match counts {
