@@ -2,8 +2,9 @@
 //!
 //! A config describes a graph of four kinds of named objects:
 //!
-//! - **drives** (resources): NVMe controllers, emulated for now
-//!   ([`DriveConfig::Emulated`]);
+//! - **drives** (resources): NVMe controllers, emulated
+//!   ([`DriveConfig::Emulated`]) or PCI functions bound to vfio-pci
+//!   ([`DriveConfig::Pci`]);
 //! - **resolvers**: turn a key into byte extents of a datapath's byte space
 //!   ([`ResolverConfig::Slab`]);
 //! - **datapaths**: turn byte requests into NVMe commands on one drive
@@ -284,15 +285,34 @@ pub struct Config {
 }
 
 /// One drive. Externally tagged: the single key names the kind.
-///
-/// Only `emulated` exists today; a `pci` variant (a real drive bound to
-/// vfio-pci) is planned and will be one more variant here.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 #[non_exhaustive]
 pub enum DriveConfig {
     /// A software NVMe controller (`nvme-emu`) running in this process.
     Emulated(EmulatedDriveConfig),
+    /// A real NVMe controller (or QEMU's), a PCI function already bound to
+    /// vfio-pci (`tutti-probe bind <addr>`), driven through the project's
+    /// own queues.
+    Pci(PciDriveConfig),
+}
+
+/// A PCI NVMe function driven through vfio-pci (`nvme-pci`).
+///
+/// YAML: `{ pci: { addr: "0000:01:00.0" } }`. Its namespaces, MQES and the
+/// number of queue pairs it grants are read from the controller when the
+/// runtime starts, so the checks that need them run then, not at parse
+/// time.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PciDriveConfig {
+    /// PCI address, `dddd:bb:dd.f` (the domain may be omitted: `01:00.0`).
+    pub addr: String,
+    /// Accept a function bound to `uio_pci_generic` (or VFIO no-IOMMU) and
+    /// program physical addresses: device DMA is then not confined by an
+    /// IOMMU. Default `false`. See docs/real-drives.md.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_no_iommu: bool,
 }
 
 /// An emulated NVMe controller (`nvme-emu`).
@@ -616,6 +636,24 @@ pub enum ConfigError {
         /// One past the last block.
         end: u64,
     },
+    /// A PCI drive's address is malformed.
+    #[error("{path}: {addr:?} is not a PCI address (want dddd:bb:dd.f, e.g. 0000:01:00.0)")]
+    PciAddr {
+        /// Key path.
+        path: String,
+        /// The address as written.
+        addr: String,
+    },
+    /// Two PCI drives name the same function.
+    #[error("{path}: PCI function {addr} is already drive {other:?}")]
+    SharedPciFunction {
+        /// Key path of the second drive's address.
+        path: String,
+        /// The address, normalised.
+        addr: String,
+        /// The drive that names it first.
+        other: String,
+    },
     /// Two emulated drives name the same backing file.
     #[error("{path}: backing file {} is already used by drive {other:?}", file.display())]
     SharedBackingFile {
@@ -847,6 +885,8 @@ impl ConfigError {
             | ConfigError::QueueDepthExceedsMqes { path, .. }
             | ConfigError::QueuesExceedIoQueues { path, .. }
             | ConfigError::SharedBackingFile { path, .. }
+            | ConfigError::PciAddr { path, .. }
+            | ConfigError::SharedPciFunction { path, .. }
             | ConfigError::FaultRange { path, .. } => path.clone(),
         }
     }
@@ -1012,9 +1052,18 @@ impl Config {
     /// The first rule broken, as a [`ConfigError`] naming its key path.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let mut files: BTreeMap<PathBuf, &str> = BTreeMap::new();
+        let mut functions: BTreeMap<String, &str> = BTreeMap::new();
         for (name, drive) in &self.drives {
             check_name("drives", name)?;
             match drive {
+                DriveConfig::Pci(pci) => {
+                    let path = format!("drives.{name}.pci.addr");
+                    let addr = normalize_pci_addr(&pci.addr)
+                        .ok_or_else(|| ConfigError::PciAddr { path: path.clone(), addr: pci.addr.clone() })?;
+                    if let Some(other) = functions.insert(addr.clone(), name) {
+                        return Err(ConfigError::SharedPciFunction { path, addr, other: other.to_owned() });
+                    }
+                }
                 DriveConfig::Emulated(emu) => {
                     emu.validate(&format!("drives.{name}.emulated"))?;
                     if let Backing::File(f) = &emu.backing {
@@ -1266,12 +1315,37 @@ fn check_queues(
                 });
             }
         }
+        // MQES and the queue grant are read from the controller at start:
+        // the depth is clamped to CAP.MQES + 1 and the queue count to what
+        // Set Features grants, with a warning.
+        DriveConfig::Pci(_) => {}
     }
     Ok(())
 }
 
+/// `dddd:bb:dd.f` (lower case) for a PCI address written as `dddd:bb:dd.f`
+/// or `bb:dd.f` (domain 0); `None` when malformed (bus 0..=ff, device
+/// 0..=1f, function 0..=7, domain 0..=ffff).
+pub fn normalize_pci_addr(addr: &str) -> Option<String> {
+    let parts: Vec<&str> = addr.trim().split(':').collect();
+    let (domain, bus, devfn) = match parts.as_slice() {
+        [d, b, df] => (*d, *b, *df),
+        [b, df] => ("0000", *b, *df),
+        _ => return None,
+    };
+    let (dev, func) = devfn.split_once('.')?;
+    let hex = |s: &str, max_len: usize, max: u32| {
+        (!s.is_empty() && s.len() <= max_len && s.bytes().all(|c| c.is_ascii_hexdigit()))
+            .then(|| u32::from_str_radix(s, 16).ok())
+            .flatten()
+            .filter(|&v| v <= max)
+    };
+    let (d, b, v, f) = (hex(domain, 4, 0xFFFF)?, hex(bus, 2, 0xFF)?, hex(dev, 2, 0x1F)?, hex(func, 1, 7)?);
+    Some(format!("{d:04x}:{b:02x}:{v:02x}.{f:x}"))
+}
+
 /// Looks up namespace `nsid` of a drive. `Ok(None)` for drive kinds whose
-/// namespaces are only known at run time (none yet).
+/// namespaces are only known at run time (`pci`).
 fn namespace<'a>(
     path: &str,
     drive_name: &str,
@@ -1291,6 +1365,7 @@ fn namespace<'a>(
                 }),
             }
         }
+        DriveConfig::Pci(_) => Ok(None),
     }
 }
 

@@ -1,4 +1,4 @@
-//! A drive owned by the runtime: its device (emulated now, vfio-pci later),
+//! A drive owned by the runtime: its device (emulated, or vfio-pci),
 //! its controller and the I/O queue pairs its datapath uses.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -13,6 +13,7 @@ use nvme_emu::{
 
 use crate::config::{
     Backing, DriveConfig, EmulatedDriveConfig, Execution, FaultActionConfig, FaultConfig, FaultOp,
+    PciDriveConfig,
 };
 use crate::error::Error;
 
@@ -107,6 +108,19 @@ fn fault_rule(f: &FaultConfig) -> FaultRule {
     }
 }
 
+/// Opens a PCI function bound to vfio-pci (or, when allowed, to a
+/// no-IOMMU driver).
+fn open_pci(name: &str, p: &PciDriveConfig) -> Result<Arc<dyn NvmeDevice>, Error> {
+    // Config validation parsed the address already; this only fails for a
+    // config built in code without `validate`.
+    let addr: nvme_pci::PciAddr = p.addr.parse().map_err(|e: nvme_pci::PciAddrParseError| Error::Uri {
+        uri: name.to_owned(),
+        reason: format!("PCI address {:?}: {e}", p.addr),
+    })?;
+    let opts = nvme_pci::OpenOptions { allow_no_iommu: p.allow_no_iommu, ..Default::default() };
+    nvme_pci::open(&addr, &opts).map_err(|source| Error::Pci { drive: name.to_owned(), source })
+}
+
 impl Drive {
     /// Starts the drive's device, brings its controller up and creates the
     /// I/O queue pairs `usage` asks for.
@@ -117,11 +131,14 @@ impl Drive {
         usage: Option<DriveUse>,
         gpu: Option<&Gpu>,
     ) -> Result<Self, Error> {
-        let emulator = match cfg {
-            DriveConfig::Emulated(e) => Emulator::start(emulator_config(name, e))
-                .map_err(|source| Error::Emulator { drive: name.to_owned(), source })?,
+        let (device, emulator): (Arc<dyn NvmeDevice>, _) = match cfg {
+            DriveConfig::Emulated(e) => {
+                let emu = Emulator::start(emulator_config(name, e))
+                    .map_err(|source| Error::Emulator { drive: name.to_owned(), source })?;
+                (emu.clone(), Some(emu))
+            }
+            DriveConfig::Pci(p) => (open_pci(name, p)?, None),
         };
-        let device: Arc<dyn NvmeDevice> = emulator.clone();
         let ctrl_err = |source| Error::Controller { drive: name.to_owned(), source };
         let queues_wanted = usage.map_or(1, |u| u.queues.max(1));
         let mut controller = Controller::init(
@@ -134,7 +151,31 @@ impl Drive {
             *controller.namespace(nsid).ok_or_else(|| Error::NoNamespace { drive: name.to_owned(), nsid })?;
         let mut queues = Vec::new();
         let mut gpu_queues = None;
-        if let Some(u) = usage {
+        if let Some(mut u) = usage {
+            // A real controller may grant fewer queue pairs than asked (Set
+            // Features, Number of Queues) and support shallower queues
+            // (CAP.MQES): use what it offers. Emulated drives were checked
+            // against their config already, so this only fires for PCI.
+            let granted = controller.io_queues_granted();
+            if u.queues > granted {
+                tracing::warn!(
+                    drive = name,
+                    asked = u.queues,
+                    granted,
+                    "controller granted fewer I/O queue pairs"
+                );
+                u.queues = granted;
+            }
+            let max_entries = controller.cap().max_queue_entries();
+            if u.queue_depth > max_entries {
+                tracing::warn!(
+                    drive = name,
+                    asked = u.queue_depth,
+                    max_entries,
+                    "queue depth clamped to CAP.MQES + 1"
+                );
+                u.queue_depth = max_entries;
+            }
             let depth = u.queue_depth;
             // One CQ slot always stays empty: never have more commands
             // outstanding than the CQ can hold.
@@ -168,7 +209,7 @@ impl Drive {
             name: name.to_owned(),
             index,
             device,
-            emulator: Some(emulator),
+            emulator,
             controller: Mutex::new(controller),
             gpu: gpu_queues,
             queues,

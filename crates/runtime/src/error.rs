@@ -50,6 +50,16 @@ pub enum Error {
         #[source]
         source: nvme_emu::EmuError,
     },
+    /// Opening a PCI drive (vfio-pci) failed; the source says why and how
+    /// to fix it (bind it with `tutti-probe bind`, enable the IOMMU...).
+    #[error("drive {drive:?}: PCI device")]
+    Pci {
+        /// Drive name.
+        drive: String,
+        /// Cause.
+        #[source]
+        source: nvme_pci::PciError,
+    },
     /// Bringing up or talking to a controller failed.
     #[error("drive {drive:?}: controller")]
     Controller {
