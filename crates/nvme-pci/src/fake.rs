@@ -158,6 +158,7 @@ impl FakeTree {
 
     /// Adds namespace block device `disk` (e.g. `nvme0n1`) of controller
     /// `ctrl`, `bytes` long with `lba_bytes` blocks, device number `majmin`.
+    #[allow(clippy::too_many_arguments)]
     pub fn add_namespace(
         &self,
         addr: &PciAddr,

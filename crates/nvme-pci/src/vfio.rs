@@ -372,11 +372,10 @@ impl NvmeDevice for VfioNvme {
             Dma::Iommu { container, iova } => {
                 let mut a = iova.lock().unwrap_or_else(|p| p.into_inner());
                 let at = a.alloc(len as u64).map_err(|_| DeviceError::AddressSpaceExhausted { len })?;
-                // SAFETY (contract forwarded): the caller of `dma_map` keeps
+                // SAFETY: contract forwarded: the caller of `dma_map` keeps
                 // the memory allocated and unreferenced while mapped.
-                if let Err(source) =
-                    unsafe { sys::dma_map(container, host.as_ptr() as usize, at, len as u64) }
-                {
+                let mapped = unsafe { sys::dma_map(container, host.as_ptr() as usize, at, len as u64) };
+                if let Err(source) = mapped {
                     let _ = a.free(at);
                     let op = if source.raw_os_error() == Some(libc::ENOMEM) {
                         "VFIO_IOMMU_MAP_DMA (pinning hit RLIMIT_MEMLOCK: raise `ulimit -l` or run as root)"

@@ -1,0 +1,107 @@
+//! `tutti-probe bind` and `tutti-probe unbind`.
+
+use nvme_pci::{bind_vfio, enumerate, unbind_to_kernel, PciAddr, PciError, VFIO_PCI};
+
+use crate::{Ctx, Failure, Outcome};
+
+/// Arguments of `bind`.
+#[derive(Debug, clap::Args)]
+pub struct BindArgs {
+    /// PCI addresses (0000:00:04.0 or 00:04.0).
+    #[arg(value_name = "ADDR", conflicts_with = "all_unused")]
+    addrs: Vec<PciAddr>,
+    /// Every NVMe function not on vfio-pci and not in use.
+    #[arg(long)]
+    all_unused: bool,
+    /// Take drives that are mounted, stacked or open anyway (never the one
+    /// holding the root filesystem).
+    #[arg(long)]
+    force: bool,
+}
+
+/// Arguments of `unbind`.
+#[derive(Debug, clap::Args)]
+pub struct UnbindArgs {
+    /// PCI addresses to give back to the kernel nvme driver.
+    #[arg(value_name = "ADDR", required = true)]
+    addrs: Vec<PciAddr>,
+}
+
+/// Runs `bind`.
+pub fn run_bind(ctx: &Ctx, args: BindArgs) -> Outcome {
+    let targets: Vec<PciAddr> = if args.all_unused {
+        let mut v = Vec::new();
+        for f in enumerate(&ctx.sysfs)? {
+            if f.driver.as_deref() == Some(VFIO_PCI) {
+                println!("{}: skipped: already on vfio-pci", f.addr);
+                continue;
+            }
+            let uses = f.uses();
+            if !uses.is_empty() {
+                let u: Vec<String> = uses.iter().map(ToString::to_string).collect();
+                println!("{}: skipped: in use: {}", f.addr, u.join("; "));
+                continue;
+            }
+            v.push(f.addr);
+        }
+        if v.is_empty() {
+            println!("nothing to bind");
+        }
+        v
+    } else if args.addrs.is_empty() {
+        return Err(Failure::Usage("bind needs PCI addresses or --all-unused".into()));
+    } else {
+        args.addrs
+    };
+    let mut failed = Vec::new();
+    for addr in targets {
+        match bind_vfio(&ctx.sysfs, &addr, args.force) {
+            Ok(o) if o.unchanged => println!("{addr}: already on vfio-pci"),
+            Ok(o) => {
+                let from = o.previous.as_deref().unwrap_or("no driver");
+                println!("{addr}: {from} -> vfio-pci");
+                for u in &o.forced_over {
+                    println!("{addr}: WARNING: forced while in use: {u}");
+                }
+            }
+            Err(e) => {
+                report(&addr, &e);
+                failed.push(addr.to_string());
+            }
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::Reported(format!("bind failed for {}", failed.join(", "))))
+    }
+}
+
+/// Runs `unbind`.
+pub fn run_unbind(ctx: &Ctx, args: UnbindArgs) -> Outcome {
+    let mut failed = Vec::new();
+    for addr in args.addrs {
+        match unbind_to_kernel(&ctx.sysfs, &addr) {
+            Ok(o) if o.unchanged => println!("{addr}: already on nvme"),
+            Ok(o) => println!("{addr}: {} -> nvme", o.previous.as_deref().unwrap_or("no driver")),
+            Err(e) => {
+                report(&addr, &e);
+                failed.push(addr.to_string());
+            }
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::Reported(format!("unbind failed for {}", failed.join(", "))))
+    }
+}
+
+fn report(addr: &PciAddr, e: &PciError) {
+    eprintln!("tutti-probe: error: {addr}: {e}");
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        eprintln!("  caused by: {s}");
+        src = s.source();
+    }
+}
