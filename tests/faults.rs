@@ -447,3 +447,45 @@ fn set_gone_at_run_time_reads_all_ones_and_stops_the_controller() {
     assert_eq!(r.dev.bar0().read32(doorbell_offset(1, false, 0)).unwrap(), u32::MAX);
     assert!(matches!(r.ctrl.reset(), Err(ControllerError::DeviceGone { .. })));
 }
+
+#[test]
+fn delete_io_sq_aborts_held_commands_and_the_pair_matches_each_once() {
+    let mut r = rig(|_| {});
+    let ns = *r.ctrl.namespace(1).unwrap();
+    let mut qp = r.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    r.emu.add_fault(at_lba(3, FaultAction::NeverComplete, None));
+    r.emu.add_fault(at_lba(7, FaultAction::Delay(Duration::from_secs(30)), None));
+    let buf = DmaBuffer::new(&r.dev, (BATCH * 4096) as usize).unwrap();
+    submit(&mut qp, &ns, IoOp::Read, 0..BATCH, &buf);
+    let done = collect(&mut qp, BATCH as usize - 2, Duration::from_secs(10));
+    assert!(done.iter().all(|(c, _)| c.status.is_success() && c.tag != 3 && c.tag != 7));
+    assert_eq!(qp.outstanding(), 2);
+
+    r.ctrl.delete_io_sq(1).unwrap();
+    qp.sq_was_deleted();
+    assert_eq!(
+        qp.submit(nvme_regs::Sqe::new(0, 1), None, 99),
+        Err(nvm_queue::SubmitError::SqDeleted { qid: 1 }),
+        "no submissions once the SQ is gone"
+    );
+    let aborted = collect(&mut qp, 2, Duration::from_secs(5));
+    let mut tags: Vec<u64> = aborted.iter().map(|(c, _)| c.tag).collect();
+    tags.sort_unstable();
+    assert_eq!(tags, [3, 7]);
+    for (c, _) in &aborted {
+        assert_eq!(c.status, Status::generic(nvme_regs::status::generic::ABORTED_SQ_DELETION), "{c:?}");
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(collect(&mut qp, 1, Duration::from_millis(10)).is_empty(), "nothing completes twice");
+    let s = qp.stats();
+    assert_eq!((qp.outstanding(), s.protocol_errors, s.bad_sqhd), (0, 0, 0), "{s:?}");
+    assert_eq!(r.emu.stats().sq_deletion_aborts, 2);
+    r.ctrl.delete_io_cq(1).unwrap();
+    assert!(r.ctrl.live_io_queues().is_empty());
+    // The pair can be created again on the same memory.
+    r.ctrl.recreate_io_queue_pair(&mut qp).unwrap();
+    r.emu.clear_faults();
+    let again = batch(&mut qp, &ns, IoOp::Read, 0..4, &buf);
+    assert!(again.iter().all(|c| c.status.is_success()));
+    r.ctrl.shutdown().unwrap();
+}

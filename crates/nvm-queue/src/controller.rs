@@ -160,7 +160,11 @@ pub struct Controller {
     namespaces: Vec<NamespaceInfo>,
     max_transfer: usize,
     io_queues_granted: u16,
+    /// I/O queue pairs whose CQ exists on the controller.
     live_queues: Vec<u16>,
+    /// Of those, the ones whose SQ was already deleted
+    /// ([`Controller::delete_io_sq`]).
+    sq_deleted: Vec<u16>,
     opts: ControllerOptions,
     shut_down: bool,
 }
@@ -249,6 +253,7 @@ impl Controller {
             max_transfer: 0,
             io_queues_granted: 0,
             live_queues: Vec::new(),
+            sq_deleted: Vec::new(),
             opts,
             shut_down: false,
         };
@@ -508,6 +513,7 @@ impl Controller {
         bar.write32(offset::CC, cc.with_en(false).with_shn(ShutdownNotification::None).0)?;
         wait_csts(&*self.device, self.ready_timeout, "CSTS.RDY = 0 for reset", false, |c| !c.rdy())?;
         self.live_queues.clear();
+        self.sq_deleted.clear();
         // Nothing on the admin queue can complete any more.
         let lost = self.admin.reset_after_controller_reset();
         if !lost.is_empty() {
@@ -550,24 +556,66 @@ impl Controller {
         Ok(())
     }
 
-    /// Deletes I/O queue pair `qid` on the controller: the SQ first, then
-    /// its CQ. The caller keeps the [`QueuePair`]'s memory alive until this
-    /// returns.
-    pub fn delete_io_queue_pair(&mut self, qid: u16) -> Result<(), ControllerError> {
+    /// Deletes the SQ of I/O queue pair `qid` (Delete I/O SQ, NVMe Base 2.0
+    /// 5.7). The controller completes each command of it that was fetched
+    /// but not finished, on the pair's CQ, normally or with "Command Aborted
+    /// due to SQ Deletion" (SCT 0h, SC 08h), and drops entries it had not
+    /// fetched. The owner of the [`QueuePair`] then calls
+    /// [`QueuePair::sq_was_deleted`] and reaps the CQ (so every outstanding
+    /// command gets its one completion) before [`Controller::delete_io_cq`].
+    pub fn delete_io_sq(&mut self, qid: u16) -> Result<(), ControllerError> {
+        if !self.live_queues.contains(&qid) || self.sq_deleted.contains(&qid) {
+            return Err(ControllerError::NoQueue { qid, granted: self.io_queues_granted });
+        }
         self.admin_command(DeleteIoSq::new(qid).build(), "Delete I/O Submission Queue")?;
-        self.admin_command(DeleteIoCq::new(qid).build(), "Delete I/O Completion Queue")?;
-        self.live_queues.retain(|&q| q != qid);
+        self.sq_deleted.push(qid);
         Ok(())
     }
 
-    /// Orderly shutdown: deletes every I/O SQ, then every I/O CQ, then sets
-    /// CC.SHN = 01b (normal) and waits (bounded by CAP.TO) for CSTS.SHST =
-    /// 10b (complete). The caller drains I/O first.
+    /// Deletes the CQ of I/O queue pair `qid` (Delete I/O CQ), deleting its
+    /// SQ first if [`Controller::delete_io_sq`] has not. Completions not
+    /// reaped by then are lost. The caller keeps the [`QueuePair`]'s memory
+    /// alive until this returns.
+    pub fn delete_io_cq(&mut self, qid: u16) -> Result<(), ControllerError> {
+        if !self.live_queues.contains(&qid) {
+            return Err(ControllerError::NoQueue { qid, granted: self.io_queues_granted });
+        }
+        if !self.sq_deleted.contains(&qid) {
+            self.delete_io_sq(qid)?;
+        }
+        self.admin_command(DeleteIoCq::new(qid).build(), "Delete I/O Completion Queue")?;
+        self.live_queues.retain(|&q| q != qid);
+        self.sq_deleted.retain(|&q| q != qid);
+        Ok(())
+    }
+
+    /// Deletes I/O queue pair `qid` on the controller: the SQ first, then
+    /// its CQ, with nothing reaped in between (use [`Controller::delete_io_sq`]
+    /// and [`Controller::delete_io_cq`] to reap the aborted commands). The
+    /// caller keeps the [`QueuePair`]'s memory alive until this returns.
+    pub fn delete_io_queue_pair(&mut self, qid: u16) -> Result<(), ControllerError> {
+        self.delete_io_cq(qid)
+    }
+
+    /// I/O queue pairs that exist on the controller (their CQ at least).
+    pub fn live_io_queues(&self) -> &[u16] {
+        &self.live_queues
+    }
+
+    /// Orderly shutdown: deletes every remaining I/O SQ, then every
+    /// remaining I/O CQ, then sets CC.SHN = 01b (normal) and waits (bounded
+    /// by CAP.TO, at least [`SHUTDOWN_TIMEOUT`]) for CSTS.SHST = 10b
+    /// (complete). The caller stops submitting and drains I/O first, and to
+    /// match aborted commands to their requests deletes each SQ itself and
+    /// reaps its CQ ([`Controller::delete_io_sq`]) before calling this.
     pub fn shutdown(&mut self) -> Result<(), ControllerError> {
         let qids = self.live_queues.clone();
         let mut first_err = None;
         for &q in &qids {
-            if let Err(e) = self.admin_command(DeleteIoSq::new(q).build(), "Delete I/O Submission Queue") {
+            if self.sq_deleted.contains(&q) {
+                continue;
+            }
+            if let Err(e) = self.delete_io_sq(q) {
                 first_err.get_or_insert(e);
             }
         }
@@ -577,6 +625,7 @@ impl Controller {
             }
         }
         self.live_queues.clear();
+        self.sq_deleted.clear();
         let bar = self.device.bar0();
         let cc = Cc(bar.read32(offset::CC)?);
         bar.write32(offset::CC, cc.with_shn(ShutdownNotification::Normal).0)?;

@@ -167,13 +167,27 @@ pub struct StoreInfo {
     pub drives: Vec<String>,
 }
 
+/// How long [`Runtime::shutdown`] reaps a queue's completions after
+/// deleting its SQ, for the commands the controller completes or aborts
+/// ("Command Aborted due to SQ Deletion") on the way out.
+pub const ABORT_REAP_BOUND: Duration = Duration::from_secs(1);
+
 /// What [`Runtime::shutdown`] found.
 #[derive(Debug, Default)]
 pub struct ShutdownReport {
     /// Operations still not final when the drain bound passed.
     pub ops_in_flight: usize,
-    /// Commands still outstanding on the drives.
+    /// Commands still outstanding on the drives when the drain bound
+    /// passed (before their SQs were deleted).
     pub commands_in_flight: u64,
+    /// Completions reaped after deleting the SQs: commands the controllers
+    /// aborted (or finished) because their SQ went away; each was matched
+    /// to its request once.
+    pub commands_reaped_at_deletion: u64,
+    /// Commands that got no completion at all, even after their SQ was
+    /// deleted (a controller that neither finished nor aborted them); their
+    /// requests stay not final ([`RequestStatus::Timeout`] to a wait).
+    pub commands_lost: u64,
     /// Per drive, the result of deleting its queues and CC.SHN shutdown.
     pub drives: Vec<(String, Result<(), String>)>,
 }
@@ -1178,9 +1192,16 @@ impl Runtime {
         self.drives.iter().map(|d| d.name.clone()).collect()
     }
 
-    /// Stops accepting work, drains in-flight operations for up to `drain`
-    /// (polling their completions), then deletes every I/O queue (SQs before
-    /// CQs) and shuts each controller down (CC.SHN). Reports what was still
+    /// Orderly shutdown. Stops accepting work (a later [`Runtime::submit`]
+    /// gets [`RequestError::ShuttingDown`] for each request), drains
+    /// in-flight operations for up to `drain` (polling their completions),
+    /// then, per drive and queue: deletes the SQ (the controller completes
+    /// or aborts every command of it it had fetched, and drops the rest),
+    /// reaps that CQ for up to 1 s (`ABORT_REAP_BOUND`) so that each
+    /// outstanding command gets exactly one completion (an aborted one
+    /// surfaces as [`RequestStatus::Nvme`] with SCT 0h / SC 08h on its
+    /// request, which a later [`Runtime::wait`] returns), deletes the CQ;
+    /// finally shuts each controller down (CC.SHN). Reports what was still
     /// in flight and how each drive's shutdown went.
     pub fn shutdown(&self, drain: Duration) -> ShutdownReport {
         self.shutting_down.store(true, Ordering::Release);
@@ -1218,10 +1239,58 @@ impl Runtime {
         }
         for d in &self.drives {
             d.retire_queues();
-            let r = lock(&d.controller).shutdown().map_err(|e| error_chain(&e));
-            report.drives.push((d.name.clone(), r));
+            let (reaped, r) = self.shutdown_drive(d);
+            report.commands_reaped_at_deletion += reaped;
+            report.drives.push((d.name.clone(), r.map_err(|e| error_chain(&e))));
         }
+        report.commands_lost = lock(&self.ops).iter().map(|(_, st)| st.outstanding).sum();
         report
+    }
+
+    /// Shutdown of one drive whose queues are retired (no other thread
+    /// uses them): each CPU queue's SQ deleted, its CQ reaped (bounded) and
+    /// deleted, then the controller's CC.SHN shutdown (which also deletes
+    /// GPU-driven queues). Returns the completions reaped after SQ deletion
+    /// and the first error.
+    fn shutdown_drive(&self, d: &Drive) -> (u64, Result<(), nvm_queue::ControllerError>) {
+        let mut c = lock(&d.controller);
+        let mut reaped = 0u64;
+        let mut first_err = None;
+        // A failed controller's queues were already emptied (fail_drive).
+        if !d.failed.load(Ordering::Acquire) {
+            for q in &d.queues {
+                let mut qp = lock(q);
+                let qid = qp.qid();
+                if let Err(e) = c.delete_io_sq(qid) {
+                    first_err.get_or_insert(e);
+                    continue;
+                }
+                qp.sq_was_deleted();
+                let deadline = Instant::now() + ABORT_REAP_BOUND;
+                while qp.outstanding() > 0 && Instant::now() < deadline {
+                    let n = self.poll_queue(&mut qp, d);
+                    reaped += n as u64;
+                    if n == 0 {
+                        std::thread::sleep(Duration::from_micros(20));
+                    }
+                }
+                if qp.outstanding() > 0 {
+                    tracing::warn!(
+                        drive = %d.name,
+                        qid,
+                        commands = qp.outstanding(),
+                        "commands got no completion after their SQ was deleted"
+                    );
+                }
+                if let Err(e) = c.delete_io_cq(qid) {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if let Err(e) = c.shutdown() {
+            first_err.get_or_insert(e);
+        }
+        (reaped, first_err.map_or(Ok(()), Err))
     }
 }
 

@@ -83,6 +83,13 @@ pub enum SubmitError {
     /// The data buffer cannot be described with PRPs.
     #[error("data buffer")]
     Prp(#[from] PrpError),
+    /// The controller deleted this queue's SQ (orderly shutdown): no more
+    /// submissions until it is created again.
+    #[error("submission queue {qid} was deleted")]
+    SqDeleted {
+        /// Queue identifier.
+        qid: u16,
+    },
 }
 
 /// A finished command, as reported by the controller.
@@ -140,6 +147,9 @@ pub struct QueuePair {
     /// When the entry at the CQ head was first seen with a body naming
     /// another SQ (see `poll`).
     unsettled_since: Option<std::time::Instant>,
+    /// The SQ was deleted on the controller: no submissions; SQHD in later
+    /// CQEs means nothing.
+    sq_deleted: bool,
     /// Keeps the device, and so the BAR0 window the doorbells point into,
     /// alive as long as the pair.
     _device: Arc<dyn NvmeDevice>,
@@ -206,6 +216,7 @@ impl QueuePair {
             list_pages_per_cmd,
             stats: QueueStats::default(),
             unsettled_since: None,
+            sq_deleted: false,
             _device: device.clone(),
         })
     }
@@ -237,7 +248,24 @@ impl QueuePair {
 
     /// `true` when one more command can be queued right now.
     pub fn can_submit(&self) -> bool {
-        !self.sq.is_full() && !self.cids.is_full()
+        !self.sq_deleted && !self.sq.is_full() && !self.cids.is_full()
+    }
+
+    /// Records that the controller deleted this pair's SQ (Delete I/O SQ,
+    /// [`crate::Controller::delete_io_sq`]): submissions fail with
+    /// [`SubmitError::SqDeleted`] from now on, and the SQHD of the CQEs
+    /// still to come (aborted commands; a controller reports SQHD 0 or
+    /// anything once the SQ is gone) is ignored. [`QueuePair::poll`] keeps
+    /// matching completions, each outstanding command at most once, until
+    /// the CQ is deleted. Cleared by [`QueuePair::prepare_for_create`] and
+    /// [`QueuePair::reset_after_controller_reset`].
+    pub fn sq_was_deleted(&mut self) {
+        self.sq_deleted = true;
+    }
+
+    /// `true` after [`QueuePair::sq_was_deleted`].
+    pub fn is_sq_deleted(&self) -> bool {
+        self.sq_deleted
     }
 
     /// Queues `sqe` with a fresh CID and, when `data` is given, PRP1/PRP2
@@ -245,6 +273,9 @@ impl QueuePair {
     /// the [`Completion`]. The controller sees the command after
     /// [`QueuePair::ring`].
     pub fn submit(&mut self, mut sqe: Sqe, data: Option<DataRef<'_>>, tag: u64) -> Result<u16, SubmitError> {
+        if self.sq_deleted {
+            return Err(SubmitError::SqDeleted { qid: self.qid() });
+        }
         if !self.can_submit() {
             return Err(SubmitError::QueueFull { qid: self.qid() });
         }
@@ -327,7 +358,7 @@ impl QueuePair {
                 self.stats.protocol_errors += 1;
                 continue;
             }
-            if !self.sq.update_head(cqe.sqhd) {
+            if !self.sq_deleted && !self.sq.update_head(cqe.sqhd) {
                 self.stats.bad_sqhd += 1;
             }
             match self.cids.release(cqe.cid) {
@@ -373,6 +404,7 @@ impl QueuePair {
     pub fn reset_after_controller_reset(&mut self) -> Vec<(u16, u64)> {
         self.sq.reset();
         self.cq.reset();
+        self.sq_deleted = false;
         self.cids.drain()
     }
 
@@ -387,6 +419,7 @@ impl QueuePair {
         self.sq.reset();
         self.cq.reset();
         self.unsettled_since = None;
+        self.sq_deleted = false;
         true
     }
 
