@@ -13,6 +13,8 @@
 #   TUTTI_VM_KERNEL_PKG    kernel package to use (default: the one
 #                          linux-image-amd64 depends on, else the cached one)
 #   TUTTI_VM_NO_CARGO=1    do not build the binaries (use what is cached)
+#   TUTTI_VM_GUEST_SCRIPT  a script to run in the guest instead of
+#                          tests/vm/guest-test.sh (experiments)
 #   TUTTI_VM_WITHOUT_PROBE=1  build the guest without tutti-probe (for
 #                          working on the harness itself)
 set -euo pipefail
@@ -238,7 +240,7 @@ for b in "${BINS[@]}"; do
     fi
 done
 install -m 0755 "$HERE/init" "$IR/init"
-install -m 0755 "$HERE/guest-test.sh" "$IR/vm/guest-test.sh"
+install -m 0755 "${TUTTI_VM_GUEST_SCRIPT:-$HERE/guest-test.sh}" "$IR/vm/guest-test.sh"
 install -m 0644 "$HERE/replay.yaml" "$IR/vm/replay.yaml"
 echo "$KVER" >"$IR/vm/kernel-version"
 
