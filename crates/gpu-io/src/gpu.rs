@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::{sys, CudaContext};
-use nvm_queue::{DmaBuffer, DmaMapping, NvmeDevice, QueuePair};
+use std::sync::Mutex;
+
+use nvm_queue::{Controller, DmaBuffer, DmaMapping, NvmeDevice, QueuePair};
 use nvme_regs::Status;
 
 use crate::abi::{
@@ -33,6 +35,15 @@ pub enum GpuError {
     /// A batch that cannot be launched as given.
     #[error("invalid batch: {0}")]
     Batch(String),
+    /// Re-creating a queue pair on the controller failed.
+    #[error("re-creating I/O queue pair {qid}")]
+    Recreate {
+        /// Queue identifier.
+        qid: u16,
+        /// The controller's error.
+        #[source]
+        source: nvm_queue::ControllerError,
+    },
 }
 
 fn drv(call: &'static str) -> impl FnOnce(DriverError) -> GpuError {
@@ -484,7 +495,27 @@ pub struct GpuQueue {
     _cq: HostMapping,
     _lists_map: HostMapping,
     _lists: DmaBuffer,
-    qp: QueuePair,
+    qid: u16,
+    /// The host-side pair: owns the SQ/CQ memory; locked only to re-create
+    /// the queue after a controller reset.
+    qp: Mutex<QueuePair>,
+}
+
+/// Writes the GPU-side state of a queue whose host-side indexes are `qp`'s
+/// (into zeroed `state`).
+fn write_initial_state(state: &DeviceMem, qp: &QueuePair) -> Result<(), GpuError> {
+    let init = TuttiQueueState {
+        reserve: u64::from(qp.sq().tail()),
+        published: u64::from(qp.sq().tail()),
+        cq_head: u64::from(qp.cq().head()),
+        sq_head: u64::from(qp.sq().head()),
+        phase: u32::from(qp.cq().phase()),
+        ..Default::default()
+    };
+    state.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    // SAFETY: `state` holds at least one TuttiQueueState (its length is
+    // the state plus the per-slot cells).
+    unsafe { result::memcpy_htod_sync(state.ptr, std::slice::from_ref(&init)) }.map_err(drv("cuMemcpyHtoD"))
 }
 
 impl GpuQueue {
@@ -516,17 +547,7 @@ impl GpuQueue {
         }
         let state_len = size_of::<TuttiQueueState>() + 4 * (size as usize + DONE_ENTRIES);
         let state = DeviceMem::zeroed(&gpu.ctx, state_len)?;
-        let init = TuttiQueueState {
-            reserve: u64::from(qp.sq().tail()),
-            published: u64::from(qp.sq().tail()),
-            cq_head: u64::from(qp.cq().head()),
-            sq_head: u64::from(qp.sq().head()),
-            phase: u32::from(qp.cq().phase()),
-            ..Default::default()
-        };
-        // SAFETY: `state` holds at least one TuttiQueueState.
-        unsafe { result::memcpy_htod_sync(state.ptr, std::slice::from_ref(&init)) }
-            .map_err(drv("cuMemcpyHtoD"))?;
+        write_initial_state(&state, &qp)?;
         let bar = drive.bar.dptr;
         let desc = TuttiQueue {
             sq: sq.dptr,
@@ -543,12 +564,46 @@ impl GpuQueue {
             list_pages,
             _pad: 0,
         };
-        Ok(Self { desc, state, _sq: sq, _cq: cq, _lists_map: lists_map, _lists: lists, qp })
+        let qid = qp.qid();
+        Ok(Self {
+            desc,
+            state,
+            _sq: sq,
+            _cq: cq,
+            _lists_map: lists_map,
+            _lists: lists,
+            qid,
+            qp: Mutex::new(qp),
+        })
     }
 
     /// Queue identifier.
     pub fn qid(&self) -> u16 {
-        self.qp.qid()
+        self.qid
+    }
+
+    /// Re-creates this queue pair on `ctrl` after a controller reset (which
+    /// deleted every I/O queue): Create I/O CQ and SQ on the same memory,
+    /// cleared, and the GPU-side state (tail reservation, published tail,
+    /// CQ head, phase, per-slot completion cells) rewritten to match a
+    /// fresh queue, so GPU threads start again at slot 0 with phase 1.
+    ///
+    /// No kernel may be running on this queue while this runs (the caller
+    /// waits for every launch that uses it first): the kernel keeps the
+    /// same state in device memory and would race the rewrite.
+    ///
+    /// # Errors
+    ///
+    /// [`GpuError::Recreate`] when the controller refuses the queue,
+    /// [`GpuError::Driver`] when the state cannot be written.
+    pub fn recreate(&self, ctrl: &mut Controller) -> Result<(), GpuError> {
+        let mut qp = self.qp.lock().unwrap_or_else(|p| p.into_inner());
+        ctrl.recreate_io_queue_pair(&mut qp)
+            .map_err(|source| GpuError::Recreate { qid: self.qid, source })?;
+        self.state.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: `state.ptr` is a live allocation of `state.len` bytes.
+        unsafe { result::memset_d8_sync(self.state.ptr, 0, self.state.len) }.map_err(drv("cuMemsetD8"))?;
+        write_initial_state(&self.state, &qp)
     }
 
     /// CQEs the GPU side dropped because their CID matched no waiting

@@ -102,6 +102,16 @@ pub enum Error {
         /// Operations referencing it.
         ops: usize,
     },
+    /// A drive cannot be reset now: GPU kernels that use its queues are
+    /// still running (each ends within `runtime::GPU_COMMAND_BUDGET`); wait
+    /// for their operations first.
+    #[error("drive {drive:?} is in use by {ops} running GPU operation(s); wait for them, then reset")]
+    DriveBusy {
+        /// Drive name.
+        drive: String,
+        /// Operations whose kernels still run.
+        ops: usize,
+    },
     /// The runtime is shutting down and accepts no new work.
     #[error("the runtime is shutting down")]
     ShuttingDown,

@@ -292,7 +292,18 @@ impl Runtime {
             let dp: Arc<dyn DataPath> = match cfg {
                 DataPathConfig::LocalNvme(l) => Arc::new(LocalNvme::new(name, get_drive(&l.drive))),
                 DataPathConfig::StripedLocalNvme(s) => {
-                    let ds = s.drives.iter().map(get_drive).collect();
+                    let ds: Vec<Arc<Drive>> = s.drives.iter().map(get_drive).collect();
+                    // PCI drives' LBA sizes are known only now (config
+                    // validation checked the emulated ones).
+                    if let Some(d) = ds.iter().find(|d| s.stripe_unit.0 % u64::from(d.ns.block_size) != 0) {
+                        return Err(Error::Uri {
+                            uri: name.clone(),
+                            reason: format!(
+                                "stripe unit {} is not a multiple of drive {:?}'s {}-byte LBA size",
+                                s.stripe_unit, d.name, d.ns.block_size
+                            ),
+                        });
+                    }
                     Arc::new(
                         StripedLocalNvme::new(name, ds, s.stripe_unit.0)
                             .ok_or_else(|| Error::Uri { uri: name.clone(), reason: "empty stripe".into() })?,
@@ -674,6 +685,8 @@ impl Runtime {
         let mut first_queue: HashMap<usize, (u16, usize)> = HashMap::new(); // drive -> (first index, count)
         let mut next: HashMap<usize, usize> = HashMap::new();
         let mut failed: Vec<(usize, String)> = Vec::new();
+        // Requests refused before launch: none of their commands is sent.
+        let mut refused_reqs: Vec<(usize, String)> = Vec::new();
         for (i, (r, p)) in requests.iter().zip(plans).enumerate() {
             let Ok(p) = p else { continue };
             if !self.is_gpu(p.datapath) {
@@ -684,11 +697,17 @@ impl Runtime {
                 Direction::Read => nvme_regs::opcode::nvm_opcode::READ,
                 Direction::Write => nvme_regs::opcode::nvm_opcode::WRITE,
             };
-            let mut ok = true;
+            let mut refused: Option<String> = None;
+            let (mut mine, mut mine_drive): (Vec<TuttiRequest>, Vec<u16>) = (Vec::new(), Vec::new());
             dp.for_each_piece(p.extent.offset + r.offset, r.len, &mut |pc| {
                 let d = &dp.drives()[pc.drive];
+                if !d.is_alive() {
+                    refused =
+                        Some(format!("drive {:?} failed or shut down; reset_drive brings it back", d.name));
+                    return;
+                }
                 let (Some(gq), Some(Some(greg))) = (&d.gpu, region.gpu_regions.get(d.index)) else {
-                    ok = false;
+                    refused = Some("GPU queues or page table missing for a drive".into());
                     return;
                 };
                 let (base, count) = *first_queue.entry(d.index).or_insert_with(|| {
@@ -699,14 +718,14 @@ impl Runtime {
                     (base, gq.queues.len())
                 });
                 let Ok(plan) = plan_io(&d.ns, pc.drive_offset, pc.len, d.max_transfer) else {
-                    ok = false;
+                    refused = Some(format!("piece not aligned to drive {:?}'s LBA size", d.name));
                     return;
                 };
                 for c in plan {
                     let k = next.entry(d.index).or_insert(0);
                     let q = base + (*k % count.max(1)) as u16;
                     *k += 1;
-                    cmds.push(TuttiRequest {
+                    mine.push(TuttiRequest {
                         opcode,
                         queue: q,
                         nsid: d.ns.nsid,
@@ -719,12 +738,18 @@ impl Runtime {
                             + c.offset) as u64,
                         ..Default::default()
                     });
-                    cmd_req.push(i as u32);
-                    cmd_drive.push(d.index as u16);
+                    mine_drive.push(d.index as u16);
                 }
             });
-            if !ok {
-                failed.push((i, "GPU queues or page table missing for a drive".into()));
+            // A request is launched whole or not at all: a refused piece
+            // fails it before any of its commands reach a drive.
+            match refused {
+                Some(reason) => refused_reqs.push((i, reason)),
+                None => {
+                    cmd_req.extend(std::iter::repeat_n(i as u32, mine.len()));
+                    cmds.append(&mut mine);
+                    cmd_drive.append(&mut mine_drive);
+                }
             }
         }
         let launched = if cmds.is_empty() {
@@ -746,6 +771,11 @@ impl Runtime {
         // These commands are not tracked by the CPU completion path.
         let gpu_cmds = cmds.len() as u64;
         st.outstanding = st.outstanding.saturating_sub(gpu_cmds);
+        for (i, reason) in refused_reqs {
+            let n = st.reqs.get(i).map_or(0, |r| r.remaining);
+            st.outstanding = st.outstanding.saturating_sub(u64::from(n));
+            finish_commands(st, i, n, Some(RequestStatus::SubmitFailed { reason }));
+        }
         failed.sort_unstable_by_key(|f| f.0);
         failed.dedup_by_key(|f| f.0);
         for (i, reason) in failed {
@@ -767,6 +797,11 @@ impl Runtime {
         match statuses {
             Ok(statuses) => {
                 let mut timed_out = false;
+                // Drives whose controller turned out fatal (CSTS.CFS or all
+                // ones) when one of their commands timed out: the GPU
+                // cannot tell a dead controller from a slow one, the
+                // registers can.
+                let mut fatal: HashMap<u16, bool> = HashMap::new();
                 for (k, s) in statuses.iter().enumerate() {
                     let (Some(&i), Some(&d)) = (g.cmd_req.get(k), g.cmd_drive.get(k)) else { continue };
                     let drive =
@@ -774,6 +809,14 @@ impl Runtime {
                     let failure = match *s {
                         GpuStatus::Success => None,
                         GpuStatus::Nvme(status) => Some(RequestStatus::Nvme { drive: drive(), status }),
+                        GpuStatus::Timeout if *fatal.entry(d).or_insert_with(|| self.gpu_drive_fatal(d)) => {
+                            // Pinned until this drive's reset ends its DMA.
+                            lock(&self.pinned_until_reset)
+                                .entry(usize::from(d))
+                                .or_default()
+                                .extend(st._regions.iter().cloned());
+                            Some(RequestStatus::ControllerFatal { drive: drive() })
+                        }
                         GpuStatus::Timeout => {
                             timed_out = true;
                             Some(RequestStatus::Timeout)
@@ -1073,6 +1116,17 @@ impl Runtime {
         Ok(st.datapaths.clone())
     }
 
+    /// `true` (and the drive marked failed) when GPU-driven drive `index`
+    /// reports CSTS.CFS or reads all ones.
+    fn gpu_drive_fatal(&self, index: u16) -> bool {
+        let Some(d) = self.drives.get(usize::from(index)) else { return false };
+        let dead = lock(&d.controller).csts().map_or(true, |csts| csts.cfs());
+        if dead && !d.failed.swap(true, Ordering::AcqRel) {
+            tracing::error!(drive = %d.name, "controller fatal status under GPU-driven I/O");
+        }
+        dead
+    }
+
     /// Looks for controllers of these datapaths that reported CSTS.CFS or
     /// read all ones, and fails their outstanding commands.
     fn check_drives(&self, dps: &[usize]) {
@@ -1130,8 +1184,18 @@ impl Runtime {
     /// CSTS.CFS), brings it up again and re-creates its I/O queues, after a
     /// fatal controller error failed its outstanding requests with
     /// [`RequestStatus::ControllerFatal`]. Works on a healthy drive too
-    /// (its outstanding commands fail the same way). CPU-executed drives
-    /// only.
+    /// (its outstanding commands fail the same way).
+    ///
+    /// GPU-executed drives (`execution: gpu`) are reset the same way, and
+    /// their GPU-side queue state is rewritten for the re-created queues;
+    /// a GPU command that timed out on a fatal controller ends as
+    /// [`RequestStatus::ControllerFatal`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DriveBusy`] while a GPU kernel that uses the drive still
+    /// runs, [`Error::Controller`] when the reset or a Create fails,
+    /// [`Error::ShuttingDown`], [`Error::Uri`] for an unknown name.
     pub fn reset_drive(&self, name: &str) -> Result<(), Error> {
         let d = self
             .drives
@@ -1141,11 +1205,31 @@ impl Runtime {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(Error::ShuttingDown);
         }
-        if d.gpu.is_some() {
-            return Err(Error::Gpu {
-                context: format!("resetting drive {name:?}: GPU-driven queues are not re-created yet"),
-                source: gpu_io::GpuError::Batch("unsupported".into()),
-            });
+        if let Some(g) = &d.gpu {
+            // GPU threads keep the queues' state in device memory: no kernel
+            // that uses this drive may still be running while it is reset.
+            let drive_index = d.index as u16;
+            let running = lock(&self.ops)
+                .iter()
+                .filter(|(_, st)| {
+                    st.gpu
+                        .as_ref()
+                        .is_some_and(|op| !op.launch.is_done() && op.cmd_drive.contains(&drive_index))
+                })
+                .count();
+            if running > 0 {
+                return Err(Error::DriveBusy { drive: d.name.clone(), ops: running });
+            }
+            d.failed.store(true, Ordering::Release);
+            let mut c = lock(&d.controller);
+            c.reset().map_err(|source| Error::Controller { drive: d.name.clone(), source })?;
+            for q in &g.queues {
+                q.recreate(&mut c)
+                    .map_err(|source| Error::Gpu { context: format!("resetting drive {name:?}"), source })?;
+            }
+            lock(&self.pinned_until_reset).remove(&d.index);
+            d.failed.store(false, Ordering::Release);
+            return Ok(());
         }
         self.fail_drive(d);
         let ctrl_err = |source| Error::Controller { drive: d.name.clone(), source };

@@ -4,11 +4,16 @@
 
 use std::time::Duration;
 
-use tutti::config::{DataPathConfig, Execution};
+use tutti::config::{DataPathConfig, DriveConfig, Execution, FaultActionConfig, FaultConfig, FaultOp};
 use tutti::{Config, Error, Request, RequestStatus, Runtime};
 
 fn gpu_runtime(drives: usize) -> Option<Runtime> {
+    gpu_runtime_with(drives, |_| {})
+}
+
+fn gpu_runtime_with(drives: usize, f: impl FnOnce(&mut Config)) -> Option<Runtime> {
     let mut cfg = Config::builtin_striped_ram(drives, 64 << 20, 1 << 20);
+    f(&mut cfg);
     for dp in cfg.datapaths.values_mut() {
         match dp {
             DataPathConfig::LocalNvme(l) => l.execution = Execution::Gpu,
@@ -67,6 +72,56 @@ fn gpu_execution_round_trips_host_memory_over_a_four_drive_stripe() {
     assert!(matches!(sub.states()[1], Err(tutti::RequestError::GpuBatchMemory)));
     let st = rt.wait(sub.op().unwrap(), Duration::from_secs(30)).unwrap();
     assert!(st[0].is_success());
+    rt.unregister_memory(ms).unwrap();
+    rt.unregister_memory(md).unwrap();
+    let r = rt.shutdown(Duration::from_secs(5));
+    assert!(r.drives.iter().all(|(_, x)| x.is_ok()), "{:?}", r.drives);
+}
+
+#[test]
+fn gpu_driven_drive_recovers_from_a_fatal_controller_by_reset() {
+    // The first read of drive d1's LBA 0 makes its controller fatal (CFS).
+    let Some(rt) = gpu_runtime_with(2, |cfg| {
+        let Some(DriveConfig::Emulated(e)) = cfg.drives.get_mut("d1") else { panic!("no drive d1") };
+        e.faults.push(FaultConfig {
+            lba: Some([0, 1]),
+            nsid: None,
+            op: Some(FaultOp::Read),
+            action: FaultActionConfig::ControllerFatal,
+            times: Some(1),
+        });
+    }) else {
+        return;
+    };
+    let mut src: Vec<u64> =
+        (0..(1 << 20) / 8).map(|i| (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+    let mut dst = vec![0u64; (1 << 20) / 8];
+    // SAFETY: both vectors outlive the registrations and are untouched
+    // while I/O runs.
+    #[allow(unsafe_code)]
+    let (ms, md) = unsafe {
+        (
+            rt.register_memory(src.as_mut_ptr().cast(), 1 << 20).unwrap(),
+            rt.register_memory(dst.as_mut_ptr().cast(), 1 << 20).unwrap(),
+        )
+    };
+    let t = rt.open("tutti://kv/0").unwrap();
+    let wait = |reqs: &[Request]| rt.wait(rt.submit(reqs).op().unwrap(), Duration::from_secs(60)).unwrap();
+    assert_eq!(wait(&[Request::write(t, 0, 1 << 20, ms, 0)]), [RequestStatus::Success]);
+    // 1 MiB over two drives: d1 dies under the read; the GPU sees a timeout
+    // and the runtime reads CSTS.CFS.
+    let st = wait(&[Request::read(t, 0, 1 << 20, md, 0)]);
+    assert_eq!(st, [RequestStatus::ControllerFatal { drive: "d1".into() }]);
+    // While d1 is failed, new work on it is refused, not launched.
+    let st = wait(&[Request::read(t, 128 << 10, 4096, md, 0)]);
+    assert!(matches!(st[0], RequestStatus::SubmitFailed { .. }), "{st:?}");
+    rt.reset_drive("d1").unwrap();
+    // The re-created GPU queues start over at slot 0, phase 1.
+    for _ in 0..3 {
+        dst.fill(0);
+        assert_eq!(wait(&[Request::read(t, 0, 1 << 20, md, 0)]), [RequestStatus::Success]);
+        assert!(src == dst, "data read back after the reset");
+    }
     rt.unregister_memory(ms).unwrap();
     rt.unregister_memory(md).unwrap();
     let r = rt.shutdown(Duration::from_secs(5));
