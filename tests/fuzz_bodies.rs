@@ -284,3 +284,358 @@ pub fn emulator_commands(data: &[u8]) {
     std::thread::sleep(Duration::from_millis(1));
     assert!(emu.is_running(), "the emulator's controller thread died");
 }
+
+/// Controller bring-up ([`nvm_queue::Controller::init`]) facing a device
+/// whose register values (CAP, VS, CSTS after each CC write) and admin
+/// completions (status, DW0, raw CQEs, no completion at all) and Identify
+/// data all come from the input. `init` must never panic, must return
+/// within a bound set by CAP.TO and the admin timeout, and must give a
+/// typed error or a controller whose facts (CAP, Identify Controller,
+/// namespaces) are exactly what the device served.
+///
+/// CAP.TO is cut to 0..=3 (at most 1.5 s per register wait) and at most
+/// two admin commands go unanswered per input, so that each input runs in
+/// bounded time; the CAP.TO bound itself is unit-tested in
+/// `crates/nvm-queue/src/controller.rs`. Returns whether bring-up
+/// succeeded.
+pub fn controller_bringup(data: &[u8]) -> bool {
+    use nvm_queue::{Controller, ControllerOptions, NvmeDevice};
+    use nvme_regs::{Cap, IdentifyController, IdentifyNamespace};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    let dev = scripted::Device::start(data);
+    let nvme: Arc<dyn NvmeDevice> = dev.clone();
+    let opts = ControllerOptions { admin_timeout: Duration::from_millis(20), ..Default::default() };
+    let t = Instant::now();
+    let r = Controller::init(nvme, opts);
+    let took = t.elapsed();
+    // Once init has returned, answer register writes plainly (the
+    // controller's Drop disables it and waits for CSTS.RDY = 0).
+    dev.go_plain();
+    // Three register waits of at most 1.5 s and two 20 ms admin timeouts;
+    // generous for a loaded machine.
+    assert!(took < Duration::from_secs(15), "bring-up took {took:?}");
+    let served = dev.served();
+    let up = r.is_ok();
+    match r {
+        Err(e) => {
+            let _ = e.to_string();
+        }
+        Ok(ctrl) => {
+            assert_eq!(ctrl.cap(), Cap(served.cap), "CAP as served");
+            let page = |cns: u8, nsid: u32| {
+                served.pages.iter().rev().filter(move |p| p.cns == cns && (cns != 0 || p.nsid == nsid))
+            };
+            let idc = page(1, 0).next().expect("Identify Controller was served");
+            let id = IdentifyController::parse(&idc.bytes).expect("it decoded for the driver");
+            let info = ctrl.info();
+            assert_eq!(
+                (info.vid, info.mdts, info.nn, info.cntlid),
+                (id.vid(), id.mdts(), id.nn(), id.cntlid())
+            );
+            assert_eq!(info.serial, id.sn().unwrap().trim_end());
+            let lists: Vec<Vec<u32>> = page(2, 0)
+                .filter_map(|p| nvme_regs::identify::parse_active_namespace_list(&p.bytes).ok())
+                .map(|l| l.collect())
+                .collect();
+            for ns in ctrl.namespaces() {
+                assert!(lists.iter().any(|l| l.contains(&ns.nsid)), "NSID {} was never listed", ns.nsid);
+                assert!(
+                    page(0, ns.nsid).any(|p| IdentifyNamespace::parse(&p.bytes).is_ok_and(|id| {
+                        id.block_size().ok() == Some(ns.block_size) && id.nsze() == ns.blocks
+                    })),
+                    "namespace {ns:?} matches no Identify Namespace served"
+                );
+            }
+            assert!(ctrl.io_queues_granted() <= 8);
+            drop(ctrl);
+        }
+    }
+    dev.stop();
+    up
+}
+
+mod scripted {
+    //! A device played by a thread that answers register writes and admin
+    //! commands from a byte script (the fuzz input).
+    #![allow(unsafe_code)]
+
+    use nvm_queue::{DeviceError, DmaMapping, Mmio, NvmeDevice};
+    use nvme_regs::registers::{doorbell_offset, offset};
+    use nvme_regs::{Aqa, Cap, Cc};
+    use std::ptr::NonNull;
+    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::thread::JoinHandle;
+
+    const PAGE_BYTES: usize = 0x2000;
+
+    /// An Identify page the device wrote.
+    #[derive(Debug, Clone)]
+    pub struct Served {
+        pub cns: u8,
+        pub nsid: u32,
+        pub bytes: Vec<u8>,
+    }
+
+    /// Everything the device served.
+    #[derive(Debug, Clone, Default)]
+    pub struct Log {
+        pub cap: u64,
+        pub pages: Vec<Served>,
+    }
+
+    #[derive(Debug)]
+    pub struct Device {
+        page: Box<[AtomicU32]>,
+        mmio: Mmio,
+        next: AtomicU64,
+        /// (device address, host address, length) of each mapping. The
+        /// player touches host memory only while holding this lock, and
+        /// `dma_unmap` removes an entry under it, so it never writes memory
+        /// that was freed.
+        maps: Mutex<Vec<(u64, usize, usize)>>,
+        plain: AtomicBool,
+        stop: AtomicBool,
+        log: Mutex<Log>,
+        thread: Mutex<Option<JoinHandle<()>>>,
+    }
+
+    struct Script<'a> {
+        data: &'a [u8],
+        pos: usize,
+        unanswered: u32,
+    }
+
+    impl Script<'_> {
+        fn byte(&mut self) -> Option<u8> {
+            let b = self.data.get(self.pos).copied();
+            self.pos += usize::from(b.is_some());
+            b
+        }
+        fn u32(&mut self) -> u32 {
+            u32::from_le_bytes([0; 4].map(|_| self.byte().unwrap_or(0)))
+        }
+    }
+
+    impl Device {
+        pub fn start(data: &[u8]) -> Arc<Self> {
+            let mut s = Script { data, pos: 0, unanswered: 0 };
+            let lo = s.u32();
+            let hi = s.u32();
+            // CAP.TO cut to 0..=3 (bounded time per input).
+            let cap = Cap::from_halves(lo, hi);
+            let cap = cap.with_to_500ms(cap.to_500ms() % 4);
+            let vs = s.u32();
+            let csts = s.u32();
+            let cc = s.u32();
+            let page: Box<[AtomicU32]> = (0..PAGE_BYTES / 4).map(|_| AtomicU32::new(0)).collect();
+            page[0].store(cap.0 as u32, Ordering::Relaxed);
+            page[1].store((cap.0 >> 32) as u32, Ordering::Relaxed);
+            page[offset::VS / 4].store(vs, Ordering::Relaxed);
+            page[offset::CSTS / 4].store(csts, Ordering::Relaxed);
+            page[offset::CC / 4].store(cc, Ordering::Relaxed);
+            // SAFETY: the boxed page lives as long as the device (its heap
+            // memory does not move); it is only accessed atomically, through
+            // `mmio` and by the player thread.
+            let mmio = unsafe { Mmio::new(page.as_ptr() as *mut u8, PAGE_BYTES) }.expect("aligned");
+            let dev = Arc::new(Self {
+                page,
+                mmio,
+                next: AtomicU64::new(0x1_0000_0000),
+                maps: Mutex::new(Vec::new()),
+                plain: AtomicBool::new(false),
+                stop: AtomicBool::new(false),
+                log: Mutex::new(Log { cap: cap.0, pages: Vec::new() }),
+                thread: Mutex::new(None),
+            });
+            let rest = data.get(s.pos..).unwrap_or(&[]).to_vec();
+            let d = dev.clone();
+            let h = std::thread::spawn(move || d.play(&rest, cap, cc));
+            *dev.thread.lock().unwrap() = Some(h);
+            dev
+        }
+
+        pub fn go_plain(&self) {
+            self.plain.store(true, Ordering::SeqCst);
+        }
+
+        pub fn served(&self) -> Log {
+            self.log.lock().unwrap().clone()
+        }
+
+        pub fn stop(&self) {
+            self.stop.store(true, Ordering::SeqCst);
+            if let Some(h) = self.thread.lock().unwrap().take() {
+                h.join().expect("the device thread");
+            }
+        }
+
+        fn reg(&self, off: usize) -> u32 {
+            self.page.get(off / 4).map_or(0, |r| r.load(Ordering::Acquire))
+        }
+
+        fn set_reg(&self, off: usize, v: u32) {
+            if let Some(r) = self.page.get(off / 4) {
+                r.store(v, Ordering::Release);
+            }
+        }
+
+        /// Runs `f` on the host address of device range `iova..iova + len`
+        /// if one mapping holds it, with the mapping table locked.
+        fn with_host(&self, iova: u64, len: usize, f: impl FnOnce(*mut u8)) -> bool {
+            let maps = self.maps.lock().unwrap();
+            for &(base, host, mlen) in maps.iter() {
+                if iova >= base && iova.saturating_add(len as u64) <= base + mlen as u64 {
+                    f((host + (iova - base) as usize) as *mut u8);
+                    return true;
+                }
+            }
+            false
+        }
+
+        fn load32(&self, iova: u64) -> Option<u32> {
+            let mut v = None;
+            if iova.is_multiple_of(4) {
+                self.with_host(iova, 4, |p| {
+                    // SAFETY: `p` lies in a live mapping (checked under its
+                    // lock, held while this runs) and is 4-byte aligned
+                    // (mappings start on host pages); the memory is only
+                    // accessed atomically.
+                    v = Some(unsafe { AtomicU32::from_ptr(p.cast()) }.load(Ordering::Acquire));
+                });
+            }
+            v
+        }
+
+        fn store32(&self, iova: u64, v: u32) {
+            if iova.is_multiple_of(4) {
+                self.with_host(iova, 4, |p| {
+                    // SAFETY: as in `load32`.
+                    unsafe { AtomicU32::from_ptr(p.cast()) }.store(v, Ordering::Release);
+                });
+            }
+        }
+
+        /// The player: CSTS after each CC change, admin commands after each
+        /// SQ tail doorbell, from the script.
+        fn play(&self, data: &[u8], cap: Cap, initial_cc: u32) {
+            let mut s = Script { data, pos: 0, unanswered: 0 };
+            // The CC value the page started with (the host may have written
+            // it before this thread ran).
+            let mut last_cc = initial_cc;
+            let dstrd = cap.dstrd();
+            let sq_db = doorbell_offset(0, false, dstrd);
+            let cq_db = doorbell_offset(0, true, dstrd);
+            // Admin queues while "enabled": (ASQ, ACQ, entries SQ, CQ).
+            let mut admin: Option<(u64, u64, u32, u32)> = None;
+            let (mut head, mut cq_tail, mut phase) = (0u32, 0u32, true);
+            while !self.stop.load(Ordering::Acquire) {
+                let cc = Cc(self.reg(offset::CC));
+                if cc.0 != last_cc {
+                    last_cc = cc.0;
+                    let plain = self.plain.load(Ordering::Acquire) || s.byte().is_none_or(|m| m % 4 != 0);
+                    let csts = if plain {
+                        let shst = if cc.0 & (3 << 14) != 0 { 0b10 << 2 } else { 0 };
+                        u32::from(cc.en()) | shst
+                    } else {
+                        s.u32()
+                    };
+                    self.set_reg(offset::CSTS, csts);
+                    admin = None;
+                    if cc.en() && csts & 1 == 1 {
+                        let aqa = Aqa(self.reg(offset::AQA));
+                        let asq =
+                            u64::from(self.reg(offset::ASQ)) | u64::from(self.reg(offset::ASQ + 4)) << 32;
+                        let acq =
+                            u64::from(self.reg(offset::ACQ)) | u64::from(self.reg(offset::ACQ + 4)) << 32;
+                        admin = Some((asq, acq, u32::from(aqa.asqs_z()) + 1, u32::from(aqa.acqs_z()) + 1));
+                        (head, cq_tail, phase) = (0, 0, true);
+                        self.set_reg(sq_db, 0);
+                        self.set_reg(cq_db, 0);
+                    }
+                }
+                if let Some((asq, acq, sqn, cqn)) = admin {
+                    let tail = self.reg(sq_db);
+                    if tail < sqn && head != tail && (cq_tail + 1) % cqn != self.reg(cq_db) {
+                        let mut dw = [0u32; 16];
+                        for (i, d) in dw.iter_mut().enumerate() {
+                            *d = self.load32(asq + u64::from(head) * 64 + 4 * i as u64).unwrap_or(0);
+                        }
+                        head = (head + 1) % sqn;
+                        if let Some((cqe, raw)) = self.answer(&mut s, &dw, head) {
+                            let at = acq + u64::from(cq_tail) * 16;
+                            for (i, d) in cqe.iter().enumerate().take(3) {
+                                self.store32(at + 4 * i as u64, *d);
+                            }
+                            // A raw CQE keeps its own phase tag.
+                            let dw3 =
+                                if raw { cqe[3] } else { (cqe[3] & !(1 << 16)) | u32::from(phase) << 16 };
+                            self.store32(at + 12, dw3);
+                            cq_tail = (cq_tail + 1) % cqn;
+                            if cq_tail == 0 {
+                                phase = !phase;
+                            }
+                        }
+                        continue;
+                    }
+                }
+                std::thread::yield_now();
+            }
+        }
+
+        /// The CQE (DW0..DW3, phase filled in by the caller unless it is a
+        /// raw one, `true`) for admin command `dw`, or none; writes its
+        /// Identify data first.
+        fn answer(&self, s: &mut Script<'_>, dw: &[u32; 16], sqhd: u32) -> Option<([u32; 4], bool)> {
+            let (opcode, cid) = (dw[0] as u8, (dw[0] >> 16) as u16);
+            let mode = if self.plain.load(Ordering::Acquire) { 0 } else { s.byte().unwrap_or(0) % 8 };
+            if mode == 7 && s.unanswered < 2 {
+                s.unanswered += 1;
+                return None;
+            }
+            let prp1 = u64::from(dw[6]) | u64::from(dw[7]) << 32;
+            if opcode == 0x06 {
+                let len = usize::from(s.byte().unwrap_or(0)) * 16;
+                let mut bytes = vec![0u8; 4096];
+                for b in bytes.iter_mut().take(len) {
+                    *b = s.byte().unwrap_or(0);
+                }
+                for (i, w) in bytes.chunks_exact(4).enumerate() {
+                    self.store32(prp1 + 4 * i as u64, u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
+                }
+                let (cns, nsid) = (dw[10] as u8, dw[1]);
+                self.log.lock().unwrap().pages.push(Served { cns, nsid, bytes });
+            }
+            let dw2 = sqhd & 0xFFFF; // SQID 0
+            Some(match mode {
+                5 => {
+                    let status = u32::from(s.byte().unwrap_or(0)) | u32::from(s.byte().unwrap_or(0)) << 8;
+                    ([0, 0, dw2, u32::from(cid) | (status & 0x7FFF) << 17], false)
+                }
+                6 => ([s.u32(), s.u32(), s.u32(), s.u32()], true),
+                _ => ([s.u32(), 0, dw2, u32::from(cid)], false),
+            })
+        }
+    }
+
+    impl NvmeDevice for Device {
+        fn name(&self) -> &str {
+            "scripted"
+        }
+        fn bar0(&self) -> &Mmio {
+            &self.mmio
+        }
+        unsafe fn dma_map(&self, host: NonNull<u8>, len: usize) -> Result<DmaMapping, DeviceError> {
+            let iova = self.next.fetch_add((len as u64).next_multiple_of(4096) + 4096, Ordering::Relaxed);
+            self.maps.lock().unwrap().push((iova, host.as_ptr() as usize, len));
+            Ok(DmaMapping::contiguous(iova, len))
+        }
+        fn dma_unmap(&self, m: &DmaMapping) -> Result<(), DeviceError> {
+            let iova = m.pages().first().copied().unwrap_or(0);
+            self.maps.lock().unwrap().retain(|&(b, _, _)| b != iova);
+            Ok(())
+        }
+    }
+}

@@ -50,3 +50,22 @@ fn hostile_completions_corpus() {
 fn emulator_commands_corpus() {
     replay("emulator_commands", bodies::emulator_commands);
 }
+
+#[test]
+fn controller_bringup_corpus() {
+    replay("controller_bringup", |d| {
+        bodies::controller_bringup(d);
+    });
+    // The seed that answers like a healthy controller does come up (so the
+    // fact checks run), and the ones that misbehave do not.
+    let seed = |name: &str| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/controller_bringup");
+        std::fs::read(root.join(name)).unwrap()
+    };
+    for good in ["good", "enabled_at_start"] {
+        assert!(bodies::controller_bringup(&seed(good)), "{good}");
+    }
+    for bad in ["cfs_on_enable", "all_ones_csts", "identify_fails", "raw_cqe", "no_completion", "dstrd_big"] {
+        assert!(!bodies::controller_bringup(&seed(bad)), "{bad}");
+    }
+}

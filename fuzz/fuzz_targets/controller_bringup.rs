@@ -1,0 +1,10 @@
+//! Fuzz target `controller_bringup`: see tests/fuzz_bodies.rs.
+#![no_main]
+
+#[path = "../../tests/fuzz_bodies.rs"]
+#[allow(dead_code)]
+mod bodies;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    bodies::controller_bringup(data);
+});
