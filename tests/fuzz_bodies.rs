@@ -334,7 +334,8 @@ pub fn controller_bringup(data: &[u8]) -> bool {
                 (info.vid, info.mdts, info.nn, info.cntlid),
                 (id.vid(), id.mdts(), id.nn(), id.cntlid())
             );
-            assert_eq!(info.serial, id.sn().unwrap().trim_end());
+            // As the driver keeps it (Identify's own space trimming only).
+            assert_eq!(info.serial, id.sn().unwrap());
             let lists: Vec<Vec<u32>> = page(2, 0)
                 .filter_map(|p| nvme_regs::identify::parse_active_namespace_list(&p.bytes).ok())
                 .map(|l| l.collect())
