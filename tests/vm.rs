@@ -6,7 +6,8 @@
 //! `qemu-system-x86_64` with four NVMe controllers; the guest prints
 //! `TUTTI-VM-STEP <name> BEGIN` / `TUTTI-VM-STEP <name> rc=<n>` around each
 //! step (tests/vm/guest-test.sh). Skips (and passes) with the printed reason
-//! when QEMU or another host tool is missing (run.sh exits 77).
+//! when QEMU or another host tool is missing (run.sh exits 77), unless
+//! `TUTTI_VM_REQUIRED=1` (set by `.ci/run`) makes a skip a failure.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -206,6 +207,10 @@ fn qemu_nvme_guest() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     if out.status.code() == Some(77) {
         let reason = stdout.lines().chain(stderr.lines()).find(|l| l.starts_with("SKIP")).unwrap_or("SKIP");
+        // CI installs everything the guest needs: there a skip is a failure.
+        if std::env::var_os("TUTTI_VM_REQUIRED").is_some_and(|v| v == "1") {
+            panic!("TUTTI_VM_REQUIRED=1 but the QEMU guest test skipped: {reason}");
+        }
         println!("{reason}");
         eprintln!("qemu_nvme_guest: {reason}");
         return;
