@@ -489,3 +489,63 @@ fn delete_io_sq_aborts_held_commands_and_the_pair_matches_each_once() {
     assert!(again.iter().all(|c| c.status.is_success()));
     r.ctrl.shutdown().unwrap();
 }
+
+#[test]
+fn four_entry_sq_reuses_slots_while_commands_stay_outstanding() {
+    // Issue 5's case: a 4-entry SQ (CAP.MQES = 3) holds at most 3
+    // commands. The controller fetches all 3 but completes only one,
+    // reporting SQHD = 3: slots 0..2 are free again although two commands
+    // are still outstanding, so command IDs must be tracked per outstanding
+    // command, not per slot. 8 command IDs on the pair let it run ahead.
+    let mut r = rig(|c| c.mqes = 3);
+    assert_eq!(r.ctrl.cap().max_queue_entries(), 4);
+    let ns = *r.ctrl.namespace(1).unwrap();
+    let mut qp = r.ctrl.create_io_queue_pair(1, 4, 8).unwrap();
+    assert_eq!(qp.sq().size(), 4);
+    for lba in [1, 2] {
+        r.emu.add_fault(at_lba(lba, FaultAction::NeverComplete, Some(1)));
+    }
+    // LBA 0 completes late, so its CQE is posted after all three fetches.
+    r.emu.add_fault(at_lba(0, FaultAction::Delay(Duration::from_millis(50)), Some(1)));
+    let buf = DmaBuffer::new(&r.dev, (BATCH * 4096) as usize).unwrap();
+    let mapping = buf.mapping().clone();
+    let mut cids = Vec::new();
+    let mut submit_one = |qp: &mut QueuePair, lba: u64| {
+        let c = plan_io(&ns, lba * 4096, 4096, 1 << 20).unwrap().next().unwrap();
+        let data = DataRef { mapping: &mapping, offset: (lba * 4096) as usize, len: 4096 };
+        qp.submit(IoOp::Read.sqe(1, &c), Some(data), lba)
+    };
+    for lba in 0..3 {
+        cids.push(submit_one(&mut qp, lba).unwrap());
+    }
+    assert!(
+        matches!(submit_one(&mut qp, 3), Err(nvm_queue::SubmitError::QueueFull { .. })),
+        "a 4-entry SQ holds 3 commands"
+    );
+    qp.ring();
+    let done = collect(&mut qp, 1, Duration::from_secs(10));
+    assert_eq!(done.iter().map(|(c, _)| c.tag).collect::<Vec<_>>(), [0]);
+    // SQHD = 3: all three fetched, so the SQ head is 3 and the ring is empty
+    // while LBAs 1 and 2 are still outstanding.
+    assert_eq!((qp.sq().head(), qp.sq().tail()), (3, 3), "{}", qp.dump());
+    assert_eq!(qp.outstanding(), 2);
+    // Reuse slots 3, 0, 1 for three more commands: 5 outstanding, 5 CIDs.
+    for lba in 3..6 {
+        cids.push(submit_one(&mut qp, lba).unwrap());
+    }
+    qp.ring();
+    let mut distinct = cids.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 6, "every outstanding command has its own CID: {cids:?}");
+    let done = collect(&mut qp, 3, Duration::from_secs(10));
+    let mut tags: Vec<u64> = done.iter().map(|(c, _)| c.tag).collect();
+    tags.sort_unstable();
+    assert_eq!(tags, [3, 4, 5], "{}", qp.dump());
+    assert!(done.iter().all(|(c, _)| c.status.is_success()));
+    // The two held commands are still tracked, under their own CIDs.
+    let mut held = qp.outstanding_tags();
+    held.sort_unstable_by_key(|&(_, t)| t);
+    assert_eq!(held, [(cids[1], 1), (cids[2], 2)]);
+    assert_eq!(qp.stats().protocol_errors, 0);
+}
