@@ -510,7 +510,7 @@ fn four_entry_sq_reuses_slots_while_commands_stay_outstanding() {
     let buf = DmaBuffer::new(&r.dev, (BATCH * 4096) as usize).unwrap();
     let mapping = buf.mapping().clone();
     let mut cids = Vec::new();
-    let mut submit_one = |qp: &mut QueuePair, lba: u64| {
+    let submit_one = |qp: &mut QueuePair, lba: u64| {
         let c = plan_io(&ns, lba * 4096, 4096, 1 << 20).unwrap().next().unwrap();
         let data = DataRef { mapping: &mapping, offset: (lba * 4096) as usize, len: 4096 };
         qp.submit(IoOp::Read.sqe(1, &c), Some(data), lba)
