@@ -1194,7 +1194,9 @@ impl Runtime {
     /// # Errors
     ///
     /// [`Error::DriveBusy`] while a GPU kernel that uses the drive still
-    /// runs, [`Error::Controller`] when the reset or a Create fails,
+    /// runs (call it when no `submit` to the drive is in progress on
+    /// another thread), [`Error::Controller`] when the reset or a Create
+    /// fails,
     /// [`Error::ShuttingDown`], [`Error::Uri`] for an unknown name.
     pub fn reset_drive(&self, name: &str) -> Result<(), Error> {
         let d = self
@@ -1208,6 +1210,9 @@ impl Runtime {
         if let Some(g) = &d.gpu {
             // GPU threads keep the queues' state in device memory: no kernel
             // that uses this drive may still be running while it is reset.
+            // Marking it failed first keeps new batches from launching on it
+            // (launch_gpu refuses a drive that is not alive).
+            let was_failed = d.failed.swap(true, Ordering::AcqRel);
             let drive_index = d.index as u16;
             let running = lock(&self.ops)
                 .iter()
@@ -1218,9 +1223,9 @@ impl Runtime {
                 })
                 .count();
             if running > 0 {
+                d.failed.store(was_failed, Ordering::Release);
                 return Err(Error::DriveBusy { drive: d.name.clone(), ops: running });
             }
-            d.failed.store(true, Ordering::Release);
             let mut c = lock(&d.controller);
             c.reset().map_err(|source| Error::Controller { drive: d.name.clone(), source })?;
             for q in &g.queues {
