@@ -177,8 +177,13 @@ fn check(order: &[String], steps: &BTreeMap<String, Step>, firmware: Option<&str
         }
     }
 
-    // replay: every loaded block verified, something loaded.
+    // replay: every loaded block verified, something loaded; q3 granted 2
+    // of the 4 queue pairs asked, and the runtime said so.
     if let Some(s) = steps.get("replay") {
+        if !s.lines.iter().any(|l| l.contains("controller granted fewer I/O queue pairs") && l.contains("q3"))
+        {
+            failures.push("replay: no warning that q3 granted fewer queue pairs than asked".into());
+        }
         let loaded = json_u64(s, "blocks_loaded");
         let verified = json_u64(s, "blocks_verified");
         let bytes = json_u64(s, "bytes_loaded");
@@ -239,7 +244,7 @@ fn parses_markers() {
     let console = "noise\nTUTTI-VM-STEP identify-0000:00:10.0 BEGIN\nmodel: QEMU NVMe Ctrl\n  serial:   tutti0\n\
                    firmware: 7.2.22\nTUTTI-VM-STEP identify-0000:00:10.0 rc=0 secs=0.1\n\
                    TUTTI-VM-STEP conformance-0000:00:10.0 BEGIN\nok: x\nconformance 0000:00:10.0: 12 passed, 1 failed\n\
-                   TUTTI-VM-STEP conformance-0000:00:10.0 rc=1 secs=2\nTUTTI-VM-STEP replay BEGIN\n{\n  \
+                   TUTTI-VM-STEP conformance-0000:00:10.0 rc=1 secs=2\nTUTTI-VM-STEP replay BEGIN\nWARN drive=\"q3\" controller granted fewer I/O queue pairs\n{\n  \
                    \"blocks_loaded\": 10,\n  \"blocks_verified\": 10,\n  \"bytes_loaded\": 4096\n}\n\
                    TUTTI-VM-STEP replay rc=0\nTUTTI-VM-STEP hang BEGIN\n";
     let (order, steps) = parse_steps(console);

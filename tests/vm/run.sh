@@ -13,11 +13,17 @@
 #   and those of build.sh.
 set -euo pipefail
 
+if [ $# -gt 0 ]; then
+    # No arguments: everything is set through the environment (above).
+    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+fi
+
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 VM="$ROOT/target/vm"
 mkdir -p "$VM"
 QEMU=${QEMU:-qemu-system-x86_64}
-INSTALL_HINT="apt-get install --no-install-recommends qemu-system-x86 busybox-static cpio"
+INSTALL_HINT="apt-get install --no-install-recommends qemu-system-x86 busybox-static cpio xz-utils zstd"
 
 if ! command -v "$QEMU" >/dev/null 2>&1; then
     echo "SKIP: $QEMU not installed ($INSTALL_HINT)"
@@ -123,6 +129,11 @@ if [ "$qrc" = 124 ] || [ "$qrc" = 137 ]; then
     echo "run.sh: QEMU timed out after ${TIMEOUT}s"
     exit 1
 fi
+# One line per guest step, for a reader at a terminal (tests/vm.rs checks
+# the details).
+echo "run.sh: steps:"
+sed -n 's/^TUTTI-VM-STEP \([^ ]*\) rc=\([0-9]*\).*/  \2  \1/p' "$VM/console.log" |
+    awk '{ printf "    %-6s %s\n", ($1 == 0 ? "ok" : "FAILED"), $2 }'
 if ! grep -q '^TUTTI-VM-DONE' "$VM/console.log"; then
     echo "run.sh: the guest did not reach TUTTI-VM-DONE"
     exit 1

@@ -89,6 +89,12 @@ pub struct Report {
     pub device: String,
     /// One entry per check, in the order they ran.
     pub results: Vec<CheckResult>,
+    /// Set when the [`Options`] do not fit the device (namespace not
+    /// active, scratch range outside it or too small): a mistake of the
+    /// caller, not of the controller. The checks that need the range are
+    /// then skipped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub options_error: Option<String>,
 }
 
 impl Report {
@@ -107,9 +113,10 @@ impl Report {
         self.count(|o| matches!(o, Outcome::Skip(_)))
     }
 
-    /// `true` when no check failed and at least one passed.
+    /// `true` when no check failed, at least one passed, and the options
+    /// fit the device.
     pub fn is_ok(&self) -> bool {
-        self.failed() == 0 && self.passed() > 0
+        self.failed() == 0 && self.passed() > 0 && self.options_error.is_none()
     }
 
     /// The outcome of the check named `name`, if it ran.
@@ -133,6 +140,9 @@ impl fmt::Display for Report {
                 Outcome::Skip(t) => ("skip", t),
             };
             writeln!(f, "{word}  {}: {text}", r.name)?;
+        }
+        if let Some(why) = &self.options_error {
+            writeln!(f, "options: {why}")?;
         }
         write!(
             f,
@@ -168,7 +178,7 @@ type CheckFn = fn(&mut Ctx) -> Result<Outcome, String>;
 /// [`Outcome::Fail`] with the reason. If bring-up fails, the other checks
 /// are reported as skipped.
 pub fn run(device: Arc<dyn NvmeDevice>, opts: &Options) -> Report {
-    let mut report = Report { device: device.name().to_owned(), results: Vec::new() };
+    let mut report = Report { device: device.name().to_owned(), results: Vec::new(), options_error: None };
     let copts = ControllerOptions {
         io_queues: opts.ask_queues.max(1),
         max_transfer_cap: opts.max_transfer_cap,
@@ -202,7 +212,7 @@ pub fn run(device: Arc<dyn NvmeDevice>, opts: &Options) -> Report {
             opts.ask_queues.max(1),
         )),
     });
-    let mut ctx = Ctx { ctrl, opts: opts.clone(), ns: None };
+    let mut ctx = Ctx { ctrl, opts: opts.clone(), ns: None, options_error: None, broken: None };
     let checks: [(&'static str, CheckFn); 10] = [
         ("identify", check_identify),
         ("queue_grant", check_queue_grant),
@@ -216,13 +226,16 @@ pub fn run(device: Arc<dyn NvmeDevice>, opts: &Options) -> Report {
         ("shutdown", check_shutdown),
     ];
     for (name, f) in checks {
-        let outcome = if name != "identify" && ctx.ns.is_none() {
+        let outcome = if let Some(why) = &ctx.broken {
+            Outcome::Skip(format!("not run: {why}"))
+        } else if name != "identify" && ctx.ns.is_none() {
             Outcome::Skip("no usable namespace and scratch range (see identify)".into())
         } else {
             f(&mut ctx).unwrap_or_else(Outcome::Fail)
         };
         report.results.push(CheckResult { name, outcome });
     }
+    report.options_error = ctx.options_error;
     report
 }
 
@@ -232,6 +245,12 @@ struct Ctx {
     opts: Options,
     /// The namespace, once `identify` accepted it and the scratch range.
     ns: Option<NamespaceInfo>,
+    /// Why the options do not fit the device (see [`Report::options_error`]).
+    options_error: Option<String>,
+    /// Set when a check could not give its queue pair back (the Delete
+    /// failed, e.g. after a timeout): the later checks need QID 1 and are
+    /// skipped with this reason instead of failing for it.
+    broken: Option<String>,
 }
 
 impl Ctx {
@@ -263,10 +282,20 @@ impl Ctx {
             .create_io_queue_pair(qid, entries, (entries - 1) as u16)
             .map_err(|e| format!("creating I/O queue pair {qid}: {}", chain(&e)))?;
         let out = body(self, &mut qp);
-        let del = self.ctrl.delete_io_queue_pair(qid);
-        let out = out?;
-        del.map_err(|e| format!("deleting I/O queue pair {qid}: {}", chain(&e)))?;
-        Ok(out)
+        // Deleting the SQ also ends (aborts) any command a failed or
+        // timed-out body left outstanding.
+        self.give_back(qid)?;
+        out
+    }
+
+    /// Deletes I/O queue pair `qid`; if that fails, marks the run broken so
+    /// the later checks are skipped rather than failed for it.
+    fn give_back(&mut self, qid: u16) -> Result<(), String> {
+        self.ctrl.delete_io_queue_pair(qid).map_err(|e| {
+            let why = format!("deleting I/O queue pair {qid} failed: {}", chain(&e));
+            self.broken = Some(why.clone());
+            why
+        })
     }
 }
 
@@ -411,6 +440,12 @@ fn verify_blocks(
     Ok(())
 }
 
+/// Records that the options do not fit the device; the check is skipped.
+fn options_error(ctx: &mut Ctx, why: String) -> Result<Outcome, String> {
+    ctx.options_error = Some(why.clone());
+    Ok(Outcome::Skip(format!("options do not fit the device: {why}")))
+}
+
 fn check_identify(ctx: &mut Ctx) -> Result<Outcome, String> {
     let info = ctx.ctrl.info().clone();
     if info.model.is_empty() {
@@ -420,23 +455,33 @@ fn check_identify(ctx: &mut Ctx) -> Result<Outcome, String> {
         return Err("Identify Controller reports NN = 0 namespaces".into());
     }
     let nsid = ctx.opts.nsid;
-    let ns = *ctx.ctrl.namespace(nsid).ok_or_else(|| format!("namespace {nsid} is not active"))?;
+    let active: Vec<u32> = ctx.ctrl.namespaces().iter().map(|n| n.nsid).collect();
+    let Some(&ns) = ctx.ctrl.namespace(nsid) else {
+        return options_error(ctx, format!("namespace {nsid} is not active (active: {active:?})"));
+    };
     if !ns.block_size.is_power_of_two() || !(512..=65536).contains(&ns.block_size) || ns.blocks == 0 {
         return Err(format!("namespace {nsid}: LBA size {} bytes x {} blocks", ns.block_size, ns.blocks));
     }
-    let s = &ctx.opts.scratch;
+    let s = ctx.opts.scratch.clone();
     if s.start >= s.end || s.end > ns.blocks {
-        return Err(format!(
-            "scratch range {}..{} is not inside namespace {nsid} (0..{})",
-            s.start, s.end, ns.blocks
-        ));
+        return options_error(
+            ctx,
+            format!("scratch range {}..{} is not inside namespace {nsid} (0..{})", s.start, s.end, ns.blocks),
+        );
     }
     let bytes = (s.end - s.start) * u64::from(ns.block_size);
     if bytes < MIN_SCRATCH_BYTES {
-        return Err(format!(
-            "scratch range {}..{} is {bytes} bytes; the checks need at least {MIN_SCRATCH_BYTES}",
-            s.start, s.end
-        ));
+        return options_error(
+            ctx,
+            format!(
+                "scratch range {}..{} is {bytes} bytes of {}-byte blocks; the checks need at least \
+                 {MIN_SCRATCH_BYTES} ({} blocks)",
+                s.start,
+                s.end,
+                ns.block_size,
+                MIN_SCRATCH_BYTES / u64::from(ns.block_size)
+            ),
+        );
     }
     ctx.ns = Some(ns);
     Ok(Outcome::Pass(format!(
@@ -472,22 +517,26 @@ fn check_queue_grant(ctx: &mut Ctx) -> Result<Outcome, String> {
         };
     }
     if result.is_ok() {
-        let buf = DmaBuffer::new(&ctx.dev(), ns.block_size as usize).map_err(|e| chain(&e))?;
-        for qp in &mut qps {
-            let off = ctx.scratch_byte(0)?;
-            let done = transfer(ctx, qp, IoOp::Read, off, u64::from(ns.block_size), &buf, 0)?;
-            if let Err(e) = all_success(&done, "read") {
-                result = Err(format!("queue {}: {e}", qp.qid()));
-                break;
+        result = (|| {
+            let buf = DmaBuffer::new(&ctx.dev(), ns.block_size as usize).map_err(|e| chain(&e))?;
+            for qp in &mut qps {
+                let off = ctx.scratch_byte(0)?;
+                let done = transfer(ctx, qp, IoOp::Read, off, u64::from(ns.block_size), &buf, 0)
+                    .map_err(|e| format!("queue {}: {e}", qp.qid()))?;
+                all_success(&done, "read").map_err(|e| format!("queue {}: {e}", qp.qid()))?;
             }
+            Ok(())
+        })();
+    }
+    // Every queue goes back, whatever happened above.
+    let mut gave_back = Ok(());
+    for qp in &qps {
+        if let Err(e) = ctx.give_back(qp.qid()) {
+            gave_back = gave_back.and(Err(e));
         }
     }
-    for qp in &qps {
-        ctx.ctrl
-            .delete_io_queue_pair(qp.qid())
-            .map_err(|e| format!("deleting queue {}: {}", qp.qid(), chain(&e)))?;
-    }
     result?;
+    gave_back?;
     Ok(Outcome::Pass(format!(
         "asked {asked}, granted {granted}; a 1-block read on each of queues 1..={granted}; queue {} refused",
         granted + 1
@@ -714,7 +763,7 @@ fn check_many_outstanding(ctx: &mut Ctx) -> Result<Outcome, String> {
 fn check_delete_recreate(ctx: &mut Ctx) -> Result<Outcome, String> {
     let ns = ctx.ns()?;
     let mut qp = ctx.ctrl.create_io_queue_pair(1, 16, 15).map_err(|e| chain(&e))?;
-    ctx.ctrl.delete_io_queue_pair(1).map_err(|e| chain(&e))?;
+    ctx.give_back(1)?;
     qp.cq().memory().fill(0xFF);
     ctx.ctrl.recreate_io_queue_pair(&mut qp).map_err(|e| format!("re-create: {}", chain(&e)))?;
     let result = (|| {
@@ -729,9 +778,9 @@ fn check_delete_recreate(ctx: &mut Ctx) -> Result<Outcome, String> {
         all_success(&done, "read after re-create")?;
         Ok(())
     })();
-    let del = ctx.ctrl.delete_io_queue_pair(1);
+    let del = ctx.give_back(1);
     result?;
-    del.map_err(|e| chain(&e))?;
+    del?;
     Ok(Outcome::Pass("CQ memory poisoned with 0xFF before Create: no phantom completion; I/O works".into()))
 }
 
@@ -762,6 +811,7 @@ mod tests {
                 CheckResult { name: "b", outcome: Outcome::Fail("bad".into()) },
                 CheckResult { name: "c", outcome: Outcome::Skip("n/a".into()) },
             ],
+            options_error: None,
         };
         assert_eq!((r.passed(), r.failed(), r.skipped(), r.is_ok()), (1, 1, 1, false));
         let text = r.to_string();

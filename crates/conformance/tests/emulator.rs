@@ -113,17 +113,44 @@ fn a_controller_that_never_becomes_ready_fails_bring_up_and_skips_the_rest() {
 }
 
 #[test]
-fn a_scratch_range_too_small_or_outside_the_namespace_is_refused() {
+fn a_scratch_range_too_small_or_outside_the_namespace_is_an_options_error_not_a_failure() {
     let emu = Emulator::start(EmulatorConfig::new("small", vec![NamespaceSpec::new(16384, 512)])).unwrap();
-    let dev: Arc<dyn NvmeDevice> = emu.clone();
-    let r = run(dev.clone(), &Options::new(1, 0..100));
+    let r = run(emu, &Options::new(1, 0..100));
+    let why = r.options_error.as_deref().unwrap_or_else(|| panic!("no options error: {r}"));
+    assert!(why.contains(&MIN_SCRATCH_BYTES.to_string()), "{r}");
+    assert_eq!(r.failed(), 0, "a caller's mistake is not the drive failing: {r}");
+    assert!(!r.is_ok());
+    assert!(matches!(r.outcome("slba_nlb"), Some(Outcome::Skip(_))), "{r}");
+    assert!(r.to_string().contains("options: scratch range 0..100"), "{r}");
+    for (opts, text) in
+        [(Options::new(1, 100..20000), "not inside"), (Options::new(3, 0..16384), "not active")]
+    {
+        let emu = Emulator::start(EmulatorConfig::new("e", vec![NamespaceSpec::new(16384, 512)])).unwrap();
+        let r = run(emu, &opts);
+        assert!(r.options_error.as_deref().is_some_and(|w| w.contains(text)), "{r}");
+        assert_eq!(r.failed(), 0, "{r}");
+    }
+}
+
+#[test]
+fn a_check_that_times_out_fails_alone_and_its_queue_is_given_back() {
+    // queue_grant's first read never completes: that check fails on its
+    // timeout, Delete I/O SQ aborts the held command, and every later check
+    // still gets QID 1 and passes.
+    let mut cfg = EmulatorConfig::new("slow", vec![NamespaceSpec::new(65536, 512)]);
+    cfg.faults.push(FaultRule {
+        matches: FaultMatch { lba: Some(0..1), ..Default::default() },
+        action: FaultAction::NeverComplete,
+        times: Some(1),
+    });
+    let emu = Emulator::start(cfg).expect("emulator starts");
+    let mut opts = Options::new(1, 0..16384);
+    opts.timeout = std::time::Duration::from_millis(500);
+    let r = run(emu.clone(), &opts);
     assert!(
-        matches!(r.outcome("identify"), Some(Outcome::Fail(t)) if t.contains(&MIN_SCRATCH_BYTES.to_string())),
+        matches!(r.outcome("queue_grant"), Some(Outcome::Fail(t)) if t.contains("completions within")),
         "{r}"
     );
-    assert!(matches!(r.outcome("slba_nlb"), Some(Outcome::Skip(_))), "{r}");
-    drop(r);
-    let emu2 = Emulator::start(EmulatorConfig::new("small2", vec![NamespaceSpec::new(16384, 512)])).unwrap();
-    let r = run(emu2, &Options::new(1, 100..20000));
-    assert!(matches!(r.outcome("identify"), Some(Outcome::Fail(t)) if t.contains("not inside")), "{r}");
+    assert_eq!((r.failed(), r.passed()), (1, CHECKS.len() - 1), "{r}");
+    assert_eq!(emu.stats().sq_deletion_aborts, 1, "{r}");
 }

@@ -87,7 +87,22 @@ pub struct ReplayArgs {
     pub list_models: bool,
 }
 
+/// Sends the libraries' warnings and errors (queue grants lowered, queue
+/// depths clamped, unconfined no-IOMMU DMA, fatal controllers) to stderr.
+/// `RUST_LOG` (e.g. `RUST_LOG=debug`) overrides the default level, `warn`.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let color = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(color)
+        .try_init();
+}
+
 fn main() -> ExitCode {
+    init_logging();
     let cli = Cli::parse();
     let result = match cli.command.unwrap_or(Command::Replay(ReplayArgs {
         model: "qwen2.5-7b".into(),

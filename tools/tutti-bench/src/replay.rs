@@ -158,6 +158,14 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
             }
         }
     }
+    if !config.stores.contains_key(&a.store) {
+        let names: Vec<&String> = config.stores.keys().collect();
+        return Err(if names.is_empty() {
+            "the configuration defines no stores; replay needs one (see docs/config.md)".to_owned()
+        } else {
+            format!("no store named {:?}: the configuration has {names:?}; pick one with --store", a.store)
+        });
+    }
     let rt = Runtime::from_config(config).map_err(err)?;
     let info = rt.store_info(&a.store).ok_or_else(|| format!("no store named {:?}", a.store))?;
     let slot_size = info.slot_size.ok_or("the store's resolver is not a slab")?;

@@ -28,11 +28,11 @@ pub struct Args {
     /// Namespace of the scratch range.
     #[arg(long, default_value_t = 1)]
     nsid: u32,
-    /// I/O queue pairs to ask for (the checks use what is granted).
-    #[arg(long, default_value_t = 8)]
+    /// I/O queue pairs to ask for (the checks use what is granted), 1 or more.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
     queues: u16,
-    /// Bound on each wait for a completion, seconds.
-    #[arg(long, default_value_t = 30)]
+    /// Bound on each wait for a completion, seconds (1 or more).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     timeout_s: u64,
     /// Print the report as JSON instead of text.
     #[arg(long)]
@@ -48,11 +48,8 @@ pub fn run(ctx: &Ctx, a: Args) -> Outcome {
             MIN_SCRATCH_BYTES >> 20
         )));
     };
-    let dev = VfioNvme::open(&a.addr, &ctx.open)?;
-    if let Some(w) = dev.dma_warning() {
-        eprintln!("tutti-probe: WARNING: {}: {w}", a.addr);
-    }
-    let dev: Arc<dyn NvmeDevice> = Arc::new(dev);
+    // A no-IOMMU open logs its warning (stderr) from nvme-pci.
+    let dev: Arc<dyn NvmeDevice> = Arc::new(VfioNvme::open(&a.addr, &ctx.open)?);
     let mut opts = Options::new(a.nsid, range.start..range.end);
     opts.ask_queues = a.queues;
     opts.timeout = Duration::from_secs(a.timeout_s);
@@ -62,7 +59,10 @@ pub fn run(ctx: &Ctx, a: Args) -> Outcome {
     } else {
         println!("{report}");
     }
-    if report.is_ok() {
+    if let Some(why) = &report.options_error {
+        // The caller's range or namespace does not fit: not the drive's fault.
+        Err(Failure::Usage(format!("{}: {why}", a.addr)))
+    } else if report.is_ok() {
         Ok(())
     } else {
         Err(Failure::Reported(format!("{}: {} conformance check(s) failed", a.addr, report.failed())))

@@ -107,7 +107,22 @@ fn run(cli: Cli) -> Outcome {
     }
 }
 
+/// Sends the libraries' warnings and errors (queue grants lowered, queue
+/// depths clamped, unconfined no-IOMMU DMA, fatal controllers) to stderr.
+/// `RUST_LOG` (e.g. `RUST_LOG=debug`) overrides the default level, `warn`.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let color = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(color)
+        .try_init();
+}
+
 fn main() -> ExitCode {
+    init_logging();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

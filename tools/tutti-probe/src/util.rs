@@ -8,15 +8,12 @@ use nvme_pci::{PciAddr, VfioNvme};
 
 use crate::{Ctx, Failure};
 
-/// Opens `addr` through nvme-pci (printing the no-IOMMU warning to stderr
+/// Opens `addr` through nvme-pci (which logs the no-IOMMU warning to stderr
 /// when it applies) and brings the controller up asking for `io_queues`
 /// I/O queue pairs.
 pub fn bring_up(ctx: &Ctx, addr: &PciAddr, io_queues: u16) -> Result<Controller, Failure> {
-    let dev = VfioNvme::open(addr, &ctx.open)?;
-    if let Some(w) = dev.dma_warning() {
-        eprintln!("tutti-probe: WARNING: {addr}: {w}");
-    }
-    let dev: Arc<dyn NvmeDevice> = Arc::new(dev);
+    // A no-IOMMU open logs its warning (stderr) from nvme-pci.
+    let dev: Arc<dyn NvmeDevice> = Arc::new(VfioNvme::open(addr, &ctx.open)?);
     Controller::init(dev, ControllerOptions { io_queues, ..ControllerOptions::default() })
         .map_err(|e| context(format!("bringing up the controller at {addr} failed"), e))
 }
