@@ -98,7 +98,13 @@ pub fn run_unbind(ctx: &Ctx, args: UnbindArgs) -> Outcome {
 }
 
 fn report(addr: &PciAddr, e: &PciError) {
-    eprintln!("tutti-probe: error: {addr}: {e}");
+    // Most errors name the address already; do not say it twice.
+    let msg = e.to_string();
+    if msg.starts_with(&addr.to_string()) {
+        eprintln!("tutti-probe: error: {msg}");
+    } else {
+        eprintln!("tutti-probe: error: {addr}: {msg}");
+    }
     let mut src = std::error::Error::source(e);
     while let Some(s) = src {
         eprintln!("  caused by: {s}");
