@@ -80,7 +80,9 @@ fn json_u64(step: &Step, key: &str) -> Option<u64> {
 /// QEMU's version (`QEMU emulator version 7.2.22 (Debian ...)`): its NVMe
 /// controller reports it as the firmware revision.
 fn qemu_version() -> Option<String> {
-    let out = Command::new("qemu-system-x86_64").arg("--version").output().ok()?;
+    // The binary run.sh boots (it honours QEMU=).
+    let qemu = std::env::var("QEMU").unwrap_or_else(|_| "qemu-system-x86_64".into());
+    let out = Command::new(qemu).arg("--version").output().ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let v = text.lines().next()?.strip_prefix("QEMU emulator version ")?;
     Some(v.split_whitespace().next()?.to_owned())

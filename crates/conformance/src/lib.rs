@@ -17,6 +17,7 @@
 //! and deletes it again whether it passes or fails, so one failing check
 //! does not poison the next.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
@@ -212,7 +213,14 @@ pub fn run(device: Arc<dyn NvmeDevice>, opts: &Options) -> Report {
             opts.ask_queues.max(1),
         )),
     });
-    let mut ctx = Ctx { ctrl, opts: opts.clone(), ns: None, options_error: None, broken: None };
+    let mut ctx = Ctx {
+        ctrl,
+        opts: opts.clone(),
+        ns: None,
+        options_error: None,
+        broken: None,
+        buffers: RefCell::default(),
+    };
     let checks: [(&'static str, CheckFn); 10] = [
         ("identify", check_identify),
         ("queue_grant", check_queue_grant),
@@ -233,6 +241,12 @@ pub fn run(device: Arc<dyn NvmeDevice>, opts: &Options) -> Report {
         } else {
             f(&mut ctx).unwrap_or_else(Outcome::Fail)
         };
+        let buffers = std::mem::take(&mut *ctx.buffers.borrow_mut());
+        if ctx.broken.is_some() {
+            // A queue could not be deleted: its commands may still write
+            // these, so they stay allocated and mapped for good.
+            buffers.into_iter().for_each(std::mem::forget);
+        }
         report.results.push(CheckResult { name, outcome });
     }
     report.options_error = ctx.options_error;
@@ -251,6 +265,10 @@ struct Ctx {
     /// failed, e.g. after a timeout): the later checks need QID 1 and are
     /// skipped with this reason instead of failing for it.
     broken: Option<String>,
+    /// Every DMA buffer the current check allocated ([`Ctx::dma`]). They
+    /// live until the check's queues are deleted (which ends every command
+    /// that could still write them), and are leaked if a Delete failed.
+    buffers: RefCell<Vec<Arc<DmaBuffer>>>,
 }
 
 impl Ctx {
@@ -260,6 +278,15 @@ impl Ctx {
 
     fn dev(&self) -> Arc<dyn NvmeDevice> {
         self.ctrl.device().clone()
+    }
+
+    /// A zeroed DMA buffer of `len` bytes that stays allocated until the
+    /// current check's queues are deleted (see [`Ctx::buffers`]), even if
+    /// the check returns early on a timeout.
+    fn dma(&self, len: usize) -> Result<Arc<DmaBuffer>, String> {
+        let b = Arc::new(DmaBuffer::new(&self.dev(), len).map_err(|e| chain(&e))?);
+        self.buffers.borrow_mut().push(b.clone());
+        Ok(b)
     }
 
     /// Byte offset of scratch block `i`.
@@ -284,7 +311,15 @@ impl Ctx {
         let out = body(self, &mut qp);
         // Deleting the SQ also ends (aborts) any command a failed or
         // timed-out body left outstanding.
-        self.give_back(qid)?;
+        if let Err(e) = self.give_back(qid) {
+            // The queue is still live on the controller: its memory must
+            // stay. Report the body's error first; it is usually the cause.
+            std::mem::forget(qp);
+            return Err(match out {
+                Err(body) => format!("{body}; then {e}"),
+                Ok(_) => e,
+            });
+        }
         out
     }
 
@@ -401,7 +436,7 @@ fn all_success(done: &[Completion], what: &str) -> Result<(), String> {
 fn write_blocks(ctx: &Ctx, qp: &mut QueuePair, first: u64, n: u64, seed: u64) -> Result<(), String> {
     let ns = ctx.ns()?;
     let bs = ns.block_size as usize;
-    let buf = DmaBuffer::new(&ctx.dev(), n as usize * bs).map_err(|e| chain(&e))?;
+    let buf = ctx.dma(n as usize * bs)?;
     let mut chunks = Vec::new();
     for i in 0..n {
         let lba = ctx.opts.scratch.start + first + i;
@@ -518,7 +553,7 @@ fn check_queue_grant(ctx: &mut Ctx) -> Result<Outcome, String> {
     }
     if result.is_ok() {
         result = (|| {
-            let buf = DmaBuffer::new(&ctx.dev(), ns.block_size as usize).map_err(|e| chain(&e))?;
+            let buf = ctx.dma(ns.block_size as usize)?;
             for qp in &mut qps {
                 let off = ctx.scratch_byte(0)?;
                 let done = transfer(ctx, qp, IoOp::Read, off, u64::from(ns.block_size), &buf, 0)
@@ -530,8 +565,10 @@ fn check_queue_grant(ctx: &mut Ctx) -> Result<Outcome, String> {
     }
     // Every queue goes back, whatever happened above.
     let mut gave_back = Ok(());
-    for qp in &qps {
+    for qp in qps {
         if let Err(e) = ctx.give_back(qp.qid()) {
+            // Still live on the controller: its memory must stay.
+            std::mem::forget(qp);
             gave_back = gave_back.and(Err(e));
         }
     }
@@ -549,7 +586,7 @@ fn check_phase_wrap(ctx: &mut Ctx) -> Result<Outcome, String> {
     ctx.with_queue(1, 2, |ctx, qp| {
         let ns = ctx.ns()?;
         let bs = ns.block_size as usize;
-        let buf = DmaBuffer::new(&ctx.dev(), bs).map_err(|e| chain(&e))?;
+        let buf = ctx.dma(bs)?;
         for k in 0..ROUNDS {
             let lba = ctx.opts.scratch.start + k % 8;
             buf.write_bytes(0, &block_pattern(lba, ns.block_size, k)).map_err(|e| chain(&e))?;
@@ -581,7 +618,7 @@ fn check_cq_head_doorbell(ctx: &mut Ctx) -> Result<Outcome, String> {
         let bs = ns.block_size as usize;
         let entries = qp.sq().size() as u64;
         let batch = entries - 1;
-        let buf = DmaBuffer::new(&ctx.dev(), batch as usize * bs).map_err(|e| chain(&e))?;
+        let buf = ctx.dma(batch as usize * bs)?;
         for _ in 0..3 {
             let chunks: Vec<IoChunk> = (0..batch)
                 .map(|i| IoChunk {
@@ -623,7 +660,7 @@ fn check_slba_nlb(ctx: &mut Ctx) -> Result<Outcome, String> {
         if c0.slba != want_slba {
             return Err(format!("byte offset {offset} planned as SLBA {} (want {want_slba})", c0.slba));
         }
-        let buf = DmaBuffer::new(&ctx.dev(), (n * bs) as usize).map_err(|e| chain(&e))?;
+        let buf = ctx.dma((n * bs) as usize)?;
         let done = transfer(ctx, qp, IoOp::Read, offset, n * bs, &buf, 0)?;
         all_success(&done, "read")?;
         verify_blocks(ctx, &buf, 0, first, n, seed)?;
@@ -651,7 +688,7 @@ fn check_mdts_split(ctx: &mut Ctx) -> Result<Outcome, String> {
         }
         let first = 32;
         let data: Vec<u8> = (0..len).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-        let src = DmaBuffer::new(&ctx.dev(), len as usize + 4096).map_err(|e| chain(&e))?;
+        let src = ctx.dma(len as usize + 4096)?;
         src.write_bytes(0x200, &data).map_err(|e| chain(&e))?;
         let done = transfer(ctx, qp, IoOp::Write, ctx.scratch_byte(first)?, len, &src, 0x200)?;
         all_success(&done, "write")?;
@@ -661,7 +698,7 @@ fn check_mdts_split(ctx: &mut Ctx) -> Result<Outcome, String> {
                 "{len} bytes with a {max}-byte limit went as {commands} commands (want >= 4)"
             ));
         }
-        let dst = DmaBuffer::new(&ctx.dev(), len as usize + 8192).map_err(|e| chain(&e))?;
+        let dst = ctx.dma(len as usize + 8192)?;
         dst.fill(0xA5);
         let done = transfer(ctx, qp, IoOp::Read, ctx.scratch_byte(first)?, len, &dst, 0x1008)?;
         all_success(&done, "read")?;
@@ -697,7 +734,7 @@ fn check_lba_out_of_range_in_batch(ctx: &mut Ctx) -> Result<Outcome, String> {
             .collect();
         // The bad one sits in the middle of the batch.
         chunks.insert(2, IoChunk { slba: ns.blocks, nlb: Nlb::ONE, offset: 4 * bs, len: bs });
-        let buf = DmaBuffer::new(&ctx.dev(), 5 * bs).map_err(|e| chain(&e))?;
+        let buf = ctx.dma(5 * bs)?;
         let done = submit_chunks(ctx, qp, IoOp::Read, &chunks, &buf, 0)?;
         let bad = done[2].status;
         let lba_out_of_range = Status::generic(nvme_regs::status::generic::LBA_OUT_OF_RANGE);
@@ -738,7 +775,7 @@ fn check_many_outstanding(ctx: &mut Ctx) -> Result<Outcome, String> {
                 len: bs,
             })
             .collect();
-        let buf = DmaBuffer::new(&ctx.dev(), n as usize * bs).map_err(|e| chain(&e))?;
+        let buf = ctx.dma(n as usize * bs)?;
         let done = submit_chunks(ctx, qp, IoOp::Read, &chunks, &buf, 0)?;
         all_success(&done, "read")?;
         for i in 0..n {
@@ -763,7 +800,10 @@ fn check_many_outstanding(ctx: &mut Ctx) -> Result<Outcome, String> {
 fn check_delete_recreate(ctx: &mut Ctx) -> Result<Outcome, String> {
     let ns = ctx.ns()?;
     let mut qp = ctx.ctrl.create_io_queue_pair(1, 16, 15).map_err(|e| chain(&e))?;
-    ctx.give_back(1)?;
+    if let Err(e) = ctx.give_back(1) {
+        std::mem::forget(qp);
+        return Err(e);
+    }
     qp.cq().memory().fill(0xFF);
     ctx.ctrl.recreate_io_queue_pair(&mut qp).map_err(|e| format!("re-create: {}", chain(&e)))?;
     let result = (|| {
@@ -772,13 +812,16 @@ fn check_delete_recreate(ctx: &mut Ctx) -> Result<Outcome, String> {
         if phantom != 0 {
             return Err(format!("{phantom} completions seen before any command"));
         }
-        let buf = DmaBuffer::new(&ctx.dev(), ns.block_size as usize).map_err(|e| chain(&e))?;
+        let buf = ctx.dma(ns.block_size as usize)?;
         let done =
             transfer(ctx, &mut qp, IoOp::Read, ctx.scratch_byte(0)?, u64::from(ns.block_size), &buf, 0)?;
         all_success(&done, "read after re-create")?;
         Ok(())
     })();
     let del = ctx.give_back(1);
+    if del.is_err() {
+        std::mem::forget(qp);
+    }
     result?;
     del?;
     Ok(Outcome::Pass("CQ memory poisoned with 0xFF before Create: no phantom completion; I/O works".into()))

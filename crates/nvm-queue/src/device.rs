@@ -24,6 +24,16 @@ pub enum DeviceError {
         /// Length in bytes.
         len: usize,
     },
+    /// The host range overlaps one already mapped, where the device access
+    /// cannot map a page twice (the no-IOMMU physical mode, whose page
+    /// locks are not counted).
+    #[error("host range {addr:#x}+{len:#x} overlaps a range already mapped for DMA")]
+    Overlapping {
+        /// Host virtual address.
+        addr: usize,
+        /// Length in bytes.
+        len: usize,
+    },
     /// The device (or the IOMMU) has no device address space left.
     #[error("device address space exhausted mapping {len:#x} bytes")]
     AddressSpaceExhausted {

@@ -107,6 +107,9 @@ pub(crate) struct SubQueue {
     /// Last raw doorbell value seen (to notice changes and count each
     /// invalid write once).
     pub last_db: u32,
+    /// `last_db` was refused; the same value is judged again (quietly) on
+    /// the next poll, since it may have become legal meanwhile.
+    last_rejected: bool,
     pub cqid: u16,
     /// SQ head as last reported to the host in a CQE (slots before it are
     /// the host's again); the slots `released..head` were fetched but are
@@ -127,6 +130,7 @@ impl SubQueue {
             head: 0,
             tail: 0,
             last_db: 0,
+            last_rejected: false,
             cqid,
             released: 0,
             snapshots: vec![0; size as usize],
@@ -137,10 +141,25 @@ impl SubQueue {
     /// Applies a raw tail doorbell value; anything but [`SqDoorbell::Ok`]
     /// is ignored (the tail stays).
     pub(crate) fn doorbell(&mut self, raw: u32) -> SqDoorbell {
-        if raw == self.last_db {
+        let repeat = raw == self.last_db;
+        if repeat && !self.last_rejected {
             return SqDoorbell::Ok;
         }
         self.last_db = raw;
+        let verdict = self.judge_tail(raw);
+        if verdict == SqDoorbell::Ok {
+            self.tail = raw;
+        }
+        self.last_rejected = verdict != SqDoorbell::Ok;
+        // A refused value is reported (and counted) once, when written.
+        if repeat {
+            SqDoorbell::Ok
+        } else {
+            verdict
+        }
+    }
+
+    fn judge_tail(&self, raw: u32) -> SqDoorbell {
         if raw >= self.size {
             return SqDoorbell::OutOfRange;
         }
@@ -153,7 +172,6 @@ impl SubQueue {
         if advance > free {
             return SqDoorbell::Backwards;
         }
-        self.tail = raw;
         SqDoorbell::Ok
     }
 
@@ -328,6 +346,22 @@ mod tests {
         sq.released = 3;
         assert_eq!(sq.doorbell(1), SqDoorbell::Ok);
         assert_eq!(sq.tail, 1);
+    }
+
+    #[test]
+    fn a_refused_tail_is_counted_once_and_taken_when_it_becomes_legal() {
+        // 8 entries, tail 5, slots 2..5 still the controller's: tail 3 would
+        // lap them. The register keeps 3; once the controller has handed
+        // slots 2..5 back, the same 3 is a legal tail and must be taken (or
+        // the queue would hang with the host's commands never fetched).
+        let mut sq = SubQueue::new(0, 8, 0);
+        (sq.tail, sq.last_db, sq.head, sq.released) = (5, 5, 5, 2);
+        assert_eq!(sq.doorbell(3), SqDoorbell::Backwards);
+        assert_eq!(sq.doorbell(3), SqDoorbell::Ok, "not counted twice");
+        assert_eq!(sq.tail, 5, "still refused");
+        sq.released = 5;
+        assert_eq!(sq.doorbell(3), SqDoorbell::Ok);
+        assert_eq!(sq.tail, 3);
     }
 
     #[test]

@@ -325,6 +325,42 @@ pub(crate) fn namespace_block_name(entry: &str) -> Option<String> {
     digits(ns).then(|| format!("nvme{subsys}n{ns}"))
 }
 
+/// Deepest stack of holders followed (crypt on LVM on md is 3).
+const MAX_HOLDER_DEPTH: usize = 8;
+
+/// Mount points of block device `h` (by name, device number and
+/// device-mapper name) and of everything stacked on it, transitively: root
+/// on LVM on dm-crypt on a partition is `nvme0n1p3 -> dm-0 -> dm-1` with
+/// only `dm-1` mounted. Bounded by [`MAX_HOLDER_DEPTH`] and by the devices
+/// already `seen` (sysfs holder links cannot loop, a fake tree could).
+fn stacked_mount_points(
+    sys: &Sysfs,
+    usage: &Usage,
+    h: &str,
+    depth: usize,
+    seen: &mut Vec<String>,
+    out: &mut Vec<String>,
+) {
+    if depth >= MAX_HOLDER_DEPTH || seen.iter().any(|s| s == h) {
+        return;
+    }
+    seen.push(h.to_owned());
+    let hdir = sys.path(&format!("sys/block/{h}"));
+    let majmin = sys.read_opt(&hdir.join("dev"));
+    let mut mine = usage.mount_points(h, majmin.as_deref());
+    if let Some(dm) = sys.read_opt(&hdir.join("dm/name")) {
+        mine.extend(usage.mount_points(&format!("mapper/{dm}"), None));
+    }
+    for m in mine {
+        if !out.contains(&m) {
+            out.push(m);
+        }
+    }
+    for up in sys.list_dir(&hdir.join("holders")) {
+        stacked_mount_points(sys, usage, &up, depth + 1, seen, out);
+    }
+}
+
 fn read_block(sys: &Sysfs, name: &str, parent: Option<&str>, usage: &Usage) -> BlockDevice {
     let dir = match parent {
         Some(p) => sys.path(&format!("sys/block/{p}/{name}")),
@@ -338,17 +374,10 @@ fn read_block(sys: &Sysfs, name: &str, parent: Option<&str>, usage: &Usage) -> B
         .list_dir(&dir.join("holders"))
         .into_iter()
         .map(|h| {
-            let hdir = sys.path(&format!("sys/block/{h}"));
-            let hmm = sys.read_opt(&hdir.join("dev"));
-            let dm_name = sys.read_opt(&hdir.join("dm/name"));
-            let mut mount_points = usage.mount_points(&h, hmm.as_deref());
-            if let Some(dm) = &dm_name {
-                for m in usage.mount_points(&format!("mapper/{dm}"), None) {
-                    if !mount_points.contains(&m) {
-                        mount_points.push(m);
-                    }
-                }
-            }
+            let dm_name = sys.read_opt(&sys.path(&format!("sys/block/{h}")).join("dm/name"));
+            let mut mount_points = Vec::new();
+            let mut seen = Vec::new();
+            stacked_mount_points(sys, usage, &h, 0, &mut seen, &mut mount_points);
             Holder { name: h, dm_name, mount_points }
         })
         .collect();

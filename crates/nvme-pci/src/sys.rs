@@ -298,8 +298,11 @@ impl Drop for MappedBar {
     }
 }
 
-/// Locks `len` bytes at `ptr` in RAM (faulting them in), so that their
-/// physical addresses stay put for the no-IOMMU fallback.
+/// Locks `len` bytes at `ptr` in RAM (faulting them in) for the no-IOMMU
+/// fallback. This keeps the pages resident, but it does **not** fix their
+/// physical frames: compaction and NUMA balancing may still migrate locked
+/// pages, after which the device writes to a stale address. The fallback
+/// is documented as unsafe for that reason (docs/real-drives.md).
 pub fn mlock(ptr: NonNull<u8>, len: usize) -> io::Result<()> {
     // SAFETY: mlock only changes the residency of the pages; an invalid
     // range is reported as ENOMEM, not undefined behaviour.

@@ -387,6 +387,13 @@ impl NvmeDevice for VfioNvme {
                 Ok(DmaMapping::contiguous(at, len))
             }
             Dma::Physical { pagemap, maps } => {
+                // Page locks do not nest: a page in two mappings would be
+                // unlocked by the first unmap. Refuse overlaps instead.
+                let mut m = maps.lock().unwrap_or_else(|p| p.into_inner());
+                let start = host.as_ptr() as usize;
+                if m.values().any(|&(h, l)| start < h.saturating_add(l) && h < start.saturating_add(len)) {
+                    return Err(DeviceError::Overlapping { addr: start, len });
+                }
                 sys::mlock(host, len).map_err(|source| DeviceError::Os {
                     op: "mlock of DMA memory (raise RLIMIT_MEMLOCK with `ulimit -l` or run as root)",
                     source,
@@ -401,8 +408,11 @@ impl NvmeDevice for VfioNvme {
                         });
                     }
                 };
-                let mut m = maps.lock().unwrap_or_else(|p| p.into_inner());
-                m.insert(pages[0], (host.as_ptr() as usize, len));
+                let Some(&first) = pages.first() else {
+                    let _ = sys::munlock(host, len);
+                    return Err(DeviceError::BadRange { addr: start, len });
+                };
+                m.insert(first, (start, len));
                 Ok(DmaMapping::from_pages(pages))
             }
         }

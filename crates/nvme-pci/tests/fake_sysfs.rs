@@ -151,6 +151,22 @@ fn root_filesystem_is_refused_even_with_force() {
     t2.set_dev("dm-1", "253:1").unwrap();
     t2.mount("mapper/vg-root", "253:1", "/").unwrap();
     assert!(matches!(bind_vfio(&sysfs(&t2), &a("00:06.0"), true), Err(PciError::HoldsRootFs { .. })));
+    // The default "encrypted LVM" install: partition -> dm-crypt -> LVM
+    // logical volume mounted at /, two holders up from the drive.
+    let (_d3, t3) = tree();
+    t3.add_holder("nvme0n1/nvme0n1p2", "dm-0", Some("nvme0n1p2_crypt")).unwrap();
+    t3.add_holder("dm-0", "dm-1", Some("vg-root")).unwrap();
+    t3.set_dev("dm-1", "253:1").unwrap();
+    t3.mount("mapper/vg-root", "253:1", "/").unwrap();
+    let s3 = sysfs(&t3);
+    match bind_vfio(&s3, &a("00:04.0"), false) {
+        Err(PciError::InUse { uses, .. }) => {
+            assert!(uses.iter().any(|u| u == "holds the root filesystem"), "{uses:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(bind_vfio(&s3, &a("00:04.0"), true), Err(PciError::HoldsRootFs { .. })));
+    assert!(s3.writes().is_empty());
 }
 
 #[test]

@@ -55,6 +55,10 @@ pub(crate) struct Drive {
     /// Set when the controller reported a fatal status (CSTS.CFS) or
     /// vanished: its queues are dead until `Runtime::reset_drive`.
     pub failed: AtomicBool,
+    /// GPU kernels launched on this drive's GPU queues that have not
+    /// finished (see [`KernelsRunning`]); a reset or shutdown of the drive
+    /// must wait for 0.
+    pub gpu_kernels: AtomicUsize,
     pub ns: NamespaceInfo,
     pub max_transfer: usize,
 }
@@ -217,6 +221,7 @@ impl Drive {
             next_queue: AtomicUsize::new(0),
             alive: AtomicBool::new(true),
             failed: AtomicBool::new(false),
+            gpu_kernels: AtomicUsize::new(0),
             ns,
             max_transfer,
         })
@@ -249,5 +254,43 @@ impl Drive {
             }
         }
         self.queues[start % n].lock().ok()
+    }
+}
+
+/// Counts one running GPU kernel on each of `drives` from creation until
+/// drop. It is created before the launch and dropped after the kernel is
+/// known to have finished (it sits after the launch in the runtime's
+/// per-operation state, and a launch waits for its kernel when dropped).
+#[derive(Debug)]
+pub(crate) struct KernelsRunning {
+    drives: Vec<Arc<Drive>>,
+}
+
+impl KernelsRunning {
+    /// Counts a kernel on each drive (each once).
+    pub fn new(mut drives: Vec<Arc<Drive>>) -> Self {
+        drives.sort_by_key(|d| d.index);
+        drives.dedup_by_key(|d| d.index);
+        for d in &drives {
+            // SeqCst pairs with reset_drive: it sets `failed` then reads this
+            // count; a launch adds here then re-reads `failed`. One of the
+            // two always sees the other.
+            d.gpu_kernels.fetch_add(1, Ordering::SeqCst);
+        }
+        Self { drives }
+    }
+
+    /// `false` if one of the drives failed or is being reset (the launch
+    /// must then not go ahead).
+    pub fn all_alive(&self) -> bool {
+        self.drives.iter().all(|d| !d.failed.load(Ordering::SeqCst) && d.is_alive())
+    }
+}
+
+impl Drop for KernelsRunning {
+    fn drop(&mut self) {
+        for d in &self.drives {
+            d.gpu_kernels.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }

@@ -27,7 +27,7 @@ use nvm_queue::{
 use crate::binding::{Extent, Resolver};
 use crate::config::{Config, DataPathConfig, Execution, ResolverConfig};
 use crate::datapath::{DataPath, LocalNvme, StripedLocalNvme};
-use crate::drive::{Drive, DriveUse};
+use crate::drive::{Drive, DriveUse, KernelsRunning};
 use crate::error::{Error, RequestError, RequestStatus};
 use crate::handle::{
     next_runtime_id, HandleError, HandleKind, HandleTable, MemoryHandle, OpHandle, RawHandle, TargetHandle,
@@ -135,6 +135,9 @@ struct GpuOp {
     cmd_req: Vec<u32>,
     /// Drive index of each command.
     cmd_drive: Vec<u16>,
+    /// Counts the kernel as running on its drives; declared after `launch`
+    /// so it drops after the launch has waited for the kernel.
+    _running: KernelsRunning,
 }
 
 /// Counters of a runtime.
@@ -184,9 +187,10 @@ pub struct ShutdownReport {
     /// aborted (or finished) because their SQ went away; each was matched
     /// to its request once.
     pub commands_reaped_at_deletion: u64,
-    /// Commands that got no completion at all, even after their SQ was
-    /// deleted (a controller that neither finished nor aborted them); their
-    /// requests stay not final ([`RequestStatus::Timeout`] to a wait).
+    /// Commands that got no completion at all: the controller neither
+    /// finished nor aborted them when their SQ was deleted, or deleting
+    /// the SQ failed (see `drives`); their requests stay not final
+    /// ([`RequestStatus::Timeout`] to a wait).
     pub commands_lost: u64,
     /// Per drive, the result of deleting its queues and CC.SHN shutdown.
     pub drives: Vec<(String, Result<(), String>)>,
@@ -752,7 +756,16 @@ impl Runtime {
                 }
             }
         }
+        // Counted before the launch; a drive that failed or started a reset
+        // meanwhile stops the launch (see KernelsRunning).
+        let running =
+            KernelsRunning::new(cmd_drive.iter().map(|&d| self.drives[usize::from(d)].clone()).collect());
         let launched = if cmds.is_empty() {
+            None
+        } else if !running.all_alive() {
+            for &i in &cmd_req {
+                failed.push((i as usize, "a drive of the batch failed or is being reset".into()));
+            }
             None
         } else {
             match gpu.launch(&queues, &cmds, u32::MAX, GPU_COMMAND_BUDGET) {
@@ -783,7 +796,7 @@ impl Runtime {
             finish_commands(st, i, n, Some(RequestStatus::SubmitFailed { reason }));
         }
         if let Some(launch) = launched {
-            st.gpu = Some(GpuOp { launch, cmd_req, cmd_drive });
+            st.gpu = Some(GpuOp { launch, cmd_req, cmd_drive, _running: running });
         }
     }
 
@@ -1193,10 +1206,10 @@ impl Runtime {
     ///
     /// # Errors
     ///
-    /// [`Error::DriveBusy`] while a GPU kernel that uses the drive still
-    /// runs (call it when no `submit` to the drive is in progress on
-    /// another thread), [`Error::Controller`] when the reset or a Create
-    /// fails,
+    /// [`Error::DriveBusy`] while a GPU kernel that uses the drive has not
+    /// finished (whether or not a thread is waiting on it; a batch being
+    /// launched concurrently is refused instead), [`Error::Controller`] when
+    /// the reset or a Create fails,
     /// [`Error::ShuttingDown`], [`Error::Uri`] for an unknown name.
     pub fn reset_drive(&self, name: &str) -> Result<(), Error> {
         let d = self
@@ -1212,16 +1225,10 @@ impl Runtime {
             // that uses this drive may still be running while it is reset.
             // Marking it failed first keeps new batches from launching on it
             // (launch_gpu refuses a drive that is not alive).
-            let was_failed = d.failed.swap(true, Ordering::AcqRel);
-            let drive_index = d.index as u16;
-            let running = lock(&self.ops)
-                .iter()
-                .filter(|(_, st)| {
-                    st.gpu
-                        .as_ref()
-                        .is_some_and(|op| !op.launch.is_done() && op.cmd_drive.contains(&drive_index))
-                })
-                .count();
+            let was_failed = d.failed.swap(true, Ordering::SeqCst);
+            // Kernels launched and not finished, whether or not a thread is
+            // waiting on them (see KernelsRunning).
+            let running = d.gpu_kernels.load(Ordering::SeqCst);
             if running > 0 {
                 d.failed.store(was_failed, Ordering::Release);
                 return Err(Error::DriveBusy { drive: d.name.clone(), ops: running });
@@ -1306,6 +1313,13 @@ impl Runtime {
             lock(&self.ops).iter().filter(|(_, st)| st.gpu.is_some()).map(|(h, _)| h).collect();
         for h in gpu_ops {
             let _ = self.finish_gpu(OpHandle(h));
+        }
+        // Kernels another thread is waiting on end within the budget too.
+        let gpu_deadline = Instant::now() + GPU_COMMAND_BUDGET + Duration::from_secs(1);
+        while self.drives.iter().any(|d| d.gpu_kernels.load(Ordering::SeqCst) > 0)
+            && Instant::now() < gpu_deadline
+        {
+            std::thread::sleep(Duration::from_millis(1));
         }
         // Submits that passed the shutting-down check finish queueing first.
         while self.submitters.load(Ordering::Acquire) > 0 && Instant::now() < deadline {

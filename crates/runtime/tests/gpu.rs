@@ -127,3 +127,45 @@ fn gpu_driven_drive_recovers_from_a_fatal_controller_by_reset() {
     let r = rt.shutdown(Duration::from_secs(5));
     assert!(r.drives.iter().all(|(_, x)| x.is_ok()), "{:?}", r.drives);
 }
+
+#[test]
+fn reset_drive_refuses_while_a_gpu_kernel_on_the_drive_runs_even_if_another_thread_waits_on_it() {
+    // d1 never completes its first read of LBA 0: the kernel polls for it
+    // until GPU_COMMAND_BUDGET while another thread waits on the operation.
+    let Some(rt) = gpu_runtime_with(2, |cfg| {
+        let Some(DriveConfig::Emulated(e)) = cfg.drives.get_mut("d1") else { panic!("no drive d1") };
+        e.faults.push(FaultConfig {
+            lba: Some([0, 1]),
+            nsid: None,
+            op: Some(FaultOp::Read),
+            action: FaultActionConfig::NeverComplete,
+            times: Some(1),
+        });
+    }) else {
+        return;
+    };
+    let mut dst = vec![0u64; (1 << 20) / 8];
+    // SAFETY: `dst` outlives the registration and is untouched while I/O
+    // runs (the waiting thread is joined before it is dropped).
+    #[allow(unsafe_code)]
+    let md = unsafe { rt.register_memory(dst.as_mut_ptr().cast(), 1 << 20).unwrap() };
+    let t = rt.open("tutti://kv/0").unwrap();
+    let op = rt.submit(&[Request::read(t, 0, 1 << 20, md, 0)]).op().unwrap();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| rt.wait(op, Duration::from_secs(60)).unwrap());
+        std::thread::sleep(Duration::from_millis(500));
+        match rt.reset_drive("d1") {
+            Err(Error::DriveBusy { drive, ops }) => assert_eq!((drive.as_str(), ops), ("d1", 1)),
+            other => panic!("reset while the kernel runs: {other:?}"),
+        }
+        let st = waiter.join().unwrap();
+        assert_eq!(st, [RequestStatus::Timeout]);
+    });
+    // The kernel has ended: now the reset goes ahead and I/O works again.
+    rt.reset_drive("d1").unwrap();
+    let st =
+        rt.wait(rt.submit(&[Request::read(t, 0, 1 << 20, md, 0)]).op().unwrap(), Duration::from_secs(30));
+    assert_eq!(st.unwrap(), [RequestStatus::Success]);
+    // The runtime (and its mappings) goes before `dst` does.
+    drop(rt);
+}

@@ -128,6 +128,11 @@ pub fn run(ctx: &Ctx, args: Args) -> Outcome {
     let result = exercise(&ctrl, &mut qp, &ns, range, args.seed);
     // Delete the queues and shut down before the queue memory goes away.
     let shut = ctrl.shutdown();
+    if shut.is_err() {
+        // The controller may still own the queue: disable it (Controller's
+        // drop clears CC.EN) before the queue memory can go.
+        drop(ctrl);
+    }
     drop(qp);
     let (blocks, secs) = result?;
     let bytes = blocks * u64::from(ns.block_size);
