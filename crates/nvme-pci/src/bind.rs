@@ -40,7 +40,10 @@ pub struct BindOutcome {
 /// - a drive with mounted, swapped, stacked (md/dm) or open block devices,
 ///   unless `force` ([`PciError::InUse`], listing every use).
 ///
-/// A function already on vfio-pci is left alone (`unchanged`).
+/// A function already on vfio-pci is left alone (`unchanged`). If the
+/// kernel does not move the function ([`PciError::BindFailed`] or a failed
+/// write), `driver_override` is cleared and the function probed again, so
+/// it is not left pinned to vfio-pci.
 pub fn bind_vfio(sys: &Sysfs, addr: &PciAddr, force: bool) -> Result<BindOutcome, PciError> {
     let f = function(sys, addr)?;
     if f.driver.as_deref() == Some(VFIO_PCI) {
@@ -75,7 +78,9 @@ pub fn bind_vfio(sys: &Sysfs, addr: &PciAddr, force: bool) -> Result<BindOutcome
 /// then to `drivers_probe`, and checks that the `driver` link names `nvme`.
 ///
 /// [`PciError::NvmeDriverNotLoaded`] when the nvme driver is not
-/// registered; a function already on nvme is left alone (`unchanged`).
+/// registered; [`PciError::InUse`] when a process holds the function's
+/// `/dev/vfio/<group>` open (vfio-pci would block the unbind until it lets
+/// go); a function already on nvme is left alone (`unchanged`).
 pub fn unbind_to_kernel(sys: &Sysfs, addr: &PciAddr) -> Result<BindOutcome, PciError> {
     let f = function(sys, addr)?;
     if f.driver.as_deref() == Some(NVME) {
@@ -83,6 +88,18 @@ pub fn unbind_to_kernel(sys: &Sysfs, addr: &PciAddr) -> Result<BindOutcome, PciE
     }
     if !sys.pci_driver_dir(NVME).exists() {
         return Err(PciError::NvmeDriverNotLoaded);
+    }
+    // vfio-pci's remove waits until every user has closed the device: an
+    // unbind under a running tutti (or VM, or SPDK) would block, not fail.
+    if let (Some(VFIO_PCI), Some(group)) = (f.driver.as_deref(), f.iommu_group) {
+        let users = sys.open_devices().remove(&format!("vfio/{group}")).unwrap_or_default();
+        if !users.is_empty() {
+            let uses = users
+                .iter()
+                .map(|(pid, comm)| format!("/dev/vfio/{group} open by pid {pid} ({comm})"))
+                .collect();
+            return Err(PciError::InUse { addr: *addr, uses });
+        }
     }
     sys.write_attr(&sys.pci_device_dir(addr).join("driver_override"), "\n")?;
     if let Some(d) = &f.driver {
@@ -94,12 +111,22 @@ pub fn unbind_to_kernel(sys: &Sysfs, addr: &PciAddr) -> Result<BindOutcome, PciE
 }
 
 fn move_to(sys: &Sysfs, addr: &PciAddr, driver: &'static str, current: Option<&str>) -> Result<(), PciError> {
-    sys.write_attr(&sys.pci_device_dir(addr).join("driver_override"), driver)?;
-    if let Some(d) = current {
-        sys.write_attr(&sys.pci_driver_dir(d).join("unbind"), &addr.to_string())?;
+    let override_path = sys.pci_device_dir(addr).join("driver_override");
+    sys.write_attr(&override_path, driver)?;
+    let moved = (|| {
+        if let Some(d) = current {
+            sys.write_attr(&sys.pci_driver_dir(d).join("unbind"), &addr.to_string())?;
+        }
+        sys.write_attr(&sys.path("sys/bus/pci/drivers_probe"), &addr.to_string())?;
+        wait_for_driver(sys, addr, driver)
+    })();
+    if moved.is_err() {
+        // Best effort: clear the override and probe again, so the function
+        // is not left pinned to `driver` (the kernel driver may take it back).
+        let _ = sys.write_attr(&override_path, "\n");
+        let _ = sys.write_attr(&sys.path("sys/bus/pci/drivers_probe"), &addr.to_string());
     }
-    sys.write_attr(&sys.path("sys/bus/pci/drivers_probe"), &addr.to_string())?;
-    wait_for_driver(sys, addr, driver)
+    moved
 }
 
 fn wait_for_driver(sys: &Sysfs, addr: &PciAddr, wanted: &'static str) -> Result<(), PciError> {

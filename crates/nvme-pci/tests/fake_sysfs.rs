@@ -102,7 +102,9 @@ fn mounted_partition_is_refused_and_force_overrides() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(t.read("sys/bus/pci/devices/0000:00:04.0/driver_override"), "vfio-pci");
+    // The failed bind was rolled back: the override is cleared again.
+    assert_eq!(t.read("sys/bus/pci/devices/0000:00:04.0/driver_override"), "\n");
+    assert!(s.writes().iter().any(|(p, v)| p.ends_with("driver_override") && v == "vfio-pci"));
 }
 
 #[test]
@@ -180,11 +182,16 @@ fn bind_writes_override_unbind_probe_in_order() {
         .into_iter()
         .map(|(p, v)| (p.strip_prefix(root).unwrap().display().to_string(), v))
         .collect();
+    // The kernel (a fake tree) never moved the link: the bind failed, and
+    // the override was cleared and the function probed again, so it is not
+    // left pinned to vfio-pci.
     assert_eq!(
         w,
         [
             ("sys/bus/pci/devices/0000:00:06.0/driver_override".to_owned(), "vfio-pci".to_owned()),
             ("sys/bus/pci/drivers/nvme/unbind".to_owned(), "0000:00:06.0".to_owned()),
+            ("sys/bus/pci/drivers_probe".to_owned(), "0000:00:06.0".to_owned()),
+            ("sys/bus/pci/devices/0000:00:06.0/driver_override".to_owned(), "\n".to_owned()),
             ("sys/bus/pci/drivers_probe".to_owned(), "0000:00:06.0".to_owned()),
         ]
     );
@@ -281,4 +288,21 @@ fn status_of_the_host() {
     let st = vfio_status(&sysfs(&t));
     assert!(st.iommu_enabled && st.vfio_loaded && st.type1_loaded && st.vfio_pci_loaded);
     assert!(!st.noiommu_mode && !st.uio_pci_generic_loaded);
+}
+
+#[test]
+fn unbind_of_a_vfio_group_someone_holds_is_refused_instead_of_blocking() {
+    let (_d, t) = tree();
+    // 00:05.0 is on vfio-pci (group 7 in the fake tree? read it back).
+    let f = nvme_pci::function(&sysfs(&t), &a("00:05.0")).unwrap();
+    let group = f.iommu_group.expect("the fake vfio function has a group");
+    t.open_fd(4242, "tutti-bench", &format!("vfio/{group}")).unwrap();
+    let s = sysfs(&t);
+    match unbind_to_kernel(&s, &a("00:05.0")) {
+        Err(PciError::InUse { uses, .. }) => {
+            assert_eq!(uses, [format!("/dev/vfio/{group} open by pid 4242 (tutti-bench)")])
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(s.writes().is_empty(), "nothing written");
 }
