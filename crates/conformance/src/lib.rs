@@ -292,7 +292,7 @@ impl Ctx {
     /// Byte offset of scratch block `i`.
     fn scratch_byte(&self, i: u64) -> Result<u64, String> {
         let ns = self.ns()?;
-        Ok((self.opts.scratch.start + i) * u64::from(ns.block_size))
+        Ok(self.opts.scratch.start.saturating_add(i).saturating_mul(u64::from(ns.block_size)))
     }
 
     /// Creates I/O queue pair `qid` with `entries` entries (clamped to
@@ -504,7 +504,7 @@ fn check_identify(ctx: &mut Ctx) -> Result<Outcome, String> {
             format!("scratch range {}..{} is not inside namespace {nsid} (0..{})", s.start, s.end, ns.blocks),
         );
     }
-    let bytes = (s.end - s.start) * u64::from(ns.block_size);
+    let bytes = (s.end - s.start).saturating_mul(u64::from(ns.block_size));
     if bytes < MIN_SCRATCH_BYTES {
         return options_error(
             ctx,
@@ -682,7 +682,7 @@ fn check_mdts_split(ctx: &mut Ctx) -> Result<Outcome, String> {
         let bs = u64::from(ns.block_size);
         let max = ctx.ctrl.max_transfer() as u64;
         let len = 3 * max + bs;
-        let scratch_bytes = (ctx.opts.scratch.end - ctx.opts.scratch.start) * bs;
+        let scratch_bytes = (ctx.opts.scratch.end - ctx.opts.scratch.start).saturating_mul(bs);
         if len + 32 * bs > scratch_bytes {
             return Ok(Outcome::Skip(format!("needs {len} bytes of scratch, have {scratch_bytes}")));
         }

@@ -367,7 +367,8 @@ fn read_block(sys: &Sysfs, name: &str, parent: Option<&str>, usage: &Usage) -> B
         None => sys.path(&format!("sys/block/{name}")),
     };
     let majmin = sys.read_opt(&dir.join("dev"));
-    let bytes = sys.read_opt(&dir.join("size")).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0) * 512;
+    let bytes =
+        sys.read_opt(&dir.join("size")).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0).saturating_mul(512);
     let mount_points = usage.mount_points(name, majmin.as_deref());
     let swap = usage.swaps.iter().any(|s| s == &format!("/dev/{name}"));
     let holders: Vec<Holder> = sys
