@@ -244,6 +244,10 @@ impl Controller {
                 }
             }
         }
+        // One abort per command: a CompleteTwice fault schedules two
+        // completions of one CID, and the command ends only once.
+        let mut seen = std::collections::HashSet::new();
+        aborted.retain(|cid| seen.insert(*cid));
         let status = Status::generic(generic::ABORTED_SQ_DELETION);
         for cid in aborted {
             let c = Completion { dw0: 0, sqid: qid, cid, status, quirk: CqeQuirk::None };
