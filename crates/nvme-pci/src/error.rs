@@ -124,7 +124,7 @@ pub enum PciError {
         root: String,
     },
     /// The kernel's VFIO lacks something this driver needs.
-    #[error("the kernel's VFIO does not support {what}; a Linux kernel of 5.4 or later with vfio_iommu_type1 loaded is needed")]
+    #[error("the kernel's VFIO does not support {what}")]
     VfioUnsupported {
         /// What is missing.
         what: String,
@@ -161,8 +161,8 @@ pub(crate) fn errno_hint(err: &io::Error, what: &str) -> String {
             format!("; {what} is busy: another process (a VM, SPDK, another tutti) holds it")
         }
         Some(libc::ENOMEM) => {
-            "; the IOMMU could not pin the memory: raise RLIMIT_MEMLOCK (`ulimit -l unlimited`, \
-                               or memlock in /etc/security/limits.conf) or run as root"
+            "; out of memory, or (when pinning DMA memory) over RLIMIT_MEMLOCK: raise it (`ulimit -l \
+             unlimited`, or memlock in /etc/security/limits.conf) or run as root"
                 .to_owned()
         }
         Some(libc::ENOENT) => format!("; {what} does not exist"),

@@ -159,7 +159,10 @@ impl VfioNvme {
         let v = sys::get_api_version(&container).map_err(|e| os("VFIO_GET_API_VERSION", String::new(), e))?;
         if v != sys::VFIO_API_VERSION as i32 {
             return Err(PciError::VfioUnsupported {
-                what: format!("API version {} (got {v})", sys::VFIO_API_VERSION),
+                what: format!(
+                    "API version {} (it reports {v}; this driver needs a Linux 5.4+ VFIO)",
+                    sys::VFIO_API_VERSION
+                ),
             });
         }
         let iommu_type = match mode {
@@ -169,8 +172,10 @@ impl VfioNvme {
         if sys::check_extension(&container, iommu_type).unwrap_or(0) != 1 {
             return Err(PciError::VfioUnsupported {
                 what: match mode {
-                    AccessMode::Iommu => "the type1v2 IOMMU (run `modprobe vfio_iommu_type1`)".to_owned(),
-                    _ => "no-IOMMU mode (vfio.enable_unsafe_noiommu_mode=1)".to_owned(),
+                    AccessMode::Iommu => {
+                        "the type1v2 IOMMU (run `modprobe vfio_iommu_type1`; Linux 5.4 or later)".to_owned()
+                    }
+                    _ => "no-IOMMU mode (load vfio with enable_unsafe_noiommu_mode=1)".to_owned(),
                 },
             });
         }
