@@ -1324,24 +1324,10 @@ fn check_queues(
 }
 
 /// `dddd:bb:dd.f` (lower case) for a PCI address written as `dddd:bb:dd.f`
-/// or `bb:dd.f` (domain 0); `None` when malformed (bus 0..=ff, device
-/// 0..=1f, function 0..=7, domain 0..=ffff).
+/// or `bb:dd.f` (domain 0), surrounding spaces allowed; `None` when
+/// malformed. The parsing is `nvme_pci::PciAddr`'s.
 pub fn normalize_pci_addr(addr: &str) -> Option<String> {
-    let parts: Vec<&str> = addr.trim().split(':').collect();
-    let (domain, bus, devfn) = match parts.as_slice() {
-        [d, b, df] => (*d, *b, *df),
-        [b, df] => ("0000", *b, *df),
-        _ => return None,
-    };
-    let (dev, func) = devfn.split_once('.')?;
-    let hex = |s: &str, max_len: usize, max: u32| {
-        (!s.is_empty() && s.len() <= max_len && s.bytes().all(|c| c.is_ascii_hexdigit()))
-            .then(|| u32::from_str_radix(s, 16).ok())
-            .flatten()
-            .filter(|&v| v <= max)
-    };
-    let (d, b, v, f) = (hex(domain, 4, 0xFFFF)?, hex(bus, 2, 0xFF)?, hex(dev, 2, 0x1F)?, hex(func, 1, 7)?);
-    Some(format!("{d:04x}:{b:02x}:{v:02x}.{f:x}"))
+    addr.trim().parse::<nvme_pci::PciAddr>().ok().map(|a| a.to_string())
 }
 
 /// Looks up namespace `nsid` of a drive. `Ok(None)` for drive kinds whose

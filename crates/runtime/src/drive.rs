@@ -117,10 +117,8 @@ fn fault_rule(f: &FaultConfig) -> FaultRule {
 fn open_pci(name: &str, p: &PciDriveConfig) -> Result<Arc<dyn NvmeDevice>, Error> {
     // Config validation parsed the address already; this only fails for a
     // config built in code without `validate`.
-    let written = crate::config::normalize_pci_addr(&p.addr).unwrap_or_else(|| p.addr.clone());
-    let addr: nvme_pci::PciAddr = written.parse().map_err(|e: nvme_pci::PciAddrParseError| Error::Uri {
-        uri: name.to_owned(),
-        reason: format!("PCI address {:?}: {e}", p.addr),
+    let addr: nvme_pci::PciAddr = p.addr.trim().parse().map_err(|e: nvme_pci::PciAddrParseError| {
+        Error::Uri { uri: name.to_owned(), reason: format!("PCI address {:?}: {e}", p.addr) }
     })?;
     let opts = nvme_pci::OpenOptions { allow_no_iommu: p.allow_no_iommu, ..Default::default() };
     nvme_pci::open(&addr, &opts).map_err(|source| Error::Pci { drive: name.to_owned(), source })

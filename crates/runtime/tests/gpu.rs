@@ -78,21 +78,25 @@ fn gpu_execution_round_trips_host_memory_over_a_four_drive_stripe() {
     assert!(r.drives.iter().all(|(_, x)| x.is_ok()), "{:?}", r.drives);
 }
 
-#[test]
-fn gpu_driven_drive_recovers_from_a_fatal_controller_by_reset() {
-    // The first read of drive d1's LBA 0 makes its controller fatal (CFS).
-    let Some(rt) = gpu_runtime_with(2, |cfg| {
+/// A GPU runtime on a 2-drive stripe whose drive d1 meets `action` on the
+/// first read of its LBA 0 (`None` without a GPU).
+fn two_drives_with_d1_first_read(action: FaultActionConfig) -> Option<Runtime> {
+    gpu_runtime_with(2, |cfg| {
         let Some(DriveConfig::Emulated(e)) = cfg.drives.get_mut("d1") else { panic!("no drive d1") };
         e.faults.push(FaultConfig {
             lba: Some([0, 1]),
             nsid: None,
             op: Some(FaultOp::Read),
-            action: FaultActionConfig::ControllerFatal,
+            action,
             times: Some(1),
         });
-    }) else {
-        return;
-    };
+    })
+}
+
+#[test]
+fn gpu_driven_drive_recovers_from_a_fatal_controller_by_reset() {
+    // The first read of drive d1's LBA 0 makes its controller fatal (CFS).
+    let Some(rt) = two_drives_with_d1_first_read(FaultActionConfig::ControllerFatal) else { return };
     let mut src: Vec<u64> =
         (0..(1 << 20) / 8).map(|i| (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
     let mut dst = vec![0u64; (1 << 20) / 8];
@@ -132,18 +136,7 @@ fn gpu_driven_drive_recovers_from_a_fatal_controller_by_reset() {
 fn reset_drive_refuses_while_a_gpu_kernel_on_the_drive_runs_even_if_another_thread_waits_on_it() {
     // d1 never completes its first read of LBA 0: the kernel polls for it
     // until GPU_COMMAND_BUDGET while another thread waits on the operation.
-    let Some(rt) = gpu_runtime_with(2, |cfg| {
-        let Some(DriveConfig::Emulated(e)) = cfg.drives.get_mut("d1") else { panic!("no drive d1") };
-        e.faults.push(FaultConfig {
-            lba: Some([0, 1]),
-            nsid: None,
-            op: Some(FaultOp::Read),
-            action: FaultActionConfig::NeverComplete,
-            times: Some(1),
-        });
-    }) else {
-        return;
-    };
+    let Some(rt) = two_drives_with_d1_first_read(FaultActionConfig::NeverComplete) else { return };
     let mut dst = vec![0u64; (1 << 20) / 8];
     // SAFETY: `dst` outlives the registration and is untouched while I/O
     // runs (the waiting thread is joined before it is dropped).

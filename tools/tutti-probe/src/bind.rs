@@ -53,47 +53,51 @@ pub fn run_bind(ctx: &Ctx, args: BindArgs) -> Outcome {
     } else {
         args.addrs
     };
-    let mut failed = Vec::new();
-    for addr in targets {
-        match bind_vfio(&ctx.sysfs, &addr, args.force) {
-            Ok(o) if o.unchanged => println!("{addr}: already on vfio-pci"),
-            Ok(o) => {
-                let from = o.previous.as_deref().unwrap_or("no driver");
-                println!("{addr}: {from} -> vfio-pci");
-                for u in &o.forced_over {
-                    println!("{addr}: WARNING: forced while in use: {u}");
-                }
-            }
-            Err(e) => {
-                report(&addr, &e);
-                failed.push(addr.to_string());
+    each_addr(targets, "bind", |addr| {
+        let o = bind_vfio(&ctx.sysfs, addr, args.force)?;
+        if o.unchanged {
+            println!("{addr}: already on vfio-pci");
+        } else {
+            println!("{addr}: {} -> vfio-pci", o.previous.as_deref().unwrap_or("no driver"));
+            for u in &o.forced_over {
+                println!("{addr}: WARNING: forced while in use: {u}");
             }
         }
-    }
-    if failed.is_empty() {
         Ok(())
-    } else {
-        Err(Failure::Reported(format!("bind failed for {}", failed.join(", "))))
-    }
+    })
 }
 
 /// Runs `unbind`.
 pub fn run_unbind(ctx: &Ctx, args: UnbindArgs) -> Outcome {
+    each_addr(args.addrs, "unbind", |addr| {
+        let o = unbind_to_kernel(&ctx.sysfs, addr)?;
+        if o.unchanged {
+            println!("{addr}: already on nvme");
+        } else {
+            println!("{addr}: {} -> nvme", o.previous.as_deref().unwrap_or("no driver"));
+        }
+        Ok(())
+    })
+}
+
+/// Runs `f` on every address, reporting each failure and going on; fails
+/// (exit 1) naming the addresses `verb` failed for.
+fn each_addr(
+    addrs: Vec<PciAddr>,
+    verb: &str,
+    mut f: impl FnMut(&PciAddr) -> Result<(), PciError>,
+) -> Outcome {
     let mut failed = Vec::new();
-    for addr in args.addrs {
-        match unbind_to_kernel(&ctx.sysfs, &addr) {
-            Ok(o) if o.unchanged => println!("{addr}: already on nvme"),
-            Ok(o) => println!("{addr}: {} -> nvme", o.previous.as_deref().unwrap_or("no driver")),
-            Err(e) => {
-                report(&addr, &e);
-                failed.push(addr.to_string());
-            }
+    for addr in addrs {
+        if let Err(e) = f(&addr) {
+            report(&addr, &e);
+            failed.push(addr.to_string());
         }
     }
     if failed.is_empty() {
         Ok(())
     } else {
-        Err(Failure::Reported(format!("unbind failed for {}", failed.join(", "))))
+        Err(Failure::Reported(format!("{verb} failed for {}", failed.join(", "))))
     }
 }
 
