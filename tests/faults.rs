@@ -461,8 +461,8 @@ fn delete_io_sq_aborts_held_commands_and_the_pair_matches_each_once() {
     assert!(done.iter().all(|(c, _)| c.status.is_success() && c.tag != 3 && c.tag != 7));
     assert_eq!(qp.outstanding(), 2);
 
-    r.ctrl.delete_io_sq(1).unwrap();
-    qp.sq_was_deleted();
+    r.ctrl.delete_io_sq(&mut qp).unwrap();
+    assert!(qp.is_sq_deleted(), "delete_io_sq marks the pair");
     assert_eq!(
         qp.submit(nvme_regs::Sqe::new(0, 1), None, 99),
         Err(nvm_queue::SubmitError::SqDeleted { qid: 1 }),

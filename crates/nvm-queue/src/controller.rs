@@ -556,14 +556,28 @@ impl Controller {
         Ok(())
     }
 
-    /// Deletes the SQ of I/O queue pair `qid` (Delete I/O SQ, NVMe Base 2.0
-    /// 5.7). The controller completes each command of it that was fetched
-    /// but not finished, on the pair's CQ, normally or with "Command Aborted
-    /// due to SQ Deletion" (SCT 0h, SC 08h), and drops entries it had not
-    /// fetched. The owner of the [`QueuePair`] then calls
-    /// [`QueuePair::sq_was_deleted`] and reaps the CQ (so every outstanding
-    /// command gets its one completion) before [`Controller::delete_io_cq`].
-    pub fn delete_io_sq(&mut self, qid: u16) -> Result<(), ControllerError> {
+    /// Deletes the SQ of I/O queue pair `qp` (Delete I/O SQ, NVMe Base 2.0
+    /// 5.7) and marks the pair's SQ deleted ([`QueuePair::is_sq_deleted`]):
+    /// one call records the deletion on both sides. The controller
+    /// completes each command of it that was fetched but not finished, on
+    /// the pair's CQ, normally or with "Command Aborted due to SQ Deletion"
+    /// (SCT 0h, SC 08h), and drops entries it had not fetched. The owner of
+    /// the pair then reaps the CQ (so every outstanding command gets its one
+    /// completion) before [`Controller::delete_io_cq`].
+    ///
+    /// # Errors
+    ///
+    /// [`ControllerError::NoQueue`] when the queue does not exist on the
+    /// controller or its SQ is already deleted; the admin command's errors.
+    pub fn delete_io_sq(&mut self, qp: &mut QueuePair) -> Result<(), ControllerError> {
+        self.delete_sq(qp.qid())?;
+        qp.sq_was_deleted();
+        Ok(())
+    }
+
+    /// Delete I/O SQ `qid` on the controller; the pair, if any, is marked by
+    /// the caller.
+    fn delete_sq(&mut self, qid: u16) -> Result<(), ControllerError> {
         if !self.live_queues.contains(&qid) || self.sq_deleted.contains(&qid) {
             return Err(ControllerError::NoQueue { qid, granted: self.io_queues_granted });
         }
@@ -581,7 +595,7 @@ impl Controller {
             return Err(ControllerError::NoQueue { qid, granted: self.io_queues_granted });
         }
         if !self.sq_deleted.contains(&qid) {
-            self.delete_io_sq(qid)?;
+            self.delete_sq(qid)?;
         }
         self.admin_command(DeleteIoCq::new(qid).build(), "Delete I/O Completion Queue")?;
         self.live_queues.retain(|&q| q != qid);
@@ -615,7 +629,7 @@ impl Controller {
             if self.sq_deleted.contains(&q) {
                 continue;
             }
-            if let Err(e) = self.delete_io_sq(q) {
+            if let Err(e) = self.delete_sq(q) {
                 first_err.get_or_insert(e);
             }
         }

@@ -71,6 +71,7 @@ pub(crate) struct StatsAtomics {
     pub sqe_overwritten: AtomicU64,
     pub cq_full_stalls: AtomicU64,
     pub sq_deletion_aborts: AtomicU64,
+    pub sq_tail_updates: AtomicU64,
 }
 
 /// Hot counters, accumulated by the thread and added to [`StatsAtomics`]
@@ -395,6 +396,7 @@ impl Controller {
                 return Ok(false);
             };
             if raw != sq.last_db {
+                sh.stats.sq_tail_updates.fetch_add(1, Ordering::Relaxed);
                 let (old, released) = (sq.tail, sq.released);
                 match sq.doorbell(raw) {
                     SqDoorbell::Ok => {}

@@ -267,6 +267,12 @@ pub struct EmuStats {
     /// Commands completed with "Command Aborted due to SQ Deletion" by a
     /// Delete I/O SQ.
     pub sq_deletion_aborts: u64,
+    /// New SQ tail doorbell values the controller read (admin and I/O
+    /// queues). The controller polls the doorbell page, so two writes that
+    /// land between two of its reads are seen once: this is at most the
+    /// number of SQ tail doorbell writes, and at least one per write that
+    /// was followed by a pause.
+    pub sq_tail_updates: u64,
 }
 
 /// A running software NVMe controller. Dropping it stops and joins the
@@ -328,6 +334,7 @@ impl Emulator {
             sqe_overwritten: l(&s.sqe_overwritten),
             cq_full_stalls: l(&s.cq_full_stalls),
             sq_deletion_aborts: l(&s.sq_deletion_aborts),
+            sq_tail_updates: l(&s.sq_tail_updates),
         }
     }
 

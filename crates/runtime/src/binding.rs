@@ -45,10 +45,36 @@ pub struct Extent {
 /// `striped_local_nvme` speak.
 pub const EXTENT_V1: u32 = 1;
 
+/// Why a resolver refused a key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResolveError {
+    /// The key is not a decimal slot number (`slab`).
+    #[error("slab key {key:?} is not a slot number (want decimal digits, e.g. tutti://kv/42)")]
+    NotASlotNumber {
+        /// The key as given.
+        key: String,
+    },
+    /// The slot number does not fit in 64 bits (`slab`).
+    #[error("slot number {key:?} is too large")]
+    SlotTooLarge {
+        /// The key as given.
+        key: String,
+    },
+    /// The slot lies past the end of the store (`slab`).
+    #[error("slot {slot} is out of range: the store has {slots} slots (0..{slots})")]
+    SlotOutOfRange {
+        /// The slot asked for.
+        slot: u64,
+        /// Slots in the store.
+        slots: u64,
+    },
+}
+
 /// Turns URI keys into extents.
 pub trait Resolver: Send + Sync + fmt::Debug {
     /// What it produces.
     fn binding(&self) -> Binding;
     /// The extent of `key` in a datapath space of `capacity` bytes.
-    fn resolve(&self, key: &str, capacity: u64) -> Result<Extent, String>;
+    fn resolve(&self, key: &str, capacity: u64) -> Result<Extent, ResolveError>;
 }

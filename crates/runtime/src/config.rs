@@ -1357,3 +1357,24 @@ fn namespace<'a>(
 
 #[cfg(test)]
 mod tests;
+
+// TEMPORARY SHIM (replaced by the config split)
+#[allow(missing_docs)]
+#[derive(Debug)]
+pub enum ConfigErrorKind {
+    StripeUnitVsLbaSize { unit: u64, drive: String, lba_size: u32 },
+    NamespaceMissing { drive: String, nsid: u32, active: Vec<u32> },
+    PciAddr { addr: String },
+    Invalid { reason: String },
+}
+#[allow(missing_docs)]
+impl ConfigError {
+    pub fn new(path: impl Into<String>, kind: ConfigErrorKind) -> Self {
+        ConfigError::PciAddr { path: path.into(), addr: format!("{kind:?}") }
+    }
+}
+impl Config {
+    pub(crate) fn datapath_key(&self, dp: &str, field: &str) -> String {
+        format!("datapaths.{dp}.{field}")
+    }
+}

@@ -1,7 +1,12 @@
 //! A drive owned by the runtime: its device (emulated, or vfio-pci),
-//! its controller and the I/O queue pairs its datapath uses.
+//! its controller, the I/O queue pairs its datapath uses, and its health
+//! ([`DriveState`]: the one record of whether it takes work).
+//!
+//! Locks: `health` is a leaf lock (nothing else is taken while it is held);
+//! the runtime may hold the operations table while it takes it (to pin
+//! memory). A queue pair's lock is never held together with `health`.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -12,15 +17,61 @@ use nvme_emu::{
 };
 
 use crate::config::{
-    Backing, DriveConfig, EmulatedDriveConfig, Execution, FaultActionConfig, FaultConfig, FaultOp,
-    PciDriveConfig,
+    Backing, ConfigError, ConfigErrorKind, DriveConfig, EmulatedDriveConfig, Execution, FaultActionConfig,
+    FaultConfig, FaultOp, PciDriveConfig,
 };
 use crate::error::Error;
+use crate::runtime::Region;
+
+/// Whether a drive takes work. One value per drive, changed only under its
+/// health lock (and mirrored in an atomic for lock-free reads on the
+/// submission path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum DriveState {
+    /// Controller enabled, queues live: takes work.
+    Ready = 0,
+    /// The controller reported a fatal status (CSTS.CFS), stopped being
+    /// ready, or vanished (reads all ones / cannot be read): its commands
+    /// were abandoned; dead until `Runtime::reset_drive`.
+    Failed = 1,
+    /// `Runtime::reset_drive` is resetting the controller.
+    Resetting = 2,
+    /// The runtime shut it down (queues deleted, CC.SHN).
+    ShutDown = 3,
+}
+
+impl DriveState {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => Self::Ready,
+            1 => Self::Failed,
+            2 => Self::Resetting,
+            _ => Self::ShutDown,
+        }
+    }
+}
+
+/// What the health lock guards.
+#[derive(Debug)]
+struct Health {
+    state: DriveState,
+    /// GPU kernels launched on this drive's GPU queues that have not
+    /// finished (see [`KernelsRunning`]); a reset or shutdown of the drive
+    /// waits for 0.
+    gpu_kernels: usize,
+    /// Memory that commands abandoned on this drive (failed controller, GPU
+    /// command timeout) may still be written by it: kept registered until
+    /// a controller reset ends every DMA of the drive.
+    pinned: Vec<Arc<Region>>,
+}
 
 /// How a datapath wants a drive set up.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct DriveUse {
     pub nsid: u32,
+    /// YAML key path of the datapath's `nsid` (for errors).
+    pub nsid_key: String,
     pub queues: u16,
     pub queue_depth: u32,
     pub execution: Execution,
@@ -49,16 +100,11 @@ pub(crate) struct Drive {
     pub gpu: Option<GpuQueues>,
     pub queues: Vec<Mutex<QueuePair>>,
     next_queue: AtomicUsize,
-    /// Cleared when the runtime shuts the controller down: its queues are
-    /// gone, so nothing may ring their doorbells or poll them any more.
-    alive: AtomicBool,
-    /// Set when the controller reported a fatal status (CSTS.CFS) or
-    /// vanished: its queues are dead until `Runtime::reset_drive`.
-    pub failed: AtomicBool,
-    /// GPU kernels launched on this drive's GPU queues that have not
-    /// finished (see [`KernelsRunning`]); a reset or shutdown of the drive
-    /// must wait for 0.
-    pub gpu_kernels: AtomicUsize,
+    /// Next GPU queue for a GPU-executed command (round robin).
+    next_gpu_queue: AtomicUsize,
+    /// [`DriveState`] as a `u8`, written only under `health`.
+    state: AtomicU8,
+    health: Mutex<Health>,
     pub ns: NamespaceInfo,
     pub max_transfer: usize,
 }
@@ -117,8 +163,8 @@ fn fault_rule(f: &FaultConfig) -> FaultRule {
 fn open_pci(name: &str, p: &PciDriveConfig) -> Result<Arc<dyn NvmeDevice>, Error> {
     // Config validation parsed the address already; this only fails for a
     // config built in code without `validate`.
-    let addr: nvme_pci::PciAddr = p.addr.trim().parse().map_err(|e: nvme_pci::PciAddrParseError| {
-        Error::Uri { uri: name.to_owned(), reason: format!("PCI address {:?}: {e}", p.addr) }
+    let addr: nvme_pci::PciAddr = p.addr.trim().parse().map_err(|_: nvme_pci::PciAddrParseError| {
+        ConfigError::new(format!("drives.{name}.pci.addr"), ConfigErrorKind::PciAddr { addr: p.addr.clone() })
     })?;
     let opts = nvme_pci::OpenOptions { allow_no_iommu: p.allow_no_iommu, ..Default::default() };
     nvme_pci::open(&addr, &opts).map_err(|source| Error::Pci { drive: name.to_owned(), source })
@@ -143,15 +189,24 @@ impl Drive {
             DriveConfig::Pci(p) => (open_pci(name, p)?, None),
         };
         let ctrl_err = |source| Error::Controller { drive: name.to_owned(), source };
-        let queues_wanted = usage.map_or(1, |u| u.queues.max(1));
+        let queues_wanted = usage.as_ref().map_or(1, |u| u.queues.max(1));
         let mut controller = Controller::init(
             device.clone(),
             ControllerOptions { io_queues: queues_wanted, ..ControllerOptions::default() },
         )
         .map_err(ctrl_err)?;
-        let nsid = usage.map_or(1, |u| u.nsid);
-        let ns =
-            *controller.namespace(nsid).ok_or_else(|| Error::NoNamespace { drive: name.to_owned(), nsid })?;
+        let nsid = usage.as_ref().map_or(1, |u| u.nsid);
+        let ns = *controller.namespace(nsid).ok_or_else(|| {
+            let path = usage.as_ref().map_or_else(|| format!("drives.{name}"), |u| u.nsid_key.clone());
+            ConfigError::new(
+                path,
+                ConfigErrorKind::NamespaceMissing {
+                    drive: name.to_owned(),
+                    nsid,
+                    active: controller.namespaces().iter().map(|n| n.nsid).collect(),
+                },
+            )
+        })?;
         let mut queues = Vec::new();
         let mut gpu_queues = None;
         if let Some(mut u) = usage {
@@ -217,32 +272,120 @@ impl Drive {
             gpu: gpu_queues,
             queues,
             next_queue: AtomicUsize::new(0),
-            alive: AtomicBool::new(true),
-            failed: AtomicBool::new(false),
-            gpu_kernels: AtomicUsize::new(0),
+            next_gpu_queue: AtomicUsize::new(0),
+            state: AtomicU8::new(DriveState::Ready as u8),
+            health: Mutex::new(Health { state: DriveState::Ready, gpu_kernels: 0, pinned: Vec::new() }),
             ns,
             max_transfer,
         })
     }
 
-    /// `false` once the controller was shut down.
-    pub fn is_alive(&self) -> bool {
-        self.alive.load(Ordering::Acquire) && !self.failed.load(Ordering::Acquire)
+    /// The drive's state (a lock-free read).
+    pub fn state(&self) -> DriveState {
+        DriveState::from_u8(self.state.load(Ordering::Acquire))
     }
 
-    /// Marks the drive's queues gone (before deleting them), waiting for any
-    /// thread that is using one of them to let go.
-    pub fn retire_queues(&self) {
-        self.alive.store(false, Ordering::Release);
+    /// `true` when the drive takes work.
+    pub fn is_ready(&self) -> bool {
+        self.state() == DriveState::Ready
+    }
+
+    fn health(&self) -> MutexGuard<'_, Health> {
+        self.health.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_state(&self, h: &mut Health, state: DriveState) {
+        h.state = state;
+        self.state.store(state as u8, Ordering::Release);
+    }
+
+    /// Ready -> Failed. Returns `false` (changing nothing) when the drive
+    /// was not ready: someone else failed, reset or shut it down first.
+    pub fn mark_failed(&self) -> bool {
+        let mut h = self.health();
+        if h.state != DriveState::Ready {
+            return false;
+        }
+        self.set_state(&mut h, DriveState::Failed);
+        true
+    }
+
+    /// Starts a reset (Ready or Failed -> Resetting).
+    ///
+    /// # Errors
+    ///
+    /// `Err(kernels)` while GPU kernels that use the drive run (the state
+    /// is unchanged); `Err(0)` when the drive is shut down or another reset
+    /// is under way.
+    pub fn begin_reset(&self) -> Result<(), usize> {
+        let mut h = self.health();
+        if h.gpu_kernels > 0 {
+            return Err(h.gpu_kernels);
+        }
+        if !matches!(h.state, DriveState::Ready | DriveState::Failed) {
+            return Err(0);
+        }
+        self.set_state(&mut h, DriveState::Resetting);
+        Ok(())
+    }
+
+    /// Ends a reset: Ready (and the pinned memory released, since the
+    /// reset ended every DMA of the drive) when `ok`, Failed otherwise.
+    pub fn end_reset(&self, ok: bool) {
+        let released = {
+            let mut h = self.health();
+            if h.state == DriveState::ShutDown {
+                // The runtime shut down meanwhile: the drive stays down.
+                return;
+            }
+            if !ok {
+                self.set_state(&mut h, DriveState::Failed);
+                return;
+            }
+            self.set_state(&mut h, DriveState::Ready);
+            std::mem::take(&mut h.pinned)
+        };
+        // Unmapped outside the lock (a region's last reference unmaps it).
+        drop(released);
+    }
+
+    /// Any state -> ShutDown; returns the state it had.
+    pub fn mark_shut_down(&self) -> DriveState {
+        let mut h = self.health();
+        let was = h.state;
+        self.set_state(&mut h, DriveState::ShutDown);
+        was
+    }
+
+    /// Keeps `regions` registered until the drive's controller is reset.
+    pub fn pin_until_reset(&self, regions: &[Arc<Region>]) {
+        let mut h = self.health();
+        for r in regions {
+            if !h.pinned.iter().any(|p| Arc::ptr_eq(p, r)) {
+                h.pinned.push(r.clone());
+            }
+        }
+    }
+
+    /// GPU kernels using this drive that have not finished.
+    pub fn gpu_kernels(&self) -> usize {
+        self.health().gpu_kernels
+    }
+
+    /// Waits until no thread uses one of the drive's queue pairs (after
+    /// the state left Ready, so no new user comes).
+    pub fn quiesce_queues(&self) {
         for q in &self.queues {
             drop(q.lock().unwrap_or_else(|p| p.into_inner()));
         }
     }
 
-    /// A queue pair for the next request, round robin, locked.
+    /// A queue pair for the next batch, round robin over those no other
+    /// thread holds, locked; `None` when the drive has no CPU queue or is
+    /// not ready. The caller re-checks [`Drive::is_ready`] under the lock.
     pub fn pick_queue(&self) -> Option<MutexGuard<'_, QueuePair>> {
         let n = self.queues.len();
-        if n == 0 || !self.is_alive() {
+        if n == 0 || !self.is_ready() {
             return None;
         }
         let start = self.next_queue.fetch_add(1, Ordering::Relaxed);
@@ -253,9 +396,19 @@ impl Drive {
         }
         self.queues[start % n].lock().ok()
     }
+
+    /// The GPU queue (index among the drive's GPU queues) for the next
+    /// GPU-executed command, round robin; 0 without GPU queues.
+    pub fn next_gpu_queue(&self) -> u16 {
+        let n = self.gpu.as_ref().map_or(0, |g| g.queues.len());
+        if n == 0 {
+            return 0;
+        }
+        (self.next_gpu_queue.fetch_add(1, Ordering::Relaxed) % n) as u16
+    }
 }
 
-/// Counts one running GPU kernel on each of `drives` from creation until
+/// Counts one running GPU kernel on each of its drives from creation until
 /// drop. It is created before the launch and dropped after the kernel is
 /// known to have finished (it sits after the launch in the runtime's
 /// per-operation state, and a launch waits for its kernel when dropped).
@@ -265,30 +418,35 @@ pub(crate) struct KernelsRunning {
 }
 
 impl KernelsRunning {
-    /// Counts a kernel on each drive (each once).
-    pub fn new(mut drives: Vec<Arc<Drive>>) -> Self {
+    /// Counts a kernel on each of `drives` (each once), all or none: `None`
+    /// when one of them is not ready (failed, being reset or shut down), so
+    /// the launch must not go ahead. The check and the count happen under
+    /// each drive's health lock, so a reset either sees the kernel counted
+    /// (and refuses with `DriveBusy`) or the launch sees the reset.
+    pub fn start(mut drives: Vec<Arc<Drive>>) -> Option<Self> {
         drives.sort_by_key(|d| d.index);
         drives.dedup_by_key(|d| d.index);
-        for d in &drives {
-            // SeqCst pairs with reset_drive: it sets `failed` then reads this
-            // count; a launch adds here then re-reads `failed`. One of the
-            // two always sees the other.
-            d.gpu_kernels.fetch_add(1, Ordering::SeqCst);
+        let mut counted = Self { drives: Vec::with_capacity(drives.len()) };
+        for d in drives {
+            let mut h = d.health();
+            if h.state != DriveState::Ready {
+                return None; // `counted` drops: the counts made so far go back
+            }
+            h.gpu_kernels += 1;
+            drop(h);
+            counted.drives.push(d);
         }
-        Self { drives }
-    }
-
-    /// `false` if one of the drives failed or is being reset (the launch
-    /// must then not go ahead).
-    pub fn all_alive(&self) -> bool {
-        self.drives.iter().all(|d| !d.failed.load(Ordering::SeqCst) && d.is_alive())
+        Some(counted)
     }
 }
 
 impl Drop for KernelsRunning {
     fn drop(&mut self) {
         for d in &self.drives {
-            d.gpu_kernels.fetch_sub(1, Ordering::SeqCst);
+            let mut h = d.health();
+            // Only `start` counts up, once per drive listed here.
+            debug_assert!(h.gpu_kernels > 0);
+            h.gpu_kernels = h.gpu_kernels.saturating_sub(1);
         }
     }
 }

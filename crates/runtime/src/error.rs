@@ -2,8 +2,42 @@
 
 use nvme_regs::Status;
 
+use crate::binding::ResolveError;
 use crate::config::ConfigError;
 use crate::handle::HandleError;
+
+/// What is wrong with a URI given to [`crate::Runtime::open`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UriError {
+    /// It does not start with `tutti://`.
+    #[error("expected the scheme {}", crate::URI_SCHEME)]
+    Scheme,
+    /// No `/` between store and key.
+    #[error("expected tutti://<store>/<key>")]
+    NoKey,
+    /// No store of that name.
+    #[error("no store named {store:?} (stores: {known:?})")]
+    UnknownStore {
+        /// The store named.
+        store: String,
+        /// The stores the runtime has.
+        known: Vec<String>,
+    },
+    /// The store's resolver refused the key.
+    #[error(transparent)]
+    Key(#[from] ResolveError),
+}
+
+/// Which block-alignment rule a request broke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Alignment {
+    /// The offset in the target is not a multiple of the logical block size.
+    Offset,
+    /// The length is not a multiple of the logical block size.
+    Length,
+}
 
 /// Errors of runtime calls (as opposed to the per-request statuses of a
 /// batch, [`RequestError`] and [`RequestStatus`]).
@@ -17,12 +51,20 @@ pub enum Error {
     #[error(transparent)]
     Handle(#[from] HandleError),
     /// A URI does not parse or names nothing.
-    #[error("URI {uri:?}: {reason}")]
+    #[error("URI {uri:?}: {kind}")]
     Uri {
         /// The URI as given.
         uri: String,
         /// What is wrong with it.
-        reason: String,
+        kind: UriError,
+    },
+    /// No drive of that name ([`crate::Runtime::reset_drive`]).
+    #[error("no drive named {name:?} (drives: {known:?})")]
+    UnknownDrive {
+        /// The name given.
+        name: String,
+        /// The drives the runtime has.
+        known: Vec<String>,
     },
     /// A resolver and a datapath joined by a store do not speak the same
     /// payload (type or version).
@@ -78,14 +120,6 @@ pub enum Error {
         #[source]
         source: gpu_io::GpuError,
     },
-    /// The drive lacks the namespace a datapath names.
-    #[error("drive {drive:?} has no usable namespace {nsid}")]
-    NoNamespace {
-        /// Drive name.
-        drive: String,
-        /// NSID.
-        nsid: u32,
-    },
     /// Registering memory failed.
     #[error("register_memory: {reason}")]
     Memory {
@@ -103,8 +137,9 @@ pub enum Error {
         ops: usize,
     },
     /// A drive cannot be reset now: GPU kernels that use its queues are
-    /// still running (each ends within `runtime::GPU_COMMAND_BUDGET`); wait
-    /// for their operations first.
+    /// still running (each ends within `runtime::GPU_COMMAND_BUDGET`; wait
+    /// for their operations first), or `ops` is 0 and another thread is
+    /// resetting it.
     #[error("drive {drive:?} is in use by {ops} running GPU operation(s); wait for them, then reset")]
     DriveBusy {
         /// Drive name.
@@ -131,6 +166,24 @@ pub enum RequestError {
     /// Zero-length request.
     #[error("zero-length request")]
     ZeroLength,
+    /// The batch has more than [`crate::MAX_BATCH`] requests (a
+    /// request's index travels in 24 bits of each command's tag); split it.
+    #[error("a batch holds at most {max} requests, this one has {requests}; split it")]
+    BatchTooLarge {
+        /// Requests in the batch.
+        requests: u64,
+        /// Requests a batch may hold.
+        max: u64,
+    },
+    /// The request needs more NVMe commands than one request may carry
+    /// (its length over the drives' MDTS); split it.
+    #[error("the request needs {commands} NVMe commands, more than {max}; split it")]
+    TooManyCommands {
+        /// Commands the request would need.
+        commands: u64,
+        /// Commands a request may carry.
+        max: u64,
+    },
     /// The byte range lies outside the target.
     #[error("range {offset:#x}+{len:#x} is outside the {target_len:#x}-byte target")]
     OutOfRange {
@@ -142,20 +195,22 @@ pub enum RequestError {
         target_len: u64,
     },
     /// Offset or length not a multiple of the logical block size.
-    #[error("range {offset:#x}+{len:#x} is not aligned to the {block_size}-byte logical block")]
+    #[error(
+        "range {offset:#x}+{len:#x}: the {} is not a multiple of the {block_size}-byte logical block",
+        match rule { Alignment::Offset => "offset", Alignment::Length => "length" }
+    )]
     Unaligned {
         /// Offset in the target, bytes.
         offset: u64,
         /// Length, bytes.
         len: u64,
-        /// Block size, bytes.
+        /// Block size, bytes (the largest LBA size of the datapath's drives).
         block_size: u32,
+        /// The rule broken.
+        rule: Alignment,
     },
-    /// The memory range lies outside the registered region, or is not
-    /// dword aligned (PRP1 must be).
-    #[error(
-        "memory range {offset:#x}+{len:#x} is outside the {region_len:#x}-byte region or not 4-byte aligned"
-    )]
+    /// The memory range lies outside the registered region.
+    #[error("memory range {offset:#x}+{len:#x} is outside the {region_len:#x}-byte region")]
     MemoryRange {
         /// Offset in the region, bytes.
         offset: u64,
@@ -163,6 +218,24 @@ pub enum RequestError {
         len: u64,
         /// Region size, bytes.
         region_len: u64,
+    },
+    /// The memory offset does not give a 4-byte aligned address: PRP
+    /// entries must be dword aligned (NVMe Base 2.0 4.1.1).
+    #[error("memory offset {offset:#x} gives an address that is not 4-byte aligned (PRP1 must be)")]
+    MemoryUnaligned {
+        /// Offset in the region, bytes.
+        offset: u64,
+    },
+    /// A drive refused to plan its piece of the request: its namespace
+    /// disagrees with the datapath (a config built in code and not
+    /// validated). Nothing was sent.
+    #[error("drive {drive:?} cannot carry its piece of the request")]
+    DrivePlan {
+        /// Name of the drive.
+        drive: String,
+        /// Why.
+        #[source]
+        source: nvm_queue::IoError,
     },
     /// The runtime is shutting down.
     #[error("the runtime is shutting down")]

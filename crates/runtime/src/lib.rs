@@ -34,9 +34,12 @@
 //! # Ok::<(), tutti::Error>(())
 //! ```
 
-// Unsafe is allowed for one purpose: `Runtime::register_memory` carries the
-// contract of handing caller memory to devices for DMA (forwarded to
-// `NvmeDevice::dma_map`). Everything else in this crate is safe code.
+// Unsafe is allowed for one purpose: handing caller memory to devices for
+// DMA. Two sites, both in `runtime/memory.rs`: `Runtime::register_memory`
+// forwards its contract to `NvmeDevice::dma_map`, and
+// `Runtime::register_gpu_memory` forwards its contract to
+// `GpuBuffer::from_raw` (a device pointer the caller owns). Everything else
+// in this crate is safe code.
 #![allow(unsafe_code)]
 
 mod binding;
@@ -49,9 +52,13 @@ mod request;
 mod resolver;
 mod runtime;
 
+pub use binding::ResolveError;
 pub use config::Config;
-pub use error::{Error, RequestError, RequestStatus};
+pub use error::{Alignment, Error, RequestError, RequestStatus, UriError};
 pub use handle::{HandleError, MemoryHandle, OpHandle, TargetHandle};
 pub use nvme_regs::Status as NvmeStatus;
 pub use request::{Direction, Request, Submission};
-pub use runtime::{error_chain, Runtime, RuntimeStats, ShutdownReport, StoreInfo, URI_SCHEME};
+pub use runtime::{
+    error_chain, Runtime, RuntimeStats, ShutdownReport, StoreInfo, ABORT_REAP_BOUND, GPU_COMMAND_BUDGET,
+    HEALTH_CHECK_INTERVAL, MAX_BATCH, SUBMIT_RETRY_BOUND, URI_SCHEME,
+};

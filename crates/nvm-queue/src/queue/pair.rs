@@ -119,6 +119,9 @@ pub struct QueueStats {
     pub bad_sqhd: u64,
     /// CQEs naming another SQ than this pair's.
     pub wrong_sqid: u64,
+    /// SQ tail doorbell writes ([`QueuePair::ring`] writes one only when
+    /// entries were queued since the last write, so a batch costs one).
+    pub sq_doorbell_writes: u64,
 }
 
 /// Data pointer input for [`QueuePair::submit`]: `len` bytes at byte
@@ -238,7 +241,7 @@ impl QueuePair {
 
     /// Counters.
     pub fn stats(&self) -> QueueStats {
-        self.stats
+        QueueStats { sq_doorbell_writes: self.sq.doorbell_writes(), ..self.stats }
     }
 
     /// Commands submitted and not yet completed.
@@ -251,15 +254,16 @@ impl QueuePair {
         !self.sq_deleted && !self.sq.is_full() && !self.cids.is_full()
     }
 
-    /// Records that the controller deleted this pair's SQ (Delete I/O SQ,
-    /// [`crate::Controller::delete_io_sq`]): submissions fail with
+    /// Records that the controller deleted this pair's SQ (called by
+    /// [`crate::Controller::delete_io_sq`], the one place that deletes an
+    /// I/O SQ): submissions fail with
     /// [`SubmitError::SqDeleted`] from now on, and the SQHD of the CQEs
     /// still to come (aborted commands; a controller reports SQHD 0 or
     /// anything once the SQ is gone) is ignored. [`QueuePair::poll`] keeps
     /// matching completions, each outstanding command at most once, until
     /// the CQ is deleted. Cleared by [`QueuePair::prepare_for_create`] and
     /// [`QueuePair::reset_after_controller_reset`].
-    pub fn sq_was_deleted(&mut self) {
+    pub(crate) fn sq_was_deleted(&mut self) {
         self.sq_deleted = true;
     }
 

@@ -27,12 +27,20 @@ pub struct SubmissionQueue {
     head: u32,
     rung_tail: u32,
     doorbell: Doorbell,
+    /// SQ tail doorbell writes made so far.
+    doorbell_writes: u64,
 }
 
 impl SubmissionQueue {
     /// Wraps zeroed queue memory of at least `size * 64` bytes.
     pub(crate) fn new(mem: DmaBuffer, ring: Ring, qid: u16, doorbell: Doorbell) -> Self {
-        Self { mem, ring, qid, tail: 0, head: 0, rung_tail: 0, doorbell }
+        Self { mem, ring, qid, tail: 0, head: 0, rung_tail: 0, doorbell, doorbell_writes: 0 }
+    }
+
+    /// SQ tail doorbell writes made by [`SubmissionQueue::ring`] so far
+    /// (a ring with nothing new to publish writes nothing).
+    pub fn doorbell_writes(&self) -> u64 {
+        self.doorbell_writes
     }
 
     /// Byte offset in BAR0 of this queue's SQ tail doorbell.
@@ -101,6 +109,7 @@ impl SubmissionQueue {
         if self.tail != self.rung_tail {
             self.doorbell.ring(self.tail);
             self.rung_tail = self.tail;
+            self.doorbell_writes += 1;
         }
     }
 

@@ -1,7 +1,7 @@
 //! The `slab` resolver: the datapath's byte space divided into fixed-size
 //! slots; the URI key is the slot number (`tutti://<store>/<slot>`).
 
-use crate::binding::{Binding, Extent, Resolver, EXTENT_V1};
+use crate::binding::{Binding, Extent, ResolveError, Resolver, EXTENT_V1};
 
 /// Fixed-size slots over a linear byte space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,14 +26,14 @@ impl Resolver for Slab {
         Binding::of::<Extent>(EXTENT_V1)
     }
 
-    fn resolve(&self, key: &str, capacity: u64) -> Result<Extent, String> {
+    fn resolve(&self, key: &str, capacity: u64) -> Result<Extent, ResolveError> {
         if key.is_empty() || !key.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(format!("slab key {key:?} is not a slot number"));
+            return Err(ResolveError::NotASlotNumber { key: key.to_owned() });
         }
-        let slot: u64 = key.parse().map_err(|_| format!("slot number {key:?} is too large"))?;
+        let slot: u64 = key.parse().map_err(|_| ResolveError::SlotTooLarge { key: key.to_owned() })?;
         let slots = self.slots(capacity);
         if slot >= slots {
-            return Err(format!("slot {slot} is out of range: the store has {slots} slots"));
+            return Err(ResolveError::SlotOutOfRange { slot, slots });
         }
         Ok(Extent { offset: slot * self.slot_size, len: self.slot_size })
     }
@@ -47,11 +47,14 @@ mod tests {
     fn slots_map_to_extents() {
         let s = Slab::new(1 << 20).unwrap();
         assert_eq!(s.resolve("3", 10 << 20), Ok(Extent { offset: 3 << 20, len: 1 << 20 }));
-        assert!(s.resolve("10", 10 << 20).is_err());
-        assert!(s.resolve("-1", 10 << 20).is_err());
-        assert!(s.resolve("+1", 10 << 20).is_err());
-        assert!(s.resolve("", 10 << 20).is_err());
-        assert!(s.resolve("99999999999999999999999", 10 << 20).is_err());
+        assert_eq!(s.resolve("10", 10 << 20), Err(ResolveError::SlotOutOfRange { slot: 10, slots: 10 }));
+        assert!(matches!(s.resolve("-1", 10 << 20), Err(ResolveError::NotASlotNumber { .. })));
+        assert!(matches!(s.resolve("+1", 10 << 20), Err(ResolveError::NotASlotNumber { .. })));
+        assert!(matches!(s.resolve("", 10 << 20), Err(ResolveError::NotASlotNumber { .. })));
+        assert!(matches!(
+            s.resolve("99999999999999999999999", 10 << 20),
+            Err(ResolveError::SlotTooLarge { .. })
+        ));
         assert!(Slab::new(0).is_none());
     }
 }

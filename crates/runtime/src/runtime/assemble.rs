@@ -1,0 +1,278 @@
+//! Assembly: a validated [`Config`] becomes drives (devices started,
+//! controllers up, I/O queues created), datapaths, resolvers and stores,
+//! with each store's resolver/datapath binding checked.
+//!
+//! Checks that need an opened drive (a stripe unit against a member's LBA
+//! size, a namespace the controller lacks) are reported as
+//! [`crate::config::ConfigError`]s naming the YAML key, like the checks
+//! `Config::validate` makes before any drive is touched.
+//!
+//! Locks: none (nothing is shared yet).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex, RwLock};
+
+use gpu_io::Gpu;
+
+use super::{Runtime, Store};
+use crate::binding::Resolver;
+use crate::config::{Config, ConfigError, ConfigErrorKind, DataPathConfig, Execution, ResolverConfig};
+use crate::datapath::{DataPath, LocalNvme, StripedLocalNvme};
+use crate::drive::{Drive, DriveUse};
+use crate::error::Error;
+use crate::handle::{next_runtime_id, HandleKind, HandleTable};
+use crate::resolver::Slab;
+
+impl Runtime {
+    /// Assembles a runtime: validates `config`, starts every drive, brings
+    /// up its controller and queues, builds the resolvers and datapaths, and
+    /// checks that each store's resolver and datapath agree on their
+    /// binding.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] (with the key path) for a refused config, a stripe
+    /// unit that is not a multiple of a member drive's LBA size or a
+    /// namespace a drive lacks; [`Error::BindingMismatch`]; the drive's
+    /// errors ([`Error::Emulator`], [`Error::Pci`], [`Error::Controller`],
+    /// [`Error::Gpu`]).
+    pub fn from_config(config: Config) -> Result<Self, Error> {
+        config.validate()?;
+        let usage = drive_usage(&config);
+        // A GPU only when some datapath asks for GPU execution.
+        let gpu = if usage.values().any(|u| u.execution == Execution::Gpu) {
+            Some(Arc::new(
+                Gpu::open(0).map_err(|source| Error::Gpu { context: "opening GPU 0".into(), source })?,
+            ))
+        } else {
+            None
+        };
+        let mut drives = Vec::new();
+        for (i, (name, cfg)) in config.drives.iter().enumerate() {
+            drives.push(Arc::new(Drive::start(
+                i,
+                name,
+                cfg,
+                usage.get(name.as_str()).cloned(),
+                gpu.as_deref(),
+            )?));
+        }
+        let (datapaths, dp_index) = build_datapaths(&config, &drives)?;
+        let (stores, store_index) = build_stores(&config, &datapaths, &dp_index)?;
+        let id = next_runtime_id();
+        Ok(Self {
+            drives,
+            datapaths,
+            stores,
+            store_index,
+            targets: RwLock::new(HandleTable::new(id, HandleKind::Target)),
+            memory: RwLock::new(HandleTable::new(id, HandleKind::Memory)),
+            ops: Mutex::new(HandleTable::new(id, HandleKind::Operation)),
+            shutting_down: AtomicBool::new(false),
+            shut_down: AtomicBool::new(false),
+            submitters: AtomicUsize::new(0),
+            gpu,
+            late_completions: AtomicU64::new(0),
+        })
+    }
+}
+
+/// Which datapath uses which drive, and how (validation made each drive
+/// belong to one datapath at most).
+fn drive_usage(config: &Config) -> HashMap<&str, DriveUse> {
+    let mut usage = HashMap::new();
+    for (name, dp) in &config.datapaths {
+        let nsid_key = config.datapath_key(name, "nsid");
+        match dp {
+            DataPathConfig::LocalNvme(l) => {
+                usage.insert(
+                    l.drive.as_str(),
+                    DriveUse {
+                        nsid: l.nsid,
+                        nsid_key,
+                        queues: l.queues,
+                        queue_depth: l.queue_depth,
+                        execution: l.execution,
+                    },
+                );
+            }
+            DataPathConfig::StripedLocalNvme(s) => {
+                for d in &s.drives {
+                    usage.insert(
+                        d.as_str(),
+                        DriveUse {
+                            nsid: s.nsid,
+                            nsid_key: nsid_key.clone(),
+                            queues: s.queues_per_drive,
+                            queue_depth: s.queue_depth,
+                            execution: s.execution,
+                        },
+                    );
+                }
+            }
+        }
+    }
+    usage
+}
+
+type DataPaths = (Vec<Arc<dyn DataPath>>, HashMap<String, usize>);
+
+fn build_datapaths(config: &Config, drives: &[Arc<Drive>]) -> Result<DataPaths, Error> {
+    let get_drive = |name: &String| drives.iter().find(|d| &d.name == name).cloned();
+    let mut datapaths: Vec<Arc<dyn DataPath>> = Vec::new();
+    let mut dp_index = HashMap::new();
+    for (name, cfg) in &config.datapaths {
+        let dp: Arc<dyn DataPath> = match cfg {
+            DataPathConfig::LocalNvme(l) => {
+                let d = get_drive(&l.drive).ok_or_else(|| missing(config, name, "drive"))?;
+                Arc::new(LocalNvme::new(name, d))
+            }
+            DataPathConfig::StripedLocalNvme(s) => {
+                let ds: Vec<Arc<Drive>> = s.drives.iter().filter_map(get_drive).collect();
+                // PCI drives' LBA sizes are known only now (config
+                // validation checked the emulated ones).
+                if let Some(d) = ds.iter().find(|d| s.stripe_unit.0 % u64::from(d.ns.block_size) != 0) {
+                    return Err(ConfigError::new(
+                        config.datapath_key(name, "stripe_unit"),
+                        ConfigErrorKind::StripeUnitVsLbaSize {
+                            unit: s.stripe_unit.0,
+                            drive: d.name.clone(),
+                            lba_size: d.ns.block_size,
+                        },
+                    )
+                    .into());
+                }
+                if ds.len() != s.drives.len() {
+                    return Err(missing(config, name, "drives"));
+                }
+                Arc::new(
+                    StripedLocalNvme::new(name, ds, s.stripe_unit.0)
+                        .ok_or_else(|| missing(config, name, "drives"))?,
+                )
+            }
+        };
+        dp_index.insert(name.clone(), datapaths.len());
+        datapaths.push(dp);
+    }
+    Ok((datapaths, dp_index))
+}
+
+/// A reference validation should have refused (a config built in code and
+/// changed after validating): reported as the config error it is.
+fn missing(config: &Config, datapath: &str, field: &str) -> Error {
+    ConfigError::new(
+        config.datapath_key(datapath, field),
+        ConfigErrorKind::Invalid {
+            reason: "names no usable drive (was the config changed after validate?)".into(),
+        },
+    )
+    .into()
+}
+
+type Stores = (Vec<Store>, HashMap<String, usize>);
+
+fn build_stores(
+    config: &Config,
+    datapaths: &[Arc<dyn DataPath>],
+    dp_index: &HashMap<String, usize>,
+) -> Result<Stores, Error> {
+    let mut stores = Vec::new();
+    let mut store_index = HashMap::new();
+    for (name, sc) in &config.stores {
+        let bad = |field: &str| {
+            Error::from(ConfigError::new(
+                format!("stores.{name}.{field}"),
+                ConfigErrorKind::Invalid {
+                    reason: "names nothing (was the config changed after validate?)".into(),
+                },
+            ))
+        };
+        let (resolver, slot_size): (Box<dyn Resolver>, Option<u64>) =
+            match config.resolvers.get(&sc.resolver).ok_or_else(|| bad("resolver"))? {
+                ResolverConfig::Slab(s) => {
+                    let slab = Slab::new(s.slot_size.0).ok_or_else(|| {
+                        Error::from(ConfigError::new(
+                            format!("resolvers.{}.slab.slot_size", sc.resolver),
+                            ConfigErrorKind::Invalid { reason: "slot size 0".into() },
+                        ))
+                    })?;
+                    (Box::new(slab), Some(s.slot_size.0))
+                }
+            };
+        let datapath = *dp_index.get(&sc.datapath).ok_or_else(|| bad("datapath"))?;
+        check_binding(name, &sc.resolver, &*resolver, &*datapaths[datapath])?;
+        store_index.insert(name.clone(), stores.len());
+        stores.push(Store { name: name.clone(), resolver, datapath, slot_size });
+    }
+    Ok((stores, store_index))
+}
+
+pub(super) fn check_binding(
+    store: &str,
+    resolver_name: &str,
+    resolver: &dyn Resolver,
+    dp: &dyn DataPath,
+) -> Result<(), Error> {
+    let (p, c) = (resolver.binding(), dp.binding());
+    if p != c {
+        return Err(Error::BindingMismatch {
+            store: store.to_owned(),
+            resolver: resolver_name.to_owned(),
+            datapath: dp.name().to_owned(),
+            produced: p.to_string(),
+            consumed: c.to_string(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::binding::{Binding, Extent, ResolveError};
+    use crate::datapath::Piece;
+
+    #[derive(Debug)]
+    struct OtherResolver;
+    impl Resolver for OtherResolver {
+        fn binding(&self) -> Binding {
+            Binding::of::<Extent>(2)
+        }
+        fn resolve(&self, key: &str, _: u64) -> Result<Extent, ResolveError> {
+            Err(ResolveError::NotASlotNumber { key: key.to_owned() })
+        }
+    }
+
+    #[derive(Debug)]
+    struct FakePath;
+    impl DataPath for FakePath {
+        fn name(&self) -> &str {
+            "fake"
+        }
+        fn binding(&self) -> Binding {
+            Binding::of::<Extent>(crate::binding::EXTENT_V1)
+        }
+        fn capacity(&self) -> u64 {
+            0
+        }
+        fn block_size(&self) -> u32 {
+            512
+        }
+        fn drives(&self) -> &[Arc<Drive>] {
+            &[]
+        }
+        fn for_each_piece(&self, _: u64, _: u64, _: &mut dyn FnMut(Piece)) {}
+    }
+
+    #[test]
+    fn mismatched_binding_version_is_refused() {
+        let e = check_binding("kv", "r", &OtherResolver, &FakePath).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, Error::BindingMismatch { .. }));
+        assert!(msg.contains("@2") && msg.contains("@1"), "{msg}");
+        check_binding("kv", "slab", &Slab::new(4096).unwrap(), &FakePath).unwrap();
+    }
+}

@@ -1,0 +1,266 @@
+//! Completion: `wait`, `try_wait` and `reap` poll the completion queues of
+//! an operation's drives and route every CQE, by the tag its command
+//! carries, to its request in the operations table (`ops.rs`).
+//!
+//! A queue pair is polled under its own lock into a local buffer; the lock
+//! is let go before the operations table is taken to route what was
+//! reaped. A thread that finds a queue locked skips it (its holder reaps
+//! it). While nothing completes, the controllers of the operation's drives
+//! are checked for a fatal or vanished state (`recovery.rs`) every
+//! [`HEALTH_CHECK_INTERVAL`].
+//!
+//! Locks, never two at once: one queue pair at a time, then the
+//! operations table.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use nvm_queue::{Completion, QueuePair};
+
+use super::ops::{split_tag, OpState, Settle};
+use super::{lock, Runtime};
+use crate::drive::Drive;
+use crate::error::{Error, RequestStatus};
+use crate::handle::{HandleError, HandleKind, HandleTable, OpHandle};
+
+/// How long a waiter sees no completion before it reads the controllers'
+/// status (CSTS) of the drives it waits on.
+pub const HEALTH_CHECK_INTERVAL: Duration = Duration::from_millis(20);
+
+impl Runtime {
+    /// Waits until every request of `op` is final or `timeout` passes, and
+    /// returns one status per request of the batch, in submission order.
+    /// Completions are always reaped once before the deadline is checked,
+    /// so a zero timeout is a non-blocking poll. Requests not final at the
+    /// deadline are [`RequestStatus::Timeout`] (the drives still holding
+    /// their commands are named in a warning, with their queue state).
+    /// Either way the handle is consumed: a second wait is a stale-handle
+    /// error. A timed-out request's commands stay tracked, and its memory
+    /// busy, until their completions arrive (reaped by later waits,
+    /// [`Runtime::reap`] or [`Runtime::unregister_memory`]) or the runtime
+    /// shuts down.
+    ///
+    /// While nothing completes, the controllers of the operation's drives
+    /// are checked every [`HEALTH_CHECK_INTERVAL`]: one that reports a
+    /// fatal status (CSTS.CFS), is no longer ready, or reads all ones fails
+    /// the requests it holds with [`RequestStatus::ControllerFatal`] naming
+    /// it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Handle`] for a stale, foreign or forged handle.
+    pub fn wait(&self, op: OpHandle, timeout: Duration) -> Result<Vec<RequestStatus>, Error> {
+        let deadline = Instant::now().checked_add(timeout);
+        let dps = self.live_op_datapaths(op)?;
+        // GPU-executed commands: the kernel bounds each by its budget.
+        self.finish_gpu(op)?;
+        let mut buf = Vec::new();
+        let mut idle = 0u32;
+        let mut last_progress = Instant::now();
+        let mut polled = false;
+        loop {
+            {
+                let mut ops = lock(&self.ops);
+                let st = ops.get_mut(op.0)?;
+                if st.is_retired() {
+                    // Another thread's wait on the same handle took the
+                    // statuses first.
+                    return Err(stale_op(op));
+                }
+                // Reaped at least once before a deadline is honoured, so a
+                // zero timeout still sees work the drives have finished.
+                let expired = polled && deadline.is_some_and(|d| Instant::now() >= d);
+                if st.is_final() || expired {
+                    let timed_out = !st.is_final();
+                    let statuses = finalize(&mut ops, op)?;
+                    drop(ops);
+                    if timed_out {
+                        self.report_stalled(&dps, op);
+                    }
+                    return Ok(statuses);
+                }
+            }
+            polled = true;
+            if self.poll_datapaths(&dps, &mut buf) > 0 {
+                idle = 0;
+                last_progress = Instant::now();
+                continue;
+            }
+            idle += 1;
+            if last_progress.elapsed() >= HEALTH_CHECK_INTERVAL {
+                // Nothing completes: is a controller dead or gone?
+                self.check_drives(&dps);
+                last_progress = Instant::now();
+            }
+            backoff(idle);
+        }
+    }
+
+    /// Non-blocking wait: reaps the operation's completions once and returns
+    /// its statuses if every request is final (consuming the handle, as
+    /// [`Runtime::wait`] does), or `None` (the handle stays valid).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Handle`] for a stale, foreign or forged handle.
+    pub fn try_wait(&self, op: OpHandle) -> Result<Option<Vec<RequestStatus>>, Error> {
+        let dps = self.live_op_datapaths(op)?;
+        let gpu_busy = lock(&self.ops).get(op.0)?.gpu.as_ref().is_some_and(|g| !g.launch.is_done());
+        if gpu_busy {
+            return Ok(None);
+        }
+        self.finish_gpu(op)?;
+        self.poll_datapaths(&dps, &mut Vec::new());
+        let mut ops = lock(&self.ops);
+        let st = ops.get(op.0)?;
+        if st.is_retired() {
+            return Err(stale_op(op));
+        }
+        if !st.is_final() {
+            return Ok(None);
+        }
+        finalize(&mut ops, op).map(Some)
+    }
+
+    /// Reaps every queue's completions once, from the calling thread: late
+    /// completions of timed-out operations are matched and their memory
+    /// released. [`Runtime::wait`] does this for its own operation's
+    /// datapaths; this covers the rest. Returns completions consumed.
+    pub fn reap(&self) -> usize {
+        let all: Vec<usize> = (0..self.datapaths.len()).collect();
+        self.poll_datapaths(&all, &mut Vec::new())
+    }
+
+    fn live_op_datapaths(&self, op: OpHandle) -> Result<Vec<usize>, Error> {
+        let ops = lock(&self.ops);
+        let st = ops.get(op.0)?;
+        if st.is_retired() {
+            return Err(stale_op(op));
+        }
+        Ok(st.datapaths.clone())
+    }
+
+    /// Polls every CPU queue of the given datapaths' ready drives that no
+    /// other thread holds, routing what it reaps. Returns completions
+    /// consumed.
+    pub(super) fn poll_datapaths(&self, dps: &[usize], buf: &mut Vec<Completion>) -> usize {
+        let mut n = 0;
+        for &dpi in dps {
+            for d in self.datapaths[dpi].drives() {
+                if !d.is_ready() {
+                    continue;
+                }
+                for q in &d.queues {
+                    n += self.poll_queue(q, d, false, buf);
+                }
+            }
+        }
+        n
+    }
+
+    /// Reaps one queue pair (waiting for its lock when `block`, else
+    /// skipping it if another thread holds it) into `buf`, lets the queue
+    /// go, then routes what it reaped. Returns the number of CQEs consumed.
+    pub(super) fn poll_queue(
+        &self,
+        q: &Mutex<QueuePair>,
+        d: &Drive,
+        block: bool,
+        buf: &mut Vec<Completion>,
+    ) -> usize {
+        buf.clear();
+        let n = {
+            let mut qp = if block {
+                lock(q)
+            } else {
+                match q.try_lock() {
+                    Ok(qp) => qp,
+                    Err(_) => return 0,
+                }
+            };
+            qp.poll(|c| buf.push(c))
+        };
+        if !buf.is_empty() {
+            let mut ops = lock(&self.ops);
+            for &c in buf.iter() {
+                self.route(&mut ops, d, c);
+            }
+        }
+        n
+    }
+
+    /// Delivers one completion from drive `d` to its request.
+    pub(super) fn route(&self, ops: &mut HandleTable<OpState>, d: &Drive, c: Completion) {
+        let (slot, gen16, index) = split_tag(c.tag);
+        let Some((h, st)) = ops.get_mut_by_slot(slot) else {
+            self.count_late();
+            return;
+        };
+        if h.generation & 0xFFFF != gen16 {
+            self.count_late();
+            return;
+        }
+        let failure =
+            (!c.status.is_success()).then(|| RequestStatus::Nvme { drive: d.name.clone(), status: c.status });
+        if st.complete(index, failure) == Settle::Refused {
+            self.count_late();
+        }
+        if st.can_drop() {
+            let _ = ops.remove(h);
+        }
+    }
+
+    fn count_late(&self) {
+        self.late_completions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Names the drives of `dps` that still hold commands of timed-out
+    /// operation `op`, with their queue state.
+    fn report_stalled(&self, dps: &[usize], op: OpHandle) {
+        for &dpi in dps {
+            for d in self.datapaths[dpi].drives() {
+                for q in &d.queues {
+                    let Ok(qp) = q.try_lock() else { continue };
+                    let mine =
+                        qp.outstanding_tags().iter().filter(|(_, t)| split_tag(*t).0 == op.0.slot).count();
+                    if mine > 0 {
+                        tracing::warn!(
+                            drive = %d.name,
+                            commands = mine,
+                            queue = %qp.dump(),
+                            "wait timed out with commands outstanding on this drive (controller status looks healthy)"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The error for a handle whose operation was already consumed by a wait.
+fn stale_op(op: OpHandle) -> Error {
+    HandleError::Stale { kind: HandleKind::Operation, slot: op.0.slot, generation: op.0.generation }.into()
+}
+
+/// Takes the final statuses of operation `op` (requests not final become
+/// [`RequestStatus::Timeout`]) and consumes its handle: the entry goes
+/// away, or stays retired until its outstanding commands leave.
+fn finalize(ops: &mut HandleTable<OpState>, op: OpHandle) -> Result<Vec<RequestStatus>, Error> {
+    let st = ops.get_mut(op.0)?;
+    let statuses = st.retire();
+    if st.can_drop() {
+        ops.remove(op.0)?;
+    }
+    Ok(statuses)
+}
+
+/// Idle back-off of a polling waiter: spin briefly (completions usually
+/// follow within microseconds), then sleep in short naps so that a waiter
+/// on a slow drive does not take a core from the drives and other threads.
+fn backoff(idle_polls: u32) {
+    if idle_polls < 256 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::sleep(Duration::from_micros(20));
+    }
+}

@@ -1,0 +1,208 @@
+//! GPU execution: the GPU-executed requests of a batch become one kernel
+//! launch (`gpu-io`), built from the batch's plan; `wait` collects the
+//! kernel's per-command statuses into the operation's accounting.
+//!
+//! A request is launched whole or not at all: one whose drive is not ready
+//! or lacks GPU queues is failed before any of its commands reaches a
+//! drive. The launch counts itself on each of its drives
+//! ([`KernelsRunning`]) so that `reset_drive` and `shutdown` wait for it.
+//! A command the kernel gave up on (its budget passed) is abandoned: if
+//! the drive's controller turns out dead it is
+//! [`RequestStatus::ControllerFatal`], else [`RequestStatus::Timeout`];
+//! either way its memory stays pinned to the drive until a reset, because
+//! the drive may still write it.
+//!
+//! Locks: the drives' health locks (counting the kernel), then the
+//! operations table (recording the launch); `finish_gpu` waits for the
+//! kernel with no lock held.
+
+use std::collections::HashMap;
+
+use gpu_io::abi::TuttiRequest;
+use gpu_io::{GpuLaunch, GpuQueue, GpuRegion, GpuStatus};
+
+use super::plan::{BatchPlan, PlannedRequest};
+use super::{error_chain, lock, Runtime, GPU_COMMAND_BUDGET};
+use crate::drive::KernelsRunning;
+use crate::error::{Error, RequestStatus};
+use crate::handle::{OpHandle, RawHandle};
+use crate::request::Direction;
+
+/// Commands of an operation that GPU threads execute.
+#[derive(Debug)]
+pub(crate) struct GpuOp {
+    pub launch: GpuLaunch,
+    /// Request index of each command, in launch order.
+    cmd_req: Vec<u32>,
+    /// Drive index of each command.
+    cmd_drive: Vec<u16>,
+    /// Counts the kernel as running on its drives; declared after `launch`
+    /// so it drops after the launch has waited for the kernel.
+    _running: KernelsRunning,
+}
+
+/// A batch's GPU commands being built.
+#[derive(Default)]
+struct Launch<'a> {
+    cmds: Vec<TuttiRequest>,
+    cmd_req: Vec<u32>,
+    cmd_drive: Vec<u16>,
+    /// The launch's queue list: every GPU queue of each drive used.
+    queues: Vec<(&'a GpuQueue, &'a GpuRegion)>,
+    /// Drive index -> index of its first queue in `queues`.
+    first_queue: HashMap<usize, u16>,
+    /// Requests failed before launch: (request, commands, why).
+    refused: Vec<(usize, u32, String)>,
+}
+
+impl Runtime {
+    /// Launches every GPU-executed command of the batch as one kernel.
+    pub(super) fn launch_gpu(&self, op: RawHandle, plan: &BatchPlan) {
+        let Some(gpu) = &self.gpu else { return };
+        let mut l = Launch::default();
+        for (i, r) in plan.accepted().filter(|(_, r)| r.gpu) {
+            if let Err(why) = self.add_request(&mut l, plan, i, r) {
+                l.refused.push((i, r.commands, why));
+            }
+        }
+        let mut failed: Vec<(usize, u32, String)> = std::mem::take(&mut l.refused);
+        let mut launched = None;
+        if !l.cmds.is_empty() {
+            let drives = l.cmd_drive.iter().map(|&d| self.drives[usize::from(d)].clone()).collect();
+            match KernelsRunning::start(drives) {
+                None => {
+                    failed.extend(per_request(&l.cmd_req, "a drive of the batch failed or is being reset"))
+                }
+                Some(running) => match gpu.launch(&l.queues, &l.cmds, u32::MAX, GPU_COMMAND_BUDGET) {
+                    Ok(launch) => launched = Some((launch, running)),
+                    Err(e) => failed.extend(per_request(&l.cmd_req, &error_chain(&e))),
+                },
+            }
+        }
+        let mut ops = lock(&self.ops);
+        let Ok(st) = ops.get_mut(op) else { return };
+        for (i, n, reason) in failed {
+            let _ = st.unsent(i, n, RequestStatus::SubmitFailed { reason });
+        }
+        if let Some((launch, running)) = launched {
+            st.gpu = Some(GpuOp { launch, cmd_req: l.cmd_req, cmd_drive: l.cmd_drive, _running: running });
+        }
+    }
+
+    /// Appends request `i`'s commands to the launch, or says why it cannot
+    /// go (nothing appended).
+    fn add_request<'a>(
+        &'a self,
+        l: &mut Launch<'a>,
+        plan: &BatchPlan,
+        i: usize,
+        r: &'a PlannedRequest,
+    ) -> Result<(), String> {
+        let opcode = match r.direction {
+            Direction::Read => nvme_regs::opcode::nvm_opcode::READ,
+            Direction::Write => nvme_regs::opcode::nvm_opcode::WRITE,
+        };
+        let start = l.cmds.len();
+        for p in &plan.pieces[r.pieces.clone()] {
+            let d = &self.drives[p.drive];
+            let (Some(gq), Some(Some(greg))) = (&d.gpu, r.region.gpu_regions.get(d.index)) else {
+                l.truncate(start);
+                return Err(format!("drive {:?} has no GPU queues or page table", d.name));
+            };
+            if !d.is_ready() {
+                l.truncate(start);
+                return Err(format!("drive {:?} is {:?}; reset_drive brings it back", d.name, d.state()));
+            }
+            let base = *l.first_queue.entry(d.index).or_insert_with(|| {
+                let base = l.queues.len() as u16;
+                l.queues.extend(gq.queues.iter().map(|q| (q, greg)));
+                base
+            });
+            for c in p.io {
+                l.cmds.push(TuttiRequest {
+                    opcode,
+                    queue: base + d.next_gpu_queue(),
+                    nsid: d.ns.nsid,
+                    slba: c.slba,
+                    nlb: u32::from(c.nlb.zero_based()),
+                    len: c.len as u32,
+                    mem_offset: (p.mem_offset + c.offset) as u64,
+                    ..Default::default()
+                });
+                l.cmd_req.push(i as u32);
+                l.cmd_drive.push(d.index as u16);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for an operation's kernel, if it has one, and hands each
+    /// command's status to the operation's accounting.
+    pub(super) fn finish_gpu(&self, op: OpHandle) -> Result<(), Error> {
+        let Some(g) = lock(&self.ops).get_mut(op.0)?.gpu.take() else { return Ok(()) };
+        let statuses = g.launch.wait();
+        // Drives the kernel saw a timeout on, judged once each by their
+        // registers before the operations table is taken.
+        let mut dead: HashMap<u16, bool> = HashMap::new();
+        if let Ok(s) = &statuses {
+            for (&d, _) in g.cmd_drive.iter().zip(s).filter(|(_, s)| **s == GpuStatus::Timeout) {
+                dead.entry(d).or_insert_with(|| self.gpu_drive_dead(usize::from(d)));
+            }
+        }
+        let mut ops = lock(&self.ops);
+        let st = ops.get_mut(op.0)?;
+        let statuses = match statuses {
+            Ok(s) => s,
+            Err(e) => {
+                for (i, n, reason) in per_request(&g.cmd_req, &error_chain(&e)) {
+                    let _ = st.unsent(i, n, RequestStatus::SubmitFailed { reason });
+                }
+                return Ok(());
+            }
+        };
+        for ((&i, &d), s) in g.cmd_req.iter().zip(&g.cmd_drive).zip(&statuses) {
+            let (i, drive) = (i as usize, &self.drives[usize::from(d)]);
+            let name = || drive.name.clone();
+            let _ = match *s {
+                GpuStatus::Success => st.complete(i, None),
+                GpuStatus::Nvme(status) => {
+                    st.complete(i, Some(RequestStatus::Nvme { drive: name(), status }))
+                }
+                GpuStatus::Timeout => {
+                    // The kernel gave up on it; the drive may still write
+                    // its memory until a reset.
+                    drive.pin_until_reset(&st.regions);
+                    let why = if dead.get(&d).copied().unwrap_or(false) {
+                        RequestStatus::ControllerFatal { drive: name() }
+                    } else {
+                        RequestStatus::Timeout
+                    };
+                    st.abandon(i, why)
+                }
+                other => st.unsent(i, 1, RequestStatus::SubmitFailed { reason: format!("GPU: {other:?}") }),
+            };
+        }
+        Ok(())
+    }
+}
+
+impl Launch<'_> {
+    /// Drops the commands from `start` on (a request refused part way).
+    fn truncate(&mut self, start: usize) {
+        self.cmds.truncate(start);
+        self.cmd_req.truncate(start);
+        self.cmd_drive.truncate(start);
+    }
+}
+
+/// `(request, commands, why)` for each request of a command list.
+fn per_request(cmd_req: &[u32], why: &str) -> Vec<(usize, u32, String)> {
+    let mut out: Vec<(usize, u32, String)> = Vec::new();
+    for &i in cmd_req {
+        match out.last_mut() {
+            Some((j, n, _)) if *j == i as usize => *n += 1,
+            _ => out.push((i as usize, 1, why.to_owned())),
+        }
+    }
+    out
+}

@@ -1,0 +1,216 @@
+//! Planning: every request of a batch checked and turned into per-drive
+//! pieces with their NVMe commands, once. Both executions (CPU queue pairs
+//! in `submit.rs`, the GPU kernel in `gpu.rs`) consume this plan; neither
+//! checks or plans again.
+//!
+//! Each rule is checked here and only here, in this order: handles, zero
+//! length, range inside the target, block alignment of offset and length
+//! (the datapath's logical block size), memory range inside the region,
+//! dword alignment of the memory address (PRP1, NVMe Base 2.0 4.1.1), then
+//! [`plan_io`] per piece (SLBA, NLB and the MDTS split; after the checks
+//! above it only fails if a drive's namespace disagrees with the datapath,
+//! reported as [`RequestError::DrivePlan`]), and the command count.
+//!
+//! Locks: the targets and memory tables' read locks, together, for the
+//! whole batch.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use nvm_queue::{plan_io, IoPlan};
+
+use super::memory::Region;
+use super::{Runtime, Target};
+use crate::error::{Alignment, RequestError};
+use crate::handle::HandleTable;
+use crate::request::{Direction, Request};
+
+/// One per-drive piece of a request and its commands.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PlannedPiece {
+    /// Runtime drive index.
+    pub drive: usize,
+    /// Index of the request in the batch.
+    pub request: usize,
+    /// Byte offset in the region's DMA mapping (its page-aligned start) of
+    /// the piece's first byte.
+    pub mem_offset: usize,
+    /// The piece's commands: SLBA, NLB (MDTS split) and each command's byte
+    /// offset within the piece. Iterating allocates nothing.
+    pub io: IoPlan,
+}
+
+/// An accepted request.
+#[derive(Debug)]
+pub(crate) struct PlannedRequest {
+    pub datapath: usize,
+    pub direction: Direction,
+    pub region: Arc<Region>,
+    /// Executed by GPU threads (`execution: gpu`).
+    pub gpu: bool,
+    /// Its pieces in [`BatchPlan::pieces`].
+    pub pieces: Range<usize>,
+    /// NVMe commands over all pieces.
+    pub commands: u32,
+}
+
+/// A batch, planned.
+#[derive(Debug, Default)]
+pub(crate) struct BatchPlan {
+    /// One entry per request, in order.
+    pub requests: Vec<Result<PlannedRequest, RequestError>>,
+    pub pieces: Vec<PlannedPiece>,
+}
+
+impl BatchPlan {
+    /// The accepted requests with their index.
+    pub fn accepted(&self) -> impl Iterator<Item = (usize, &PlannedRequest)> + '_ {
+        self.requests.iter().enumerate().filter_map(|(i, r)| r.as_ref().ok().map(|r| (i, r)))
+    }
+
+    /// Per request: accepted, or why not.
+    pub fn states(&self) -> Vec<Result<(), RequestError>> {
+        self.requests.iter().map(|r| r.as_ref().map(|_| ()).map_err(Clone::clone)).collect()
+    }
+}
+
+impl Runtime {
+    /// Checks and plans every request of `requests`.
+    pub(super) fn plan_batch(&self, requests: &[Request]) -> BatchPlan {
+        let mut plan = BatchPlan { requests: Vec::with_capacity(requests.len()), pieces: Vec::new() };
+        {
+            let targets = self.targets.read().unwrap_or_else(|p| p.into_inner());
+            let memory = self.memory.read().unwrap_or_else(|p| p.into_inner());
+            for (i, r) in requests.iter().enumerate() {
+                let p = self.plan_request(&targets, &memory, i, r, &mut plan.pieces);
+                plan.requests.push(p);
+            }
+        }
+        one_gpu_region(&mut plan);
+        plan
+    }
+
+    /// Checks request `index` and appends its pieces to `pieces` (nothing
+    /// when it is refused).
+    fn plan_request(
+        &self,
+        targets: &HandleTable<Target>,
+        memory: &HandleTable<Arc<Region>>,
+        index: usize,
+        r: &Request,
+        pieces: &mut Vec<PlannedPiece>,
+    ) -> Result<PlannedRequest, RequestError> {
+        let t = *targets.get(r.target.0).map_err(RequestError::Target)?;
+        let region = memory.get(r.memory.0).map_err(RequestError::Memory)?.clone();
+        let datapath = self.stores[t.store].datapath;
+        let block_size = self.datapaths[datapath].block_size();
+        check_request(r, t.extent.len, block_size, &region)?;
+        let start = pieces.len();
+        match self.plan_pieces(datapath, t.extent.offset + r.offset, index, r, &region, pieces) {
+            Ok(commands) => Ok(PlannedRequest {
+                datapath,
+                direction: r.direction,
+                region,
+                gpu: self.is_gpu(datapath),
+                pieces: start..pieces.len(),
+                commands,
+            }),
+            Err(e) => {
+                pieces.truncate(start);
+                Err(e)
+            }
+        }
+    }
+
+    /// Splits a checked request at byte `offset` of datapath `dpi` into
+    /// per-drive pieces and plans each piece's commands; returns the
+    /// command count.
+    fn plan_pieces(
+        &self,
+        dpi: usize,
+        offset: u64,
+        index: usize,
+        r: &Request,
+        region: &Region,
+        pieces: &mut Vec<PlannedPiece>,
+    ) -> Result<u32, RequestError> {
+        let dp = &self.datapaths[dpi];
+        let mut commands = 0u64;
+        let mut err = None;
+        dp.for_each_piece(offset, r.len, &mut |p| {
+            if err.is_some() {
+                return;
+            }
+            let d = &dp.drives()[p.drive];
+            match plan_io(&d.ns, p.drive_offset, p.len, d.max_transfer) {
+                Ok(io) => {
+                    commands += io.commands() as u64;
+                    pieces.push(PlannedPiece {
+                        drive: d.index,
+                        request: index,
+                        mem_offset: region.lead + r.memory_offset as usize + p.request_offset as usize,
+                        io,
+                    });
+                }
+                Err(source) => err = Some(RequestError::DrivePlan { drive: d.name.clone(), source }),
+            }
+        });
+        if let Some(e) = err {
+            return Err(e);
+        }
+        u32::try_from(commands)
+            .map_err(|_| RequestError::TooManyCommands { commands, max: u64::from(u32::MAX) })
+    }
+
+    /// `true` when datapath `dpi`'s drives are driven by GPU threads.
+    pub(super) fn is_gpu(&self, dpi: usize) -> bool {
+        self.datapaths[dpi].drives().first().is_some_and(|d| d.gpu.is_some())
+    }
+}
+
+/// The request-level rules, on a request whose handles resolved.
+fn check_request(r: &Request, target_len: u64, block_size: u32, region: &Region) -> Result<(), RequestError> {
+    if r.len == 0 {
+        return Err(RequestError::ZeroLength);
+    }
+    if r.offset.checked_add(r.len).is_none_or(|end| end > target_len) {
+        return Err(RequestError::OutOfRange { offset: r.offset, len: r.len, target_len });
+    }
+    let bs = u64::from(block_size);
+    let rule = if !r.offset.is_multiple_of(bs) {
+        Some(Alignment::Offset)
+    } else if !r.len.is_multiple_of(bs) {
+        Some(Alignment::Length)
+    } else {
+        None
+    };
+    if let Some(rule) = rule {
+        return Err(RequestError::Unaligned { offset: r.offset, len: r.len, block_size, rule });
+    }
+    let region_len = region.len as u64;
+    if r.memory_offset.checked_add(r.len).is_none_or(|end| end > region_len) {
+        return Err(RequestError::MemoryRange { offset: r.memory_offset, len: r.len, region_len });
+    }
+    if !(region.lead as u64 + r.memory_offset).is_multiple_of(4) {
+        return Err(RequestError::MemoryUnaligned { offset: r.memory_offset });
+    }
+    Ok(())
+}
+
+/// A GPU launch binds one memory region per queue: a GPU-executed batch
+/// uses the region of its first GPU request; other GPU requests naming
+/// another region are refused.
+fn one_gpu_region(plan: &mut BatchPlan) {
+    let mut first: Option<Arc<Region>> = None;
+    for p in plan.requests.iter_mut() {
+        let Ok(r) = p else { continue };
+        if !r.gpu {
+            continue;
+        }
+        match &first {
+            None => first = Some(r.region.clone()),
+            Some(f) if Arc::ptr_eq(f, &r.region) => {}
+            Some(_) => *p = Err(RequestError::GpuBatchMemory),
+        }
+    }
+}
