@@ -1,13 +1,12 @@
-//! `tutti-bench rate` and `tutti-bench stripe`: the driver benchmarks whose
-//! numbers go into docs/benchmarks.md.
+//! `tutti-bench stripe` and `tutti-bench gpu-rate`: driver benchmarks whose
+//! numbers go into docs/benchmarks.md (`rate` is in `rate.rs`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use nvm_queue::{Controller, ControllerOptions, DataRef, DmaBuffer, IoChunk, IoOp, NvmeDevice, SubmitError};
+use nvm_queue::{Controller, ControllerOptions, DmaBuffer, NvmeDevice};
 use nvme_emu::{BackingSpec, Emulator, EmulatorConfig, NamespaceSpec};
-use nvme_regs::Nlb;
 use serde::Serialize;
 use tutti::config::{DriveConfig, TimingConfig};
 use tutti::{error_chain, Config, Request, Runtime};
@@ -21,170 +20,6 @@ fn seconds(s: &str) -> Result<f64, String> {
 
 fn err(e: impl std::error::Error) -> String {
     error_chain(&e)
-}
-
-/// Options of `rate`.
-#[derive(Debug, Args)]
-pub struct RateArgs {
-    /// Commands to complete.
-    #[arg(long, default_value_t = 5_000_000)]
-    pub commands: u64,
-    /// I/O queue entries, 2..=1024 (the emulator's CAP.MQES + 1).
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(2..=1024))]
-    pub queue_depth: u32,
-    /// Commands written per doorbell write (queue pair) or per submit call
-    /// (runtime), 1..=4096.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
-    pub batch: u32,
-    /// Measure through the runtime API (`submit`/`wait` batches of `batch`
-    /// 4 KiB reads on a `local_nvme` datapath) instead of the queue pair.
-    #[arg(long)]
-    pub runtime: bool,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Debug, Serialize)]
-struct RateResult {
-    path: &'static str,
-    commands: u64,
-    seconds: f64,
-    commands_per_second: f64,
-    queue_depth: u32,
-    batch: u32,
-    protocol_errors: u64,
-}
-
-/// One thread submits 4 KiB reads (SQE + PRP1 per command) to one emulated
-/// controller with null backing and reaps their completions, keeping the
-/// queue full; reports completed commands per second.
-pub fn rate(a: &RateArgs) -> Result<(), String> {
-    if a.runtime {
-        return rate_runtime(a);
-    }
-    let r = rate_queue_pair(a)?;
-    print_rate(a, &r);
-    Ok(())
-}
-
-fn rate_queue_pair(a: &RateArgs) -> Result<RateResult, String> {
-    let mut cfg = EmulatorConfig::new("rate", vec![NamespaceSpec::new(1 << 20, 4096)]);
-    cfg.backing = BackingSpec::Null;
-    cfg.io_queues = 1;
-    let dev: Arc<dyn NvmeDevice> = Emulator::start(cfg).map_err(err)?;
-    let mut ctrl = Controller::init(dev.clone(), ControllerOptions { io_queues: 1, ..Default::default() })
-        .map_err(err)?;
-    let depth = a.queue_depth.min(ctrl.cap().max_queue_entries());
-    let mut qp = ctrl.create_io_queue_pair(1, depth, (depth - 1) as u16).map_err(err)?;
-    let buf = DmaBuffer::new(&dev, 4096).map_err(err)?;
-    let mapping = buf.mapping().clone();
-    let data = DataRef { mapping: &mapping, offset: 0, len: 4096 };
-    let nlb = Nlb::from_blocks(1).ok_or("nlb")?;
-    let batch = a.batch;
-    let (mut submitted, mut completed, mut failed) = (0u64, 0u64, 0u64);
-    let start = Instant::now();
-    while completed < a.commands {
-        let mut n = 0;
-        while n < batch && submitted < a.commands {
-            let chunk = IoChunk { slba: submitted % (1 << 20), nlb, offset: 0, len: 4096 };
-            match qp.submit(IoOp::Read.sqe(1, &chunk), Some(data), submitted) {
-                Ok(_) => {
-                    submitted += 1;
-                    n += 1;
-                }
-                Err(SubmitError::QueueFull { .. }) => break,
-                Err(e) => return Err(err(e)),
-            }
-        }
-        qp.ring();
-        qp.poll(|c| {
-            completed += 1;
-            failed += u64::from(!c.status.is_success());
-        });
-    }
-    let secs = start.elapsed().as_secs_f64();
-    if failed > 0 {
-        return Err(format!("{failed} commands failed"));
-    }
-    let r = RateResult {
-        path: "queue pair",
-        commands: completed,
-        seconds: secs,
-        commands_per_second: completed as f64 / secs,
-        queue_depth: depth,
-        batch,
-        protocol_errors: qp.stats().protocol_errors,
-    };
-    ctrl.delete_io_queue_pair(1).map_err(err)?;
-    ctrl.shutdown().map_err(err)?;
-    Ok(r)
-}
-
-fn print_rate(a: &RateArgs, r: &RateResult) {
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
-    } else {
-        println!(
-            "{}: {} commands in {:.3} s: {:.2} M commands/s (one submitting thread, queue depth {}, batch {}, null backing)",
-            r.path,
-            r.commands,
-            r.seconds,
-            r.commands_per_second / 1e6,
-            r.queue_depth,
-            r.batch
-        );
-    }
-}
-
-/// The same measurement through `Runtime::submit` / `Runtime::wait`: one
-/// thread, batches of `batch` 4 KiB reads, one `local_nvme` drive with null
-/// backing and one queue pair.
-fn rate_runtime(a: &RateArgs) -> Result<(), String> {
-    let yaml = format!(
-        "drives:\n  d0:\n    emulated:\n      namespaces: [{{ capacity: 4GiB, block_size: 4096 }}]\n      backing: null\n\
-         resolvers:\n  kv:\n    slab: {{ slot_size: 4KiB }}\n\
-         datapaths:\n  one:\n    local_nvme: {{ drive: d0, queues: 1, queue_depth: {} }}\n\
-         stores:\n  kv: {{ resolver: kv, datapath: one }}\n",
-        a.queue_depth
-    );
-    let rt = Runtime::from_config(Config::from_yaml_str(&yaml).map_err(err)?).map_err(err)?;
-    let batch = a.batch as usize;
-    let targets: Vec<_> =
-        (0..batch).map(|i| rt.open(&format!("tutti://kv/{i}"))).collect::<Result<_, _>>().map_err(err)?;
-    let mut buf = vec![0u64; batch * 512];
-    // SAFETY: `buf` outlives the registration and is never read or written
-    // by this thread (null backing moves no data).
-    #[allow(unsafe_code)]
-    let mem = unsafe { rt.register_memory(buf.as_mut_ptr().cast(), buf.len() * 8) }.map_err(err)?;
-    let reqs: Vec<Request> =
-        targets.iter().enumerate().map(|(i, &t)| Request::read(t, 0, 4096, mem, i as u64 * 4096)).collect();
-    let mut completed = 0u64;
-    let start = Instant::now();
-    while completed < a.commands {
-        let op = rt.submit(&reqs).op().ok_or("batch refused")?;
-        let st = rt.wait(op, Duration::from_secs(10)).map_err(err)?;
-        if let Some(bad) = st.iter().find(|s| !s.is_success()) {
-            return Err(format!("read failed: {bad:?}"));
-        }
-        completed += batch as u64;
-    }
-    let secs = start.elapsed().as_secs_f64();
-    let stats = rt.stats();
-    rt.unregister_memory(mem).map_err(err)?;
-    drop(rt);
-    drop(buf);
-    let r = RateResult {
-        path: "runtime API",
-        commands: completed,
-        seconds: secs,
-        commands_per_second: completed as f64 / secs,
-        queue_depth: a.queue_depth,
-        batch: batch as u32,
-        protocol_errors: stats.protocol_errors,
-    };
-    print_rate(a, &r);
-    Ok(())
 }
 
 /// Options of `stripe`.
@@ -408,13 +243,7 @@ pub fn gpu_rate(a: &GpuRateArgs) -> Result<(), String> {
     drop(queues);
     drop(regions);
     drop(drives);
-    let cpu = rate_queue_pair(&RateArgs {
-        commands: 5_000_000,
-        queue_depth: 1024,
-        batch: 64,
-        runtime: false,
-        json: false,
-    })?;
+    let cpu = crate::rate::queue_pair_rate(5_000_000, 1024, 64)?;
     let r = GpuRateResult {
         drives: a.drives,
         queues: nq,
@@ -422,8 +251,8 @@ pub fn gpu_rate(a: &GpuRateArgs) -> Result<(), String> {
         gpu_commands: a.commands,
         gpu_seconds: secs,
         gpu_commands_per_second: a.commands as f64 / secs,
-        cpu_commands_per_second: cpu.commands_per_second,
-        ratio: a.commands as f64 / secs / cpu.commands_per_second,
+        cpu_commands_per_second: cpu,
+        ratio: a.commands as f64 / secs / cpu,
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());

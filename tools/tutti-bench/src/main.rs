@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 mod bench;
+mod rate;
 mod replay;
 
 /// KV-cache offload benchmark for tutti.
@@ -30,8 +31,9 @@ enum Command {
     /// synthetic trace on four emulated RAM drives, striped).
     Replay(ReplayArgs),
     /// Commands per second of one submitting thread, one emulated
-    /// controller, no data movement (null backing).
-    Rate(bench::RateArgs),
+    /// controller, no data movement (null backing), through the queue pair
+    /// or the runtime API (`--compare`: both, and their ratio).
+    Rate(rate::RateArgs),
     /// Striped read bandwidth over 1, 2, 3 and 4 emulated drives with the
     /// timing model on.
     Stripe(bench::StripeArgs),
@@ -114,7 +116,7 @@ fn main() -> ExitCode {
         ..ReplayArgs::default()
     })) {
         Command::Replay(a) => replay::run(&a),
-        Command::Rate(a) => bench::rate(&a),
+        Command::Rate(a) => rate::rate(&a),
         Command::Stripe(a) => bench::stripe(&a),
         Command::GpuRate(a) => bench::gpu_rate(&a),
     };

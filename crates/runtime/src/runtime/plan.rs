@@ -77,7 +77,12 @@ impl BatchPlan {
 impl Runtime {
     /// Checks and plans every request of `requests`.
     pub(super) fn plan_batch(&self, requests: &[Request]) -> BatchPlan {
-        let mut plan = BatchPlan { requests: Vec::with_capacity(requests.len()), pieces: Vec::new() };
+        // One piece per request is the common case (a request inside one stripe
+        // unit, or a local_nvme datapath).
+        let mut plan = BatchPlan {
+            requests: Vec::with_capacity(requests.len()),
+            pieces: Vec::with_capacity(requests.len()),
+        };
         {
             let targets = self.targets.read().unwrap_or_else(|p| p.into_inner());
             let memory = self.memory.read().unwrap_or_else(|p| p.into_inner());

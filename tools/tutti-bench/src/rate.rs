@@ -1,0 +1,287 @@
+//! `tutti-bench rate`: commands per second of one submitting thread,
+//! through the CPU queue pair (`nvm-queue`) and through the runtime API
+//! (`Runtime::submit` / `Runtime::wait`), with the same commands (4 KiB
+//! reads), queue depth and batch, against one emulated controller with null
+//! backing (no data moves, so the driver and the runtime are what is
+//! measured, with the emulator as the device).
+//!
+//! Both paths keep the queue as full as the depth allows: the queue pair
+//! writes `batch` SQEs per doorbell and reaps between batches; the runtime
+//! keeps `(depth - 1) / batch` operations of `batch` requests in flight and
+//! waits for the oldest. `--compare` measures both in one run and prints
+//! their ratio. `--settle` waits, outside the measured functions, until the
+//! emulator has completed each batch before reaping it (one batch in
+//! flight), so that the work counted inside the `measured_*` functions is
+//! the same on every run: count it with
+//! `valgrind --tool=callgrind --toggle-collect='*rate::measured_*'`.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use nvm_queue::{
+    Controller, ControllerOptions, DataRef, DmaBuffer, IoChunk, IoOp, NvmeDevice, QueuePair, SubmitError,
+};
+use nvme_emu::{BackingSpec, Emulator, EmulatorConfig, NamespaceSpec};
+use nvme_regs::Nlb;
+use serde::Serialize;
+use tutti::{error_chain, Config, OpHandle, Request, RequestStatus, Runtime};
+
+fn err(e: impl std::error::Error) -> String {
+    error_chain(&e)
+}
+
+/// Options of `rate`.
+#[derive(Debug, Args)]
+pub struct RateArgs {
+    /// Commands to complete (per path).
+    #[arg(long, default_value_t = 5_000_000)]
+    pub commands: u64,
+    /// I/O queue entries, 2..=1024 (the emulator's CAP.MQES + 1).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(2..=1024))]
+    pub queue_depth: u32,
+    /// Commands written per doorbell write (queue pair) or requests per
+    /// submit call (runtime), 1..=4096.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub batch: u32,
+    /// Measure through the runtime API (`submit`/`wait` batches of `batch`
+    /// 4 KiB reads on a `local_nvme` datapath) instead of the queue pair.
+    #[arg(long, conflicts_with = "compare")]
+    pub runtime: bool,
+    /// Measure both paths, one after the other in this run, and print the
+    /// runtime's rate as a fraction of the queue pair's.
+    #[arg(long)]
+    pub compare: bool,
+    /// Wait until the emulator has completed each batch before reaping it
+    /// (one batch in flight), so instruction counts are repeatable.
+    #[arg(long)]
+    pub settle: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct RateResult {
+    path: &'static str,
+    commands: u64,
+    seconds: f64,
+    commands_per_second: f64,
+    queue_depth: u32,
+    batch: u32,
+    protocol_errors: u64,
+    sq_doorbell_writes: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct Comparison {
+    queue_pair: RateResult,
+    runtime: RateResult,
+    runtime_over_queue_pair: f64,
+}
+
+/// Runs `rate` as asked and prints the result(s).
+pub fn rate(a: &RateArgs) -> Result<(), String> {
+    if a.compare {
+        let queue_pair = rate_queue_pair(a)?;
+        let runtime = rate_runtime(a)?;
+        let ratio = runtime.commands_per_second / queue_pair.commands_per_second;
+        if a.json {
+            let c = Comparison { queue_pair, runtime, runtime_over_queue_pair: ratio };
+            println!("{}", serde_json::to_string_pretty(&c).unwrap_or_default());
+        } else {
+            print_rate(a, &queue_pair);
+            print_rate(a, &runtime);
+            println!("runtime API / queue pair: {ratio:.3}");
+        }
+        return Ok(());
+    }
+    let r = if a.runtime { rate_runtime(a)? } else { rate_queue_pair(a)? };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+    } else {
+        print_rate(a, &r);
+    }
+    Ok(())
+}
+
+fn print_rate(a: &RateArgs, r: &RateResult) {
+    println!(
+        "{}: {} commands in {:.3} s: {:.2} M commands/s (one submitting thread, queue depth {}, batch {}, {} SQ doorbell writes, null backing{})",
+        r.path,
+        r.commands,
+        r.seconds,
+        r.commands_per_second / 1e6,
+        r.queue_depth,
+        r.batch,
+        r.sq_doorbell_writes,
+        if a.settle { ", settled batches" } else { "" }
+    );
+}
+
+/// Spins until the emulator has posted `target` completions in all.
+fn settle(emu: impl Fn() -> u64, target: u64) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while emu() < target {
+        if Instant::now() > deadline {
+            return Err("the emulator did not complete the batch within 30 s".into());
+        }
+        std::hint::spin_loop();
+    }
+    Ok(())
+}
+
+/// Queues up to `n` reads (stopping at a full queue) and rings the SQ tail
+/// doorbell once; returns how many were queued.
+#[inline(never)]
+fn measured_qp_submit(qp: &mut QueuePair, n: u64, first: u64, data: DataRef<'_>) -> Result<u64, String> {
+    let nlb = Nlb::from_blocks(1).ok_or("nlb")?;
+    let mut queued = 0;
+    while queued < n {
+        let id = first + queued;
+        let chunk = IoChunk { slba: id % (1 << 20), nlb, offset: 0, len: 4096 };
+        match qp.submit(IoOp::Read.sqe(1, &chunk), Some(data), id) {
+            Ok(_) => queued += 1,
+            Err(SubmitError::QueueFull { .. }) => break,
+            Err(e) => return Err(err(e)),
+        }
+    }
+    qp.ring();
+    Ok(queued)
+}
+
+/// Reaps the posted completions; returns (completed, failed).
+#[inline(never)]
+fn measured_qp_reap(qp: &mut QueuePair) -> (u64, u64) {
+    let (mut completed, mut failed) = (0, 0);
+    qp.poll(|c| {
+        completed += 1;
+        failed += u64::from(!c.status.is_success());
+    });
+    (completed, failed)
+}
+
+/// The queue pair's commands per second with these settings (for
+/// `gpu-rate`'s CPU baseline).
+pub fn queue_pair_rate(commands: u64, queue_depth: u32, batch: u32) -> Result<f64, String> {
+    let a =
+        RateArgs { commands, queue_depth, batch, runtime: false, compare: false, settle: false, json: false };
+    Ok(rate_queue_pair(&a)?.commands_per_second)
+}
+
+fn rate_queue_pair(a: &RateArgs) -> Result<RateResult, String> {
+    let mut cfg = EmulatorConfig::new("rate", vec![NamespaceSpec::new(1 << 20, 4096)]);
+    cfg.backing = BackingSpec::Null;
+    cfg.io_queues = 1;
+    let emu = Emulator::start(cfg).map_err(err)?;
+    let dev: Arc<dyn NvmeDevice> = emu.clone();
+    let mut ctrl = Controller::init(dev.clone(), ControllerOptions { io_queues: 1, ..Default::default() })
+        .map_err(err)?;
+    let depth = a.queue_depth.min(ctrl.cap().max_queue_entries());
+    let mut qp = ctrl.create_io_queue_pair(1, depth, (depth - 1) as u16).map_err(err)?;
+    let buf = DmaBuffer::new(&dev, 4096).map_err(err)?;
+    let mapping = buf.mapping().clone();
+    let data = DataRef { mapping: &mapping, offset: 0, len: 4096 };
+    let base = emu.stats().commands;
+    let (mut submitted, mut completed, mut failed) = (0u64, 0u64, 0u64);
+    let start = Instant::now();
+    while completed < a.commands {
+        let n = u64::from(a.batch).min(a.commands - submitted);
+        submitted += measured_qp_submit(&mut qp, n, submitted, data)?;
+        if a.settle {
+            settle(|| emu.stats().commands - base, submitted)?;
+        }
+        let (c, f) = measured_qp_reap(&mut qp);
+        completed += c;
+        failed += f;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if failed > 0 {
+        return Err(format!("{failed} commands failed"));
+    }
+    let s = qp.stats();
+    ctrl.delete_io_queue_pair(1).map_err(err)?;
+    ctrl.shutdown().map_err(err)?;
+    Ok(RateResult {
+        path: "queue pair",
+        commands: completed,
+        seconds: secs,
+        commands_per_second: completed as f64 / secs,
+        queue_depth: depth,
+        batch: a.batch,
+        protocol_errors: s.protocol_errors,
+        sq_doorbell_writes: s.sq_doorbell_writes,
+    })
+}
+
+#[inline(never)]
+fn measured_rt_submit(rt: &Runtime, reqs: &[Request]) -> Result<OpHandle, String> {
+    rt.submit(reqs).op().ok_or_else(|| "batch refused".to_string())
+}
+
+#[inline(never)]
+fn measured_rt_wait(rt: &Runtime, op: OpHandle) -> Result<Vec<RequestStatus>, String> {
+    rt.wait(op, Duration::from_secs(10)).map_err(err)
+}
+
+/// The runtime: one `local_nvme` drive with null backing and one queue
+/// pair of `queue_depth` entries; `batch` 4 KiB reads per submit.
+fn rate_runtime(a: &RateArgs) -> Result<RateResult, String> {
+    let yaml = format!(
+        "drives:\n  d0:\n    emulated:\n      namespaces: [{{ capacity: 4GiB, block_size: 4096 }}]\n      backing: null\n\
+         resolvers:\n  kv:\n    slab: {{ slot_size: 4KiB }}\n\
+         datapaths:\n  one:\n    local_nvme: {{ drive: d0, queues: 1, queue_depth: {} }}\n\
+         stores:\n  kv: {{ resolver: kv, datapath: one }}\n",
+        a.queue_depth
+    );
+    let rt = Runtime::from_config(Config::from_yaml_str(&yaml).map_err(err)?).map_err(err)?;
+    let batch = a.batch as usize;
+    let targets: Vec<_> =
+        (0..batch).map(|i| rt.open(&format!("tutti://kv/{i}"))).collect::<Result<_, _>>().map_err(err)?;
+    let mut buf = vec![0u64; batch * 512];
+    // SAFETY: `buf` outlives the registration and is never read or written
+    // by this thread (null backing moves no data).
+    #[allow(unsafe_code)]
+    let mem = unsafe { rt.register_memory(buf.as_mut_ptr().cast(), buf.len() * 8) }.map_err(err)?;
+    let reqs: Vec<Request> =
+        targets.iter().enumerate().map(|(i, &t)| Request::read(t, 0, 4096, mem, i as u64 * 4096)).collect();
+    let emu = || rt.emulator_stats("d0").map_or(0, |s| s.commands);
+    let base = emu();
+    // Operations in flight: as many batches as the queue holds.
+    let window = if a.settle { 1 } else { ((a.queue_depth as usize - 1) / batch).max(1) };
+    let mut in_flight: VecDeque<(OpHandle, u64)> = VecDeque::new();
+    let (mut issued, mut completed) = (0u64, 0u64);
+    let start = Instant::now();
+    while completed < a.commands {
+        while in_flight.len() < window && issued < a.commands {
+            let n = (batch as u64).min(a.commands - issued);
+            in_flight.push_back((measured_rt_submit(&rt, &reqs[..n as usize])?, n));
+            issued += n;
+        }
+        if a.settle {
+            settle(|| emu() - base, issued)?;
+        }
+        let Some((op, n)) = in_flight.pop_front() else { break };
+        let st = measured_rt_wait(&rt, op)?;
+        if let Some(bad) = st.iter().find(|s| !s.is_success()) {
+            return Err(format!("read failed: {bad:?}"));
+        }
+        completed += n;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let stats = rt.stats();
+    rt.unregister_memory(mem).map_err(err)?;
+    drop(rt);
+    drop(buf);
+    Ok(RateResult {
+        path: "runtime API",
+        commands: completed,
+        seconds: secs,
+        commands_per_second: completed as f64 / secs,
+        queue_depth: a.queue_depth,
+        batch: a.batch,
+        protocol_errors: stats.protocol_errors,
+        sq_doorbell_writes: stats.sq_doorbell_writes,
+    })
+}
