@@ -20,6 +20,7 @@
 use std::cell::RefCell;
 use std::fmt;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,13 +46,26 @@ pub struct Options {
     /// Upper bound on one command's transfer in bytes, on top of MDTS
     /// (see [`ControllerOptions::max_transfer_cap`]).
     pub max_transfer_cap: usize,
+    /// Stop request, checked before each check (a tool sets it from a
+    /// signal handler). Once it is `true`, the checks left are skipped and
+    /// the report marked [`Report::interrupted`], except `shutdown`, which
+    /// still runs: every check deletes its queues before it returns, so the
+    /// controller is left shut down (CC.SHN) with no I/O queue.
+    pub stop: Option<Arc<AtomicBool>>,
 }
 
 impl Options {
     /// Defaults for namespace `nsid` with scratch blocks `scratch`: ask for
     /// 8 queue pairs, 10 s per wait, 1 MiB transfer cap.
     pub fn new(nsid: u32, scratch: Range<u64>) -> Self {
-        Self { nsid, scratch, ask_queues: 8, timeout: Duration::from_secs(10), max_transfer_cap: 1 << 20 }
+        Self {
+            nsid,
+            scratch,
+            ask_queues: 8,
+            timeout: Duration::from_secs(10),
+            max_transfer_cap: 1 << 20,
+            stop: None,
+        }
     }
 }
 
@@ -96,6 +110,9 @@ pub struct Report {
     /// then skipped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub options_error: Option<String>,
+    /// Set when [`Options::stop`] cut the run short: checks were skipped.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
 }
 
 impl Report {
@@ -114,10 +131,10 @@ impl Report {
         self.count(|o| matches!(o, Outcome::Skip(_)))
     }
 
-    /// `true` when no check failed, at least one passed, and the options
-    /// fit the device.
+    /// `true` when no check failed, at least one passed, the options fit
+    /// the device, and the run was not interrupted.
     pub fn is_ok(&self) -> bool {
-        self.failed() == 0 && self.passed() > 0 && self.options_error.is_none()
+        self.failed() == 0 && self.passed() > 0 && self.options_error.is_none() && !self.interrupted
     }
 
     /// The outcome of the check named `name`, if it ran.
@@ -144,6 +161,9 @@ impl fmt::Display for Report {
         }
         if let Some(why) = &self.options_error {
             writeln!(f, "options: {why}")?;
+        }
+        if self.interrupted {
+            writeln!(f, "interrupted: a stop request skipped the checks left")?;
         }
         write!(
             f,
@@ -179,7 +199,12 @@ type CheckFn = fn(&mut Ctx) -> Result<Outcome, String>;
 /// [`Outcome::Fail`] with the reason. If bring-up fails, the other checks
 /// are reported as skipped.
 pub fn run(device: Arc<dyn NvmeDevice>, opts: &Options) -> Report {
-    let mut report = Report { device: device.name().to_owned(), results: Vec::new(), options_error: None };
+    let mut report = Report {
+        device: device.name().to_owned(),
+        results: Vec::new(),
+        options_error: None,
+        interrupted: false,
+    };
     let copts = ControllerOptions {
         io_queues: opts.ask_queues.max(1),
         max_transfer_cap: opts.max_transfer_cap,
@@ -234,9 +259,14 @@ pub fn run(device: Arc<dyn NvmeDevice>, opts: &Options) -> Report {
         ("shutdown", check_shutdown),
     ];
     for (name, f) in checks {
+        // A stop request skips every check left but the shutdown.
+        let stopping = name != "shutdown" && opts.stop.as_deref().is_some_and(|s| s.load(Ordering::SeqCst));
+        report.interrupted |= stopping;
         let outcome = if let Some(why) = &ctx.broken {
             Outcome::Skip(format!("not run: {why}"))
-        } else if name != "identify" && ctx.ns.is_none() {
+        } else if stopping {
+            Outcome::Skip("not run: interrupted".into())
+        } else if name != "identify" && ctx.ns.is_none() && !(name == "shutdown" && report.interrupted) {
             Outcome::Skip("no usable namespace and scratch range (see identify)".into())
         } else {
             f(&mut ctx).unwrap_or_else(Outcome::Fail)
@@ -855,6 +885,7 @@ mod tests {
                 CheckResult { name: "c", outcome: Outcome::Skip("n/a".into()) },
             ],
             options_error: None,
+            interrupted: false,
         };
         assert_eq!((r.passed(), r.failed(), r.skipped(), r.is_ok()), (1, 1, 1, false));
         let text = r.to_string();

@@ -154,3 +154,19 @@ fn a_check_that_times_out_fails_alone_and_its_queue_is_given_back() {
     assert_eq!((r.failed(), r.passed()), (1, CHECKS.len() - 1), "{r}");
     assert_eq!(emu.stats().sq_deletion_aborts, 1, "{r}");
 }
+
+#[test]
+fn a_stop_request_skips_the_checks_left_and_still_shuts_the_controller_down() {
+    let emu = Emulator::start(EmulatorConfig::new("stop", vec![NamespaceSpec::new(16384, 512)])).unwrap();
+    let mut opts = Options::new(1, 0..16384);
+    opts.stop = Some(Arc::new(std::sync::atomic::AtomicBool::new(true)));
+    let r = run(emu, &opts);
+    assert!(r.interrupted, "{r}");
+    assert!(!r.is_ok(), "{r}");
+    assert!(matches!(r.outcome("bring_up"), Some(Outcome::Pass(_))), "{r}");
+    assert!(matches!(r.outcome("shutdown"), Some(Outcome::Pass(_))), "{r}");
+    for name in &CHECKS[1..CHECKS.len() - 1] {
+        assert_eq!(r.outcome(name), Some(&Outcome::Skip("not run: interrupted".into())), "{r}");
+    }
+    assert!(r.to_string().contains("interrupted"), "{r}");
+}

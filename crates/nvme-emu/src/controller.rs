@@ -116,6 +116,20 @@ impl Outcome {
     }
 }
 
+/// What a fault rule changes about one command's completion
+/// ([`Controller::drain_sq`]); without a rule, nothing.
+#[derive(Debug, Clone, Copy)]
+struct Injected {
+    /// Extra time before it is posted ([`FaultAction::Delay`]).
+    delay: Option<Duration>,
+    /// The CID it carries ([`FaultAction::UnknownCid`] changes it).
+    cid: u16,
+    /// How its CQE is misreported.
+    quirk: CqeQuirk,
+    /// How many times it is posted ([`FaultAction::CompleteTwice`]: 2).
+    copies: u32,
+}
+
 /// An unrecoverable error: queue memory could not be accessed.
 #[derive(Debug)]
 pub(crate) struct Fatal;
@@ -390,32 +404,8 @@ impl Controller {
 
     /// Reads SQ `qid`'s tail doorbell and executes up to [`BATCH`] commands.
     fn drain_sq(&mut self, sh: &Shared, dma: &DmaView<'_>, qid: u16, now: Instant) -> Result<bool, Fatal> {
-        let raw = sh.regs.doorbell(qid, false);
-        {
-            let Some(sq) = self.sqs.get_mut(usize::from(qid)).and_then(Option::as_mut) else {
-                return Ok(false);
-            };
-            if raw != sq.last_db {
-                sh.stats.sq_tail_updates.fetch_add(1, Ordering::Relaxed);
-                let (old, released) = (sq.tail, sq.released);
-                match sq.doorbell(raw) {
-                    SqDoorbell::Ok => {}
-                    SqDoorbell::OutOfRange => {
-                        sh.stats.doorbell_violations.fetch_add(1, Ordering::Relaxed);
-                    }
-                    SqDoorbell::Backwards => {
-                        sh.stats.doorbell_violations.fetch_add(1, Ordering::Relaxed);
-                        sh.stats.sq_tail_backwards.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(
-                            qid,
-                            tail = old,
-                            new_tail = raw,
-                            sq_head_reported = released,
-                            "nvme-emu: SQ tail doorbell moved backwards (ignored)"
-                        );
-                    }
-                }
-            }
+        if !self.take_sq_doorbell(sh, qid) {
+            return Ok(false);
         }
         let mut n = 0;
         while n < BATCH {
@@ -434,66 +424,131 @@ impl Controller {
             }
             let sqe = sq.fetch(dma)?;
             n += 1;
-            // Fault injection: one relaxed load when no rule is installed.
-            let mut delay = None;
-            let mut cid = sqe.cid();
-            let mut quirk = CqeQuirk::None;
-            let mut copies = 1;
-            let outcome = match sh.faults.check(qid, &sqe) {
-                None => self.execute(sh, dma, qid, &sqe),
-                Some(FaultAction::Fail(status)) => Outcome::status(status),
-                Some(FaultAction::NeverComplete) => {
-                    // Held: Delete I/O SQ aborts it.
-                    if let Some(sq) = self.sqs.get_mut(usize::from(qid)).and_then(Option::as_mut) {
-                        sq.held.push(cid);
-                    }
-                    Outcome::Deferred
-                }
-                Some(FaultAction::ControllerFatal) => {
-                    self.injected_fatal(sh);
-                    Outcome::Deferred
-                }
-                Some(action) => {
-                    match action {
-                        FaultAction::Delay(d) => delay = Some(d),
-                        FaultAction::CompleteTwice => copies = 2,
-                        FaultAction::UnknownCid(c) => cid = c,
-                        FaultAction::LaggingSqhd => quirk = CqeQuirk::LagSqhd,
-                        FaultAction::PhaseBeforeBody => quirk = CqeQuirk::PhaseFirst,
-                        FaultAction::Fail(_) | FaultAction::NeverComplete | FaultAction::ControllerFatal => {}
-                    }
-                    self.execute(sh, dma, qid, &sqe)
-                }
-            };
+            let (outcome, injected) = self.execute_with_faults(sh, dma, qid, &sqe);
             if let Outcome::Complete { status, dw0, media_bytes } = outcome {
-                let c = Completion { dw0, sqid: qid, cid, status, quirk };
-                let modelled =
-                    qid != 0 && media_bytes.is_some() && self.timing.as_ref().is_some_and(Timing::has_model);
-                if modelled || delay.is_some() {
-                    // The timing model's heap also holds delayed completions;
-                    // without a model it is created for the first delay.
-                    let t = self.timing.get_or_insert_with(|| Timing::new(None));
-                    let due = match media_bytes {
-                        Some(bytes) if modelled => t.schedule(now, bytes),
-                        _ => now,
-                    };
-                    for _ in 0..copies {
-                        t.push(due + delay.unwrap_or_default(), cqid, c);
-                    }
-                    if let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) {
-                        cq.in_flight += copies;
-                    }
-                } else {
-                    for _ in 0..copies {
-                        self.complete_now(sh, dma, cqid, c)?;
-                    }
-                }
+                let c = Completion { dw0, sqid: qid, cid: injected.cid, status, quirk: injected.quirk };
+                self.post_completion(sh, dma, cqid, c, media_bytes, injected, now)?;
             }
             if self.state != State::Enabled {
                 break;
             }
         }
         Ok(n > 0)
+    }
+
+    /// Takes a new value of SQ `qid`'s tail doorbell, counting a value out
+    /// of range or moving backwards as a doorbell violation (and ignoring
+    /// it). `false` when the SQ does not exist.
+    #[inline]
+    fn take_sq_doorbell(&mut self, sh: &Shared, qid: u16) -> bool {
+        let raw = sh.regs.doorbell(qid, false);
+        let Some(sq) = self.sqs.get_mut(usize::from(qid)).and_then(Option::as_mut) else {
+            return false;
+        };
+        if raw != sq.last_db {
+            sh.stats.sq_tail_updates.fetch_add(1, Ordering::Relaxed);
+            let (old, released) = (sq.tail, sq.released);
+            match sq.doorbell(raw) {
+                SqDoorbell::Ok => {}
+                SqDoorbell::OutOfRange => {
+                    sh.stats.doorbell_violations.fetch_add(1, Ordering::Relaxed);
+                }
+                SqDoorbell::Backwards => {
+                    sh.stats.doorbell_violations.fetch_add(1, Ordering::Relaxed);
+                    sh.stats.sq_tail_backwards.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        qid,
+                        tail = old,
+                        new_tail = raw,
+                        sq_head_reported = released,
+                        "nvme-emu: SQ tail doorbell moved backwards (ignored)"
+                    );
+                }
+            }
+        }
+        true
+    }
+
+    /// Executes one fetched command of SQ `qid` unless a fault rule says
+    /// otherwise, and returns its outcome with what the rule changes about
+    /// its completion.
+    #[inline]
+    fn execute_with_faults(
+        &mut self,
+        sh: &Shared,
+        dma: &DmaView<'_>,
+        qid: u16,
+        sqe: &Sqe,
+    ) -> (Outcome, Injected) {
+        // Fault injection: one relaxed load when no rule is installed.
+        let mut inj = Injected { delay: None, cid: sqe.cid(), quirk: CqeQuirk::None, copies: 1 };
+        let outcome = match sh.faults.check(qid, sqe) {
+            None => self.execute(sh, dma, qid, sqe),
+            Some(FaultAction::Fail(status)) => Outcome::status(status),
+            Some(FaultAction::NeverComplete) => {
+                // Held: Delete I/O SQ aborts it.
+                if let Some(sq) = self.sqs.get_mut(usize::from(qid)).and_then(Option::as_mut) {
+                    sq.held.push(inj.cid);
+                }
+                Outcome::Deferred
+            }
+            Some(FaultAction::ControllerFatal) => {
+                self.injected_fatal(sh);
+                Outcome::Deferred
+            }
+            Some(action) => {
+                match action {
+                    FaultAction::Delay(d) => inj.delay = Some(d),
+                    FaultAction::CompleteTwice => inj.copies = 2,
+                    FaultAction::UnknownCid(c) => inj.cid = c,
+                    FaultAction::LaggingSqhd => inj.quirk = CqeQuirk::LagSqhd,
+                    FaultAction::PhaseBeforeBody => inj.quirk = CqeQuirk::PhaseFirst,
+                    FaultAction::Fail(_) | FaultAction::NeverComplete | FaultAction::ControllerFatal => {}
+                }
+                self.execute(sh, dma, qid, sqe)
+            }
+        };
+        (outcome, inj)
+    }
+
+    /// Posts `c` (`injected.copies` times) to CQ `cqid`: now, or through
+    /// the timing model's heap when a model covers this I/O command
+    /// (`media_bytes` moved) or a fault rule delays it.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn post_completion(
+        &mut self,
+        sh: &Shared,
+        dma: &DmaView<'_>,
+        cqid: u16,
+        c: Completion,
+        media_bytes: Option<u64>,
+        injected: Injected,
+        now: Instant,
+    ) -> Result<(), Fatal> {
+        let Injected { delay, copies, .. } = injected;
+        let modelled =
+            c.sqid != 0 && media_bytes.is_some() && self.timing.as_ref().is_some_and(Timing::has_model);
+        if modelled || delay.is_some() {
+            // The timing model's heap also holds delayed completions;
+            // without a model it is created for the first delay.
+            let t = self.timing.get_or_insert_with(|| Timing::new(None));
+            let due = match media_bytes {
+                Some(bytes) if modelled => t.schedule(now, bytes),
+                _ => now,
+            };
+            for _ in 0..copies {
+                t.push(due + delay.unwrap_or_default(), cqid, c);
+            }
+            if let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) {
+                cq.in_flight += copies;
+            }
+        } else {
+            for _ in 0..copies {
+                self.complete_now(sh, dma, cqid, c)?;
+            }
+        }
+        Ok(())
     }
 
     /// Executes one fetched command of SQ `qid`.

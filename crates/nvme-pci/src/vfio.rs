@@ -106,6 +106,142 @@ fn open_rw(path: &Path) -> std::io::Result<File> {
     FsOpenOptions::new().read(true).write(true).open(path)
 }
 
+/// The group's device node, `/dev/vfio/<group>`, or with the opt-in its
+/// no-IOMMU twin `/dev/vfio/noiommu-<group>`, and the mode it means.
+fn group_node(
+    sysfs: &Sysfs,
+    addr: &PciAddr,
+    group_no: u32,
+    opts: &OpenOptions,
+) -> Result<(AccessMode, PathBuf), PciError> {
+    let group_path = sysfs.path(&format!("dev/vfio/{group_no}"));
+    let noiommu_path = sysfs.path(&format!("dev/vfio/noiommu-{group_no}"));
+    if !group_path.exists() && noiommu_path.exists() {
+        if !opts.allow_no_iommu {
+            return Err(PciError::NoIommuNotAllowed { addr: *addr, mode: "VFIO no-IOMMU mode" });
+        }
+        Ok((AccessMode::VfioNoIommu, noiommu_path))
+    } else {
+        Ok((AccessMode::Iommu, group_path))
+    }
+}
+
+/// Opens the VFIO container, `/dev/vfio/vfio`, and checks its API version
+/// and that it offers the IOMMU type `mode` needs (type1v2, or no-IOMMU);
+/// returns the container and that type.
+fn open_container(sysfs: &Sysfs, mode: AccessMode) -> Result<(File, u32), PciError> {
+    let cpath = sysfs.path("dev/vfio/vfio");
+    let container = open_rw(&cpath).map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::NotFound {
+            "; the vfio module is not loaded: run `modprobe vfio-pci`".to_owned()
+        } else {
+            errno_hint(&e, &cpath.display().to_string())
+        };
+        os(format!("opening {}", cpath.display()), hint, e)
+    })?;
+    let v = sys::get_api_version(&container).map_err(|e| os("VFIO_GET_API_VERSION", String::new(), e))?;
+    if v != sys::VFIO_API_VERSION as i32 {
+        return Err(PciError::VfioUnsupported {
+            what: format!(
+                "API version {} (it reports {v}; this driver needs a Linux 5.4+ VFIO)",
+                sys::VFIO_API_VERSION
+            ),
+        });
+    }
+    let iommu_type = match mode {
+        AccessMode::Iommu => sys::VFIO_TYPE1v2_IOMMU,
+        _ => sys::VFIO_NOIOMMU_IOMMU,
+    };
+    if sys::check_extension(&container, iommu_type).unwrap_or(0) != 1 {
+        return Err(PciError::VfioUnsupported {
+            what: match mode {
+                AccessMode::Iommu => {
+                    "the type1v2 IOMMU (run `modprobe vfio_iommu_type1`; Linux 5.4 or later)".to_owned()
+                }
+                _ => "no-IOMMU mode (load vfio with enable_unsafe_noiommu_mode=1)".to_owned(),
+            },
+        });
+    }
+    Ok((container, iommu_type))
+}
+
+/// Opens the group node, checks that the group is viable (every device in
+/// it bound to vfio-pci or to no driver) and attaches it to `container`.
+fn attach_group(sysfs: &Sysfs, group_path: &Path, group_no: u32, container: &File) -> Result<File, PciError> {
+    let group = open_rw(group_path).map_err(|e| {
+        let hint = errno_hint(&e, &group_path.display().to_string());
+        os(format!("opening {}", group_path.display()), hint, e)
+    })?;
+    let flags = sys::group_flags(&group).map_err(|e| os("VFIO_GROUP_GET_STATUS", String::new(), e))?;
+    if flags & sys::VFIO_GROUP_FLAGS_VIABLE == 0 {
+        return Err(PciError::GroupNotViable {
+            group: group_no,
+            root: format!("{}/", sysfs.root().display()).replace("//", "/"),
+        });
+    }
+    sys::group_set_container(&group, container)
+        .map_err(|e| os("VFIO_GROUP_SET_CONTAINER", String::new(), e))?;
+    Ok(group)
+}
+
+/// With the group attached: selects the IOMMU type on the container, gets
+/// the device fd, maps BAR0 and finds config space (region 7). Returns the
+/// device fd, BAR0 and (a dup of the device fd, config space offset).
+fn open_device(
+    group: &File,
+    container: &File,
+    iommu_type: u32,
+    addr: &PciAddr,
+) -> Result<(File, MappedBar, (File, u64)), PciError> {
+    sys::set_iommu(container, iommu_type).map_err(|e| {
+        let hint = errno_hint(&e, "the VFIO container (CAP_SYS_RAWIO for no-IOMMU mode)");
+        os("VFIO_SET_IOMMU", hint, e)
+    })?;
+    let device = sys::group_get_device_fd(group, &addr.to_string()).map_err(|e| {
+        let hint = errno_hint(&e, &format!("{addr} (is it bound to vfio-pci?)"));
+        os(format!("VFIO_GROUP_GET_DEVICE_FD {addr}"), hint, e)
+    })?;
+    let bar = map_bar0(&device, addr)?;
+    let cfg = sys::region_info(&device, sys::VFIO_PCI_CONFIG_REGION_INDEX)
+        .map_err(|e| os("VFIO_DEVICE_GET_REGION_INFO (config)", String::new(), e))?;
+    let config = (device.try_clone().map_err(|e| os("dup of the device fd", String::new(), e))?, cfg.offset);
+    Ok((device, bar, config))
+}
+
+/// Maps BAR0 (region 0) of `device`, which must be mmap-able and at least
+/// 8 KiB (registers and the first doorbells).
+fn map_bar0(device: &File, addr: &PciAddr) -> Result<MappedBar, PciError> {
+    let bar_info = sys::region_info(device, sys::VFIO_PCI_BAR0_REGION_INDEX)
+        .map_err(|e| os("VFIO_DEVICE_GET_REGION_INFO (BAR0)", String::new(), e))?;
+    if bar_info.flags & sys::VFIO_REGION_INFO_FLAG_MMAP == 0 || bar_info.size < 0x2000 {
+        return Err(PciError::Bar0 {
+            addr: *addr,
+            why: format!(
+                "region flags {:#x}, size {:#x}: not mmap-able or too small",
+                bar_info.flags, bar_info.size
+            ),
+        });
+    }
+    MappedBar::map(device, bar_info.size as usize, bar_info.offset).map_err(|e| PciError::Bar0 {
+        addr: *addr,
+        why: format!(
+            "mmap of {:#x} bytes failed ({e}); if the MSI-X table sits in BAR0 and the IOMMU lacks \
+             interrupt remapping, the kernel allows only a sparse mapping, which this driver does not do yet",
+            bar_info.size
+        ),
+    })
+}
+
+/// IOMMU-mode DMA state: IOVAs are allocated from the container's usable
+/// ranges (`VFIO_IOMMU_GET_INFO`), else from [`fallback_ranges`].
+fn iommu_dma(container: &Arc<File>) -> Dma {
+    let ranges = match sys::iommu_iova_ranges(container) {
+        Ok(Some(r)) if !IovaAllocator::new(&r).ranges().is_empty() => r,
+        _ => fallback_ranges(),
+    };
+    Dma::Iommu { container: container.clone(), iova: Mutex::new(IovaAllocator::new(&ranges)) }
+}
+
 impl VfioNvme {
     /// Opens `addr`.
     ///
@@ -136,100 +272,13 @@ impl VfioNvme {
             other => return Err(PciError::NotBoundToVfio { addr: *addr, driver: other.map(str::to_owned) }),
         }
         let group_no = f.iommu_group.ok_or(PciError::NoIommuGroup { addr: *addr })?;
-        let group_path = sysfs.path(&format!("dev/vfio/{group_no}"));
-        let noiommu_path = sysfs.path(&format!("dev/vfio/noiommu-{group_no}"));
-        let (mode, group_path) = if !group_path.exists() && noiommu_path.exists() {
-            if !opts.allow_no_iommu {
-                return Err(PciError::NoIommuNotAllowed { addr: *addr, mode: "VFIO no-IOMMU mode" });
-            }
-            (AccessMode::VfioNoIommu, noiommu_path)
-        } else {
-            (AccessMode::Iommu, group_path)
-        };
-
-        let cpath = sysfs.path("dev/vfio/vfio");
-        let container = open_rw(&cpath).map_err(|e| {
-            let hint = if e.kind() == std::io::ErrorKind::NotFound {
-                "; the vfio module is not loaded: run `modprobe vfio-pci`".to_owned()
-            } else {
-                errno_hint(&e, &cpath.display().to_string())
-            };
-            os(format!("opening {}", cpath.display()), hint, e)
-        })?;
-        let v = sys::get_api_version(&container).map_err(|e| os("VFIO_GET_API_VERSION", String::new(), e))?;
-        if v != sys::VFIO_API_VERSION as i32 {
-            return Err(PciError::VfioUnsupported {
-                what: format!(
-                    "API version {} (it reports {v}; this driver needs a Linux 5.4+ VFIO)",
-                    sys::VFIO_API_VERSION
-                ),
-            });
-        }
-        let iommu_type = match mode {
-            AccessMode::Iommu => sys::VFIO_TYPE1v2_IOMMU,
-            _ => sys::VFIO_NOIOMMU_IOMMU,
-        };
-        if sys::check_extension(&container, iommu_type).unwrap_or(0) != 1 {
-            return Err(PciError::VfioUnsupported {
-                what: match mode {
-                    AccessMode::Iommu => {
-                        "the type1v2 IOMMU (run `modprobe vfio_iommu_type1`; Linux 5.4 or later)".to_owned()
-                    }
-                    _ => "no-IOMMU mode (load vfio with enable_unsafe_noiommu_mode=1)".to_owned(),
-                },
-            });
-        }
-        let group = open_rw(&group_path).map_err(|e| {
-            let hint = errno_hint(&e, &group_path.display().to_string());
-            os(format!("opening {}", group_path.display()), hint, e)
-        })?;
-        let flags = sys::group_flags(&group).map_err(|e| os("VFIO_GROUP_GET_STATUS", String::new(), e))?;
-        if flags & sys::VFIO_GROUP_FLAGS_VIABLE == 0 {
-            return Err(PciError::GroupNotViable {
-                group: group_no,
-                root: format!("{}/", sysfs.root().display()).replace("//", "/"),
-            });
-        }
-        sys::group_set_container(&group, &container)
-            .map_err(|e| os("VFIO_GROUP_SET_CONTAINER", String::new(), e))?;
+        let (mode, group_path) = group_node(&sysfs, addr, group_no, opts)?;
+        let (container, iommu_type) = open_container(&sysfs, mode)?;
+        let group = attach_group(&sysfs, &group_path, group_no, &container)?;
         let container = Arc::new(container);
         // From here on, dropping `group` without unsetting would be fine
         // too (closing the group detaches it), but keep the order explicit.
-        let result = (|| {
-            sys::set_iommu(&container, iommu_type).map_err(|e| {
-                let hint = errno_hint(&e, "the VFIO container (CAP_SYS_RAWIO for no-IOMMU mode)");
-                os("VFIO_SET_IOMMU", hint, e)
-            })?;
-            let device = sys::group_get_device_fd(&group, &addr.to_string()).map_err(|e| {
-                let hint = errno_hint(&e, &format!("{addr} (is it bound to vfio-pci?)"));
-                os(format!("VFIO_GROUP_GET_DEVICE_FD {addr}"), hint, e)
-            })?;
-            let bar_info = sys::region_info(&device, sys::VFIO_PCI_BAR0_REGION_INDEX)
-                .map_err(|e| os("VFIO_DEVICE_GET_REGION_INFO (BAR0)", String::new(), e))?;
-            if bar_info.flags & sys::VFIO_REGION_INFO_FLAG_MMAP == 0 || bar_info.size < 0x2000 {
-                return Err(PciError::Bar0 {
-                    addr: *addr,
-                    why: format!(
-                        "region flags {:#x}, size {:#x}: not mmap-able or too small",
-                        bar_info.flags, bar_info.size
-                    ),
-                });
-            }
-            let bar = MappedBar::map(&device, bar_info.size as usize, bar_info.offset).map_err(|e| PciError::Bar0 {
-                addr: *addr,
-                why: format!(
-                    "mmap of {:#x} bytes failed ({e}); if the MSI-X table sits in BAR0 and the IOMMU lacks \
-                     interrupt remapping, the kernel allows only a sparse mapping, which this driver does not do yet",
-                    bar_info.size
-                ),
-            })?;
-            let cfg = sys::region_info(&device, sys::VFIO_PCI_CONFIG_REGION_INDEX)
-                .map_err(|e| os("VFIO_DEVICE_GET_REGION_INFO (config)", String::new(), e))?;
-            let config =
-                (device.try_clone().map_err(|e| os("dup of the device fd", String::new(), e))?, cfg.offset);
-            Ok((device, bar, config))
-        })();
-        let (device, bar, config) = match result {
+        let (device, bar, config) = match open_device(&group, &container, iommu_type, addr) {
             Ok(x) => x,
             Err(e) => {
                 let _ = sys::group_unset_container(&group);
@@ -237,13 +286,7 @@ impl VfioNvme {
             }
         };
         let dma = match mode {
-            AccessMode::Iommu => {
-                let ranges = match sys::iommu_iova_ranges(&container) {
-                    Ok(Some(r)) if !IovaAllocator::new(&r).ranges().is_empty() => r,
-                    _ => fallback_ranges(),
-                };
-                Dma::Iommu { container: container.clone(), iova: Mutex::new(IovaAllocator::new(&ranges)) }
-            }
+            AccessMode::Iommu => iommu_dma(&container),
             _ => Dma::Physical { pagemap: open_pagemap(&sysfs)?, maps: Mutex::new(HashMap::new()) },
         };
         let dev = Self {
@@ -258,6 +301,7 @@ impl VfioNvme {
             _group: Some(group),
             _container: Some(container),
         };
+        // Logs the no-IOMMU warning; sets Memory Space and Bus Master Enable.
         dev.after_open()?;
         Ok(dev)
     }

@@ -7,19 +7,33 @@
 //!   emulated controller with no data movement.
 //! - `stripe`: striped read bandwidth over 1 to 4 emulated drives with the
 //!   timing model on.
+//!
+//! The first SIGINT or SIGTERM stops a run in order (see [`interrupt`]):
+//! no new batch, the one in flight finishes, the runtime shuts down (I/O
+//! queues deleted, CC.SHN), one line on stderr says so, exit status 130
+//! (SIGINT) or 143 (SIGTERM). A second signal exits at once.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use interrupt::Ended;
 
 mod bench;
+mod interrupt;
 mod rate;
 mod replay;
 
 /// KV-cache offload benchmark for tutti.
 #[derive(Debug, Parser)]
-#[command(name = "tutti-bench", version, about)]
+#[command(
+    name = "tutti-bench",
+    version,
+    about,
+    after_help = "SIGINT or SIGTERM stops a run in order: the batch in flight finishes, the drives' I/O queues \
+                  are deleted and the controllers shut down (CC.SHN); exit status 130 (SIGINT) or 143 (SIGTERM). \
+                  A second signal exits at once."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -104,6 +118,15 @@ fn init_logging() {
 }
 
 fn main() -> ExitCode {
+    // Before anything else, so that no signal finds the default handler
+    // once work has started.
+    let stop = match interrupt::Stop::install() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("tutti-bench: cannot install the SIGINT/SIGTERM handlers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     init_logging();
     let cli = Cli::parse();
     let result = match cli.command.unwrap_or(Command::Replay(ReplayArgs {
@@ -115,13 +138,17 @@ fn main() -> ExitCode {
         seed: 1,
         ..ReplayArgs::default()
     })) {
-        Command::Replay(a) => replay::run(&a),
-        Command::Rate(a) => rate::rate(&a),
-        Command::Stripe(a) => bench::stripe(&a),
-        Command::GpuRate(a) => bench::gpu_rate(&a),
+        Command::Replay(a) => replay::run(&a, &stop),
+        Command::Rate(a) => rate::rate(&a, &stop),
+        Command::Stripe(a) => bench::stripe(&a, &stop),
+        Command::GpuRate(a) => bench::gpu_rate(&a, &stop),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Ended::Complete) => ExitCode::SUCCESS,
+        Ok(Ended::Interrupted { signal, detail }) => {
+            eprintln!("tutti-bench: interrupted by {}: {detail}", signal.name());
+            ExitCode::from(signal.exit_code())
+        }
         Err(e) => {
             eprintln!("tutti-bench: {e}");
             ExitCode::FAILURE

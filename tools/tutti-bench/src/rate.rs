@@ -14,6 +14,11 @@
 //! flight), so that the work counted inside the `measured_*` functions is
 //! the same on every run: count it with
 //! `valgrind --tool=callgrind --toggle-collect='*rate::measured_*'`.
+//!
+//! Each path checks its [`Stop`] between batches: once a signal asked to
+//! stop, it issues nothing new, lets what is in flight complete (bounded
+//! by [`DRAIN`]), shuts its queues and controller down, and ends
+//! [`Ended::Interrupted`].
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -27,6 +32,11 @@ use nvme_emu::{BackingSpec, Emulator, EmulatorConfig, NamespaceSpec};
 use nvme_regs::Nlb;
 use serde::Serialize;
 use tutti::{error_chain, Config, OpHandle, Request, RequestStatus, Runtime};
+
+use crate::interrupt::{shutdown_summary, Ended, Signal, Stop};
+
+/// How long a stopped run keeps reaping what it had in flight.
+const DRAIN: Duration = Duration::from_secs(10);
 
 fn err(e: impl std::error::Error) -> String {
     error_chain(&e)
@@ -72,6 +82,19 @@ struct RateResult {
     batch: u32,
     protocol_errors: u64,
     sq_doorbell_writes: u64,
+    /// The signal that stopped the run early, and what its shutdown said.
+    #[serde(skip)]
+    interrupted: Option<(Signal, String)>,
+}
+
+impl RateResult {
+    /// [`Ended::Interrupted`] if a signal stopped the run.
+    fn ended(&self, total: u64) -> Option<Ended> {
+        self.interrupted.as_ref().map(|(signal, shutdown)| Ended::Interrupted {
+            signal: *signal,
+            detail: format!("after {} of {total} commands ({}); {shutdown}", self.commands, self.path),
+        })
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -82,10 +105,16 @@ struct Comparison {
 }
 
 /// Runs `rate` as asked and prints the result(s).
-pub fn rate(a: &RateArgs) -> Result<(), String> {
+pub fn rate(a: &RateArgs, stop: &Stop) -> Result<Ended, String> {
     if a.compare {
-        let queue_pair = rate_queue_pair(a)?;
-        let runtime = rate_runtime(a)?;
+        let queue_pair = rate_queue_pair(a, stop)?;
+        if let Some(ended) = queue_pair.ended(a.commands) {
+            return Ok(ended);
+        }
+        let runtime = rate_runtime(a, stop)?;
+        if let Some(ended) = runtime.ended(a.commands) {
+            return Ok(ended);
+        }
         let ratio = runtime.commands_per_second / queue_pair.commands_per_second;
         if a.json {
             let c = Comparison { queue_pair, runtime, runtime_over_queue_pair: ratio };
@@ -95,15 +124,18 @@ pub fn rate(a: &RateArgs) -> Result<(), String> {
             print_rate(a, &runtime);
             println!("runtime API / queue pair: {ratio:.3}");
         }
-        return Ok(());
+        return Ok(Ended::Complete);
     }
-    let r = if a.runtime { rate_runtime(a)? } else { rate_queue_pair(a)? };
+    let r = if a.runtime { rate_runtime(a, stop)? } else { rate_queue_pair(a, stop)? };
+    if let Some(ended) = r.ended(a.commands) {
+        return Ok(ended);
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
     } else {
         print_rate(a, &r);
     }
-    Ok(())
+    Ok(Ended::Complete)
 }
 
 fn print_rate(a: &RateArgs, r: &RateResult) {
@@ -164,13 +196,20 @@ fn measured_qp_reap(qp: &mut QueuePair) -> (u64, u64) {
 
 /// The queue pair's commands per second with these settings (for
 /// `gpu-rate`'s CPU baseline).
-pub fn queue_pair_rate(commands: u64, queue_depth: u32, batch: u32) -> Result<f64, String> {
+/// `Err(ended)` when a signal stopped it.
+pub fn queue_pair_rate(
+    commands: u64,
+    queue_depth: u32,
+    batch: u32,
+    stop: &Stop,
+) -> Result<Result<f64, Ended>, String> {
     let a =
         RateArgs { commands, queue_depth, batch, runtime: false, compare: false, settle: false, json: false };
-    Ok(rate_queue_pair(&a)?.commands_per_second)
+    let r = rate_queue_pair(&a, stop)?;
+    Ok(r.ended(commands).map_or(Ok(r.commands_per_second), Err))
 }
 
-fn rate_queue_pair(a: &RateArgs) -> Result<RateResult, String> {
+fn rate_queue_pair(a: &RateArgs, stop: &Stop) -> Result<RateResult, String> {
     let mut cfg = EmulatorConfig::new("rate", vec![NamespaceSpec::new(1 << 20, 4096)]);
     cfg.backing = BackingSpec::Null;
     cfg.io_queues = 1;
@@ -185,9 +224,24 @@ fn rate_queue_pair(a: &RateArgs) -> Result<RateResult, String> {
     let data = DataRef { mapping: &mapping, offset: 0, len: 4096 };
     let base = emu.stats().commands;
     let (mut submitted, mut completed, mut failed) = (0u64, 0u64, 0u64);
+    // Lowered to what was submitted when a stop is requested: the commands
+    // in flight are reaped (for up to DRAIN), no new one is issued.
+    let mut target = a.commands;
+    let mut stopped: Option<(Signal, Instant)> = None;
     let start = Instant::now();
-    while completed < a.commands {
-        let n = u64::from(a.batch).min(a.commands - submitted);
+    while completed < target {
+        match stopped {
+            None => {
+                if let Some(signal) = stop.requested() {
+                    stopped = Some((signal, Instant::now() + DRAIN));
+                    target = submitted;
+                    continue;
+                }
+            }
+            Some((_, deadline)) if Instant::now() >= deadline => break,
+            Some(_) => {}
+        }
+        let n = u64::from(a.batch).min(target - submitted);
         submitted += measured_qp_submit(&mut qp, n, submitted, data)?;
         if a.settle {
             settle(|| emu.stats().commands - base, submitted)?;
@@ -203,6 +257,9 @@ fn rate_queue_pair(a: &RateArgs) -> Result<RateResult, String> {
     let s = qp.stats();
     ctrl.delete_io_queue_pair(1).map_err(err)?;
     ctrl.shutdown().map_err(err)?;
+    let interrupted = stopped
+        .filter(|_| completed < a.commands)
+        .map(|(signal, _)| (signal, "I/O queue deleted, controller shut down (CC.SHN): OK".to_string()));
     Ok(RateResult {
         path: "queue pair",
         commands: completed,
@@ -212,6 +269,7 @@ fn rate_queue_pair(a: &RateArgs) -> Result<RateResult, String> {
         batch: a.batch,
         protocol_errors: s.protocol_errors,
         sq_doorbell_writes: s.sq_doorbell_writes,
+        interrupted,
     })
 }
 
@@ -227,7 +285,7 @@ fn measured_rt_wait(rt: &Runtime, op: OpHandle) -> Result<Vec<RequestStatus>, St
 
 /// The runtime: one `local_nvme` drive with null backing and one queue
 /// pair of `queue_depth` entries; `batch` 4 KiB reads per submit.
-fn rate_runtime(a: &RateArgs) -> Result<RateResult, String> {
+fn rate_runtime(a: &RateArgs, stop: &Stop) -> Result<RateResult, String> {
     let yaml = format!(
         "drives:\n  d0:\n    emulated:\n      namespaces: [{{ capacity: 4GiB, block_size: 4096 }}]\n      backing: null\n\
          resolvers:\n  kv:\n    slab: {{ slot_size: 4KiB }}\n\
@@ -252,9 +310,12 @@ fn rate_runtime(a: &RateArgs) -> Result<RateResult, String> {
     let window = if a.settle { 1 } else { ((a.queue_depth as usize - 1) / batch).max(1) };
     let mut in_flight: VecDeque<(OpHandle, u64)> = VecDeque::new();
     let (mut issued, mut completed) = (0u64, 0u64);
+    let mut stopped = None;
     let start = Instant::now();
     while completed < a.commands {
-        while in_flight.len() < window && issued < a.commands {
+        // Once stopped, only the operations in flight are waited on.
+        stopped = stopped.or_else(|| stop.requested());
+        while stopped.is_none() && in_flight.len() < window && issued < a.commands {
             let n = (batch as u64).min(a.commands - issued);
             in_flight.push_back((measured_rt_submit(&rt, &reqs[..n as usize])?, n));
             issued += n;
@@ -272,8 +333,10 @@ fn rate_runtime(a: &RateArgs) -> Result<RateResult, String> {
     let secs = start.elapsed().as_secs_f64();
     let stats = rt.stats();
     rt.unregister_memory(mem).map_err(err)?;
+    let report = rt.shutdown(DRAIN);
     drop(rt);
     drop(buf);
+    let interrupted = stopped.filter(|_| completed < a.commands).map(|s| (s, shutdown_summary(&report)));
     Ok(RateResult {
         path: "runtime API",
         commands: completed,
@@ -283,5 +346,6 @@ fn rate_runtime(a: &RateArgs) -> Result<RateResult, String> {
         batch: a.batch,
         protocol_errors: stats.protocol_errors,
         sq_doorbell_writes: stats.sq_doorbell_writes,
+        interrupted,
     })
 }

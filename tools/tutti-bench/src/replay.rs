@@ -13,10 +13,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tutti::config::{DataPathConfig, Execution};
 use tutti::{error_chain, Config, MemoryHandle, Request, RequestStatus, Runtime, TargetHandle};
 use tutti_bench::{
-    fill_block, preset, read_trace, synthetic_trace, verify_block, BlockCache, LatencyRecorder, Summary,
-    TraceRequest, PRESETS,
+    fill_block, preset, read_trace, synthetic_trace, verify_block, BlockCache, LatencyRecorder,
+    ModelGeometry, Summary, TraceRequest, PRESETS,
 };
 
+use crate::interrupt::{shutdown_summary, Ended, Signal, Stop};
 use crate::ReplayArgs;
 
 /// Bound on one batch's wait.
@@ -35,6 +36,17 @@ enum Staging {
 }
 
 impl Staging {
+    /// `len` bytes of host memory, or with `gpu` of memory on GPU 0.
+    fn new(gpu: bool, len: usize) -> Result<Self, String> {
+        Ok(if gpu {
+            let gpu = gpu_io::Gpu::open(0).map_err(err)?;
+            let buf = gpu_io::GpuBuffer::zeroed(&gpu, len).map_err(err)?;
+            Staging::Gpu { buf, mirror: vec![0u8; len], _gpu: gpu }
+        } else {
+            Staging::Host(vec![0u64; len / 8])
+        })
+    }
+
     fn len(&self) -> usize {
         match self {
             Staging::Host(w) => w.len() * 8,
@@ -101,21 +113,102 @@ fn err(e: impl std::error::Error) -> String {
     error_chain(&e)
 }
 
-pub fn run(a: &ReplayArgs) -> Result<(), String> {
+/// Replays the trace of `a`; see the module docs. Checks `stop` before
+/// every batch: once a signal asked to stop, no new batch is issued and the
+/// runtime is shut down in order.
+pub fn run(a: &ReplayArgs, stop: &Stop) -> Result<Ended, String> {
     if a.list_models {
-        for m in PRESETS {
-            println!(
-                "{:<14} {:>3} layers {:>2} KV heads x {:>3} dim: {:>4} KiB/token, {:>4} MiB per 512-token block",
-                m.name,
-                m.layers,
-                m.kv_heads,
-                m.head_dim,
-                m.bytes_per_token() >> 10,
-                m.block_bytes(512) >> 20
-            );
-        }
-        return Ok(());
+        list_models();
+        return Ok(Ended::Complete);
     }
+    let (model, block_bytes) = geometry(a)?;
+    let trace = load_trace(a)?;
+    let config = runtime_config(a, block_bytes)?;
+    // Declared before the runtime, so dropped after it: on an early return
+    // the runtime shuts down (and its drives stop writing) first.
+    let mut staging: Staging;
+    let rt = Runtime::from_config(config).map_err(err)?;
+    let store = open_store(&rt, &a.store, block_bytes)?;
+    let staging_len = BATCH_BLOCKS * block_bytes as usize;
+    staging = Staging::new(a.gpu, staging_len)?;
+    let mem = match &mut staging {
+        // SAFETY: `staging` outlives the registration (unregistered below,
+        // and the runtime is dropped before it), and its bytes are touched
+        // only between a batch's wait and the next submit.
+        #[allow(unsafe_code)]
+        Staging::Host(w) => unsafe { rt.register_memory(w.as_mut_ptr().cast(), staging_len) },
+        // SAFETY: as above, for the GPU allocation.
+        #[allow(unsafe_code)]
+        Staging::Gpu { buf, .. } => unsafe { rt.register_gpu_memory(buf.device_ptr(), staging_len) },
+    }
+    .map_err(err)?;
+    debug_assert_eq!(staging.len(), staging_len);
+    let summary = Summary {
+        model: model.name.to_owned(),
+        block_tokens: a.block_tokens,
+        block_bytes,
+        drives: store.drives.clone(),
+        execution: if a.gpu { "gpu".into() } else { "cpu".into() },
+        ..Summary::default()
+    };
+    let mut replay = Replay {
+        rt: &rt,
+        mem,
+        targets: &store.targets,
+        staging: &mut staging,
+        block_bytes,
+        cache: BlockCache::new(store.slots),
+        latency: LatencyRecorder::new(),
+        s: summary,
+        loads: Vec::new(),
+        saves: Vec::new(),
+    };
+    tracing::info!(requests = trace.len(), drives = ?store.drives, "replay started");
+    let bar = progress_bar(a.json, trace.len());
+    let start = Instant::now();
+    let mut stopped = None;
+    for req in &trace {
+        stopped = replay.request(req, stop)?;
+        if stopped.is_some() {
+            break;
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let s = replay.finish(start.elapsed());
+    rt.unregister_memory(mem).map_err(err)?;
+    let report = rt.shutdown(Duration::from_secs(5));
+    if let Some(signal) = stopped {
+        let done = format!("after {} of {} requests", s.requests, trace.len());
+        return Ok(Ended::Interrupted { signal, detail: format!("{done}; {}", shutdown_summary(&report)) });
+    }
+    for (drive, r) in &report.drives {
+        if let Err(e) = r {
+            eprintln!("warning: drive {drive} shutdown: {e}");
+        }
+    }
+    drop(rt);
+    print_summary(a, &s)
+}
+
+/// `--list-models`: one line per preset.
+fn list_models() {
+    for m in PRESETS {
+        println!(
+            "{:<14} {:>3} layers {:>2} KV heads x {:>3} dim: {:>4} KiB/token, {:>4} MiB per 512-token block",
+            m.name,
+            m.layers,
+            m.kv_heads,
+            m.head_dim,
+            m.bytes_per_token() >> 10,
+            m.block_bytes(512) >> 20
+        );
+    }
+}
+
+/// The model preset and the bytes of one block of `--block-tokens` tokens
+/// (a multiple of 4096).
+fn geometry(a: &ReplayArgs) -> Result<(ModelGeometry, u64), String> {
     let model = preset(&a.model).ok_or_else(|| format!("unknown model {:?}; try --list-models", a.model))?;
     if a.block_tokens == 0 {
         return Err("--block-tokens must be at least 1".into());
@@ -126,6 +219,12 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
             "a block of {block_bytes} bytes is not a multiple of 4096; change --block-tokens"
         ));
     }
+    Ok((model, block_bytes))
+}
+
+/// The requests to replay: from `--trace`, else the synthetic trace; never
+/// empty.
+fn load_trace(a: &ReplayArgs) -> Result<Vec<TraceRequest>, String> {
     let trace: Vec<TraceRequest> = match &a.trace {
         Some(p) => read_trace(p, a.requests).map_err(err)?,
         None => synthetic_trace(a.requests.unwrap_or(tutti_bench::synthetic::DEFAULT_REQUESTS), a.seed),
@@ -136,6 +235,13 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
             None => "--requests must be at least 1".into(),
         });
     }
+    Ok(trace)
+}
+
+/// The runtime configuration: `--config`, else the built-in striped RAM
+/// drives; with `--gpu`, every local datapath executes on the GPU. Its
+/// store `--store` must exist.
+fn runtime_config(a: &ReplayArgs, block_bytes: u64) -> Result<Config, String> {
     let mut config = match &a.config {
         Some(p) => Config::from_path(p).map_err(err)?,
         None => {
@@ -166,8 +272,20 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
             format!("no store named {:?}: the configuration has {names:?}; pick one with --store", a.store)
         });
     }
-    let rt = Runtime::from_config(config).map_err(err)?;
-    let info = rt.store_info(&a.store).ok_or_else(|| format!("no store named {:?}", a.store))?;
+    Ok(config)
+}
+
+/// The store's slots, opened, and its drives.
+struct Store {
+    /// Target of slot `i` at index `i`.
+    targets: Vec<TargetHandle>,
+    slots: u32,
+    drives: Vec<String>,
+}
+
+/// Opens every slot of slab store `name`, whose slots must hold a block.
+fn open_store(rt: &Runtime, name: &str, block_bytes: u64) -> Result<Store, String> {
+    let info = rt.store_info(name).ok_or_else(|| format!("no store named {name:?}"))?;
     let slot_size = info.slot_size.ok_or("the store's resolver is not a slab")?;
     if slot_size < block_bytes {
         return Err(format!("slot size {slot_size} is smaller than a block ({block_bytes} bytes)"));
@@ -176,122 +294,26 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
     if slots == 0 {
         return Err("the store has no slots".into());
     }
-    let uris: Vec<String> = (0..slots).map(|i| format!("tutti://{}/{i}", a.store)).collect();
+    let uris: Vec<String> = (0..slots).map(|i| format!("tutti://{name}/{i}")).collect();
     let uri_refs: Vec<&str> = uris.iter().map(String::as_str).collect();
     let targets: Vec<TargetHandle> =
         rt.open_batch(&uri_refs).into_iter().collect::<Result<_, _>>().map_err(err)?;
+    Ok(Store { targets, slots, drives: info.drives })
+}
 
-    let staging_len = BATCH_BLOCKS * block_bytes as usize;
-    let mut staging = if a.gpu {
-        let gpu = gpu_io::Gpu::open(0).map_err(err)?;
-        let buf = gpu_io::GpuBuffer::zeroed(&gpu, staging_len).map_err(err)?;
-        Staging::Gpu { buf, mirror: vec![0u8; staging_len], _gpu: gpu }
-    } else {
-        Staging::Host(vec![0u64; staging_len / 8])
-    };
-    let mem = match &mut staging {
-        // SAFETY: `staging` outlives the registration (unregistered below,
-        // and the runtime is dropped before it), and its bytes are touched
-        // only between a batch's wait and the next submit.
-        #[allow(unsafe_code)]
-        Staging::Host(w) => unsafe { rt.register_memory(w.as_mut_ptr().cast(), staging_len) },
-        // SAFETY: as above, for the GPU allocation.
-        #[allow(unsafe_code)]
-        Staging::Gpu { buf, .. } => unsafe { rt.register_gpu_memory(buf.device_ptr(), staging_len) },
-    }
-    .map_err(err)?;
-    debug_assert_eq!(staging.len(), staging_len);
-    let bar = if a.json { ProgressBar::hidden() } else { ProgressBar::new(trace.len() as u64) };
+/// The progress bar on stderr (hidden with `--json`).
+fn progress_bar(hidden: bool, requests: usize) -> ProgressBar {
+    let bar = if hidden { ProgressBar::hidden() } else { ProgressBar::new(requests as u64) };
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} requests {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let mut cache = BlockCache::new(slots);
-    let mut latency = LatencyRecorder::new();
-    let mut s = Summary {
-        model: model.name.to_owned(),
-        block_tokens: a.block_tokens,
-        block_bytes,
-        drives: info.drives.clone(),
-        execution: if a.gpu { "gpu".into() } else { "cpu".into() },
-        ..Summary::default()
-    };
-    let start = Instant::now();
-    let mut loads: Vec<(u64, u32, u64)> = Vec::new();
-    let mut saves: Vec<(u64, u32, u64)> = Vec::new();
-    for req in &trace {
-        cache.begin_request();
-        loads.clear();
-        saves.clear();
-        for &h in &req.hash_ids {
-            // A hash id repeated within one request is the same block: it is
-            // saved (or loaded) once.
-            if loads.iter().chain(&saves).any(|&(x, _, _)| x == h) {
-                continue;
-            }
-            if let Some(slot) = cache.lookup(h) {
-                loads.push((h, slot.index, slot.version));
-            } else {
-                match cache.insert(h) {
-                    Ok(ins) => saves.push((h, ins.slot.index, ins.slot.version)),
-                    Err(_) => s.blocks_uncacheable += 1,
-                }
-            }
-        }
-        // Loads first (the prefix a serving engine would fetch), then saves.
-        let t0 = Instant::now();
-        for chunk in loads.chunks(BATCH_BLOCKS) {
-            // Poison the staging area first, so that a read that moves no
-            // data (or not all of it) cannot pass verification with bytes
-            // left over from an earlier save.
-            staging.poison(chunk.len() * block_bytes as usize)?;
-            run_batch(&rt, mem, &targets, chunk, block_bytes, false)?;
-            for (i, &(h, _, v)) in chunk.iter().enumerate() {
-                let b = i * block_bytes as usize;
-                staging
-                    .verify(b, block_bytes as usize, h, v)
-                    .map_err(|m| {
-                        format!(
-                            "block {h} (slot version {v}) loaded wrong data: byte {} is {:#04x}, expected {:#04x}",
-                            m.offset, m.actual, m.expected
-                        )
-                    })?;
-                s.blocks_verified += 1;
-            }
-        }
-        if !loads.is_empty() {
-            let d = t0.elapsed();
-            latency.record(d);
-            s.load_seconds += d.as_secs_f64();
-            s.blocks_loaded += loads.len() as u64;
-            s.bytes_loaded += loads.len() as u64 * block_bytes;
-        }
-        for chunk in saves.chunks(BATCH_BLOCKS) {
-            for (i, &(h, _, v)) in chunk.iter().enumerate() {
-                let b = i * block_bytes as usize;
-                staging.fill(b, block_bytes as usize, h, v)?;
-            }
-            let t = Instant::now();
-            run_batch(&rt, mem, &targets, chunk, block_bytes, true)?;
-            s.save_seconds += t.elapsed().as_secs_f64();
-        }
-        s.blocks_saved += saves.len() as u64;
-        s.bytes_saved += saves.len() as u64 * block_bytes;
-        s.requests += 1;
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-    s.elapsed_seconds = start.elapsed().as_secs_f64();
-    s.set_load_latency(&latency);
-    s.finish();
-    rt.unregister_memory(mem).map_err(err)?;
-    let report = rt.shutdown(Duration::from_secs(5));
-    for (drive, r) in &report.drives {
-        if let Err(e) = r {
-            eprintln!("warning: drive {drive} shutdown: {e}");
-        }
-    }
-    drop(rt);
+    bar
+}
+
+/// Prints the summary (text or `--json`); fails unless every loaded block
+/// verified.
+fn print_summary(a: &ReplayArgs, s: &Summary) -> Result<Ended, String> {
     if a.json {
         println!("{}", s.to_json());
     } else {
@@ -300,7 +322,126 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
     if s.blocks_verified != s.blocks_loaded {
         return Err(format!("{} of {} loaded blocks verified", s.blocks_verified, s.blocks_loaded));
     }
-    Ok(())
+    Ok(Ended::Complete)
+}
+
+/// A block of a request: (hash id, slot, slot version).
+type Block = (u64, u32, u64);
+
+/// The replay between requests: the runtime side, the block cache and the
+/// numbers so far.
+struct Replay<'a> {
+    rt: &'a Runtime,
+    mem: MemoryHandle,
+    targets: &'a [TargetHandle],
+    staging: &'a mut Staging,
+    block_bytes: u64,
+    cache: BlockCache,
+    latency: LatencyRecorder,
+    s: Summary,
+    /// The current request's blocks to load and to save.
+    loads: Vec<Block>,
+    saves: Vec<Block>,
+}
+
+impl Replay<'_> {
+    /// Replays one request: its loads first (the prefix a serving engine
+    /// would fetch), then its saves. Returns the signal when a stop request
+    /// cut it short before one of its batches (it is then not counted).
+    fn request(&mut self, req: &TraceRequest, stop: &Stop) -> Result<Option<Signal>, String> {
+        self.plan(req);
+        let t0 = Instant::now();
+        if let Some(signal) = self.load(stop)? {
+            return Ok(Some(signal));
+        }
+        if !self.loads.is_empty() {
+            let d = t0.elapsed();
+            self.latency.record(d);
+            self.s.load_seconds += d.as_secs_f64();
+            self.s.blocks_loaded += self.loads.len() as u64;
+            self.s.bytes_loaded += self.loads.len() as u64 * self.block_bytes;
+        }
+        if let Some(signal) = self.save(stop)? {
+            return Ok(Some(signal));
+        }
+        self.s.blocks_saved += self.saves.len() as u64;
+        self.s.bytes_saved += self.saves.len() as u64 * self.block_bytes;
+        self.s.requests += 1;
+        Ok(None)
+    }
+
+    /// Sorts the request's blocks into loads (cached) and saves (new,
+    /// inserted into the cache, which may evict).
+    fn plan(&mut self, req: &TraceRequest) {
+        self.cache.begin_request();
+        self.loads.clear();
+        self.saves.clear();
+        for &h in &req.hash_ids {
+            // A hash id repeated within one request is the same block: it is
+            // saved (or loaded) once.
+            if self.loads.iter().chain(&self.saves).any(|&(x, _, _)| x == h) {
+                continue;
+            }
+            if let Some(slot) = self.cache.lookup(h) {
+                self.loads.push((h, slot.index, slot.version));
+            } else {
+                match self.cache.insert(h) {
+                    Ok(ins) => self.saves.push((h, ins.slot.index, ins.slot.version)),
+                    Err(_) => self.s.blocks_uncacheable += 1,
+                }
+            }
+        }
+    }
+
+    /// Reads the loads batch by batch and verifies every byte.
+    fn load(&mut self, stop: &Stop) -> Result<Option<Signal>, String> {
+        let bb = self.block_bytes as usize;
+        for chunk in self.loads.chunks(BATCH_BLOCKS) {
+            if let Some(signal) = stop.requested() {
+                return Ok(Some(signal));
+            }
+            // Poison the staging area first, so that a read that moves no
+            // data (or not all of it) cannot pass verification with bytes
+            // left over from an earlier save.
+            self.staging.poison(chunk.len() * bb)?;
+            run_batch(self.rt, self.mem, self.targets, chunk, self.block_bytes, false)?;
+            for (i, &(h, _, v)) in chunk.iter().enumerate() {
+                self.staging.verify(i * bb, bb, h, v).map_err(|m| {
+                    format!(
+                        "block {h} (slot version {v}) loaded wrong data: byte {} is {:#04x}, expected {:#04x}",
+                        m.offset, m.actual, m.expected
+                    )
+                })?;
+                self.s.blocks_verified += 1;
+            }
+        }
+        Ok(None)
+    }
+
+    /// Writes the saves batch by batch, each block filled with its pattern.
+    fn save(&mut self, stop: &Stop) -> Result<Option<Signal>, String> {
+        let bb = self.block_bytes as usize;
+        for chunk in self.saves.chunks(BATCH_BLOCKS) {
+            if let Some(signal) = stop.requested() {
+                return Ok(Some(signal));
+            }
+            for (i, &(h, _, v)) in chunk.iter().enumerate() {
+                self.staging.fill(i * bb, bb, h, v)?;
+            }
+            let t = Instant::now();
+            run_batch(self.rt, self.mem, self.targets, chunk, self.block_bytes, true)?;
+            self.s.save_seconds += t.elapsed().as_secs_f64();
+        }
+        Ok(None)
+    }
+
+    /// The summary, with the run's wall time and load latencies.
+    fn finish(mut self, elapsed: Duration) -> Summary {
+        self.s.elapsed_seconds = elapsed.as_secs_f64();
+        self.s.set_load_latency(&self.latency);
+        self.s.finish();
+        self.s
+    }
 }
 
 /// One batch: block `i` of `blocks` at staging offset `i * block_bytes`.
@@ -308,7 +449,7 @@ fn run_batch(
     rt: &Runtime,
     mem: MemoryHandle,
     targets: &[TargetHandle],
-    blocks: &[(u64, u32, u64)],
+    blocks: &[Block],
     block_bytes: u64,
     write: bool,
 ) -> Result<(), String> {

@@ -2,12 +2,16 @@
 //! driver conformance checks (`nvme-conformance`, the same ones `cargo
 //! test` runs against the emulator) on a controller bound to vfio-pci.
 //! DESTROYS the data in the range.
+//!
+//! A stop request (SIGINT/SIGTERM) is honoured between checks: the check
+//! running finishes and deletes its queues, the rest are skipped except the
+//! controller shutdown (CC.SHN), and the report is printed as usual.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use nvm_queue::NvmeDevice;
-use nvme_conformance::{Options, MIN_SCRATCH_BYTES};
+use nvme_conformance::{Options, Outcome as Check, MIN_SCRATCH_BYTES};
 use nvme_pci::{PciAddr, VfioNvme};
 
 use crate::selftest::LbaRange;
@@ -53,13 +57,29 @@ pub fn run(ctx: &Ctx, a: Args) -> Outcome {
     let mut opts = Options::new(a.nsid, range.start..range.end);
     opts.ask_queues = a.queues;
     opts.timeout = Duration::from_secs(a.timeout_s);
+    opts.stop = Some(ctx.stop.flag());
     let report = nvme_conformance::run(dev, &opts);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!("{report}");
     }
-    if let Some(why) = &report.options_error {
+    if let (true, Some(signal)) = (report.interrupted, ctx.stop.requested()) {
+        let shutdown = match report.outcome("shutdown") {
+            Some(Check::Pass(_)) => "OK".to_owned(),
+            Some(Check::Fail(why)) => format!("FAILED: {why}"),
+            Some(Check::Skip(why)) => format!("not done ({why})"),
+            None => "not done".to_owned(),
+        };
+        let detail = format!(
+            "conformance {}: {} passed, {} failed before the stop, the rest skipped; controller shutdown (CC.SHN): \
+             {shutdown}",
+            a.addr,
+            report.passed(),
+            report.failed()
+        );
+        Err(Failure::Interrupted { signal, detail })
+    } else if let Some(why) = &report.options_error {
         // The caller's range or namespace does not fit: not the drive's fault.
         Err(Failure::Usage(format!("{}: {why}", a.addr)))
     } else if report.is_ok() {

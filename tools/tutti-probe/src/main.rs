@@ -6,7 +6,10 @@
 //! tutti's own admin queue, and runs a write/read/compare self-test
 //! through tutti's own I/O queues.
 //!
-//! Exit codes: 0 success, 1 failure, 2 usage error.
+//! Exit codes: 0 success, 1 failure, 2 usage error, 130 / 143 when SIGINT /
+//! SIGTERM stopped `selftest` or `conformance` (they finish the command in
+//! flight, delete their I/O queues and shut the controller down first; see
+//! [`interrupt`]). A second signal exits at once.
 //!
 //! Adding a subcommand: one variant in [`Cmd`] and one `run` function in
 //! its own module, dispatched in [`run`].
@@ -20,6 +23,7 @@ use nvme_pci::{OpenOptions, Sysfs};
 mod bind;
 mod conformance;
 mod identify;
+mod interrupt;
 mod list;
 mod selftest;
 mod status;
@@ -27,7 +31,16 @@ mod util;
 
 /// List, bind, identify and self-test NVMe drives for tutti.
 #[derive(Debug, Parser)]
-#[command(name = "tutti-probe", version, about, long_about = None)]
+#[command(
+    name = "tutti-probe",
+    version,
+    about,
+    long_about = None,
+    after_help = "Exit status: 0 success, 1 failure, 2 usage error. SIGINT or SIGTERM stops selftest and \
+                  conformance in order (the command in flight finishes, the I/O queues are deleted, the \
+                  controller shut down with CC.SHN), exit status 130 (SIGINT) or 143 (SIGTERM); a second \
+                  signal exits at once."
+)]
 struct Cli {
     /// Filesystem root for sys/, proc/ and dev/vfio (tests use a fake tree).
     #[arg(long, global = true, hide = true, value_name = "PATH")]
@@ -68,6 +81,8 @@ pub struct Ctx {
     pub sysfs: Sysfs,
     /// Options for opening devices.
     pub open: OpenOptions,
+    /// Set by the first SIGINT or SIGTERM.
+    pub stop: interrupt::Stop,
 }
 
 /// A subcommand's failure.
@@ -79,6 +94,14 @@ pub enum Failure {
     Error(Box<dyn std::error::Error + Send + Sync>),
     /// The operation failed (exit 1); already explained in the output.
     Reported(String),
+    /// A signal stopped the operation after an orderly shutdown (exit 130
+    /// or 143); `detail` says how far it got and how the shutdown went.
+    Interrupted {
+        /// The signal.
+        signal: interrupt::Signal,
+        /// Progress and shutdown, for the one line `main` prints.
+        detail: String,
+    },
 }
 
 impl<E: std::error::Error + Send + Sync + 'static> From<E> for Failure {
@@ -90,11 +113,12 @@ impl<E: std::error::Error + Send + Sync + 'static> From<E> for Failure {
 /// A subcommand's result.
 pub type Outcome = Result<(), Failure>;
 
-fn run(cli: Cli) -> Outcome {
+fn run(cli: Cli, stop: interrupt::Stop) -> Outcome {
     let root = cli.sysfs_root.clone().unwrap_or_else(|| PathBuf::from("/"));
     let ctx = Ctx {
         sysfs: Sysfs::with_root(&root),
         open: OpenOptions { allow_no_iommu: cli.allow_no_iommu, root: cli.sysfs_root.clone() },
+        stop,
     };
     match cli.cmd {
         Cmd::List(a) => list::run(&ctx, a),
@@ -122,6 +146,15 @@ fn init_logging() {
 }
 
 fn main() -> ExitCode {
+    // Before anything else, so that no signal finds the default handler
+    // once a drive is touched.
+    let stop = match interrupt::Stop::install() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("tutti-probe: error: cannot install the SIGINT/SIGTERM handlers: {e}");
+            return ExitCode::from(1);
+        }
+    };
     init_logging();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -132,7 +165,7 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    match run(cli) {
+    match run(cli, stop) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Usage(msg)) => {
             eprintln!("tutti-probe: usage: {msg}");
@@ -150,6 +183,10 @@ fn main() -> ExitCode {
         Err(Failure::Reported(msg)) => {
             eprintln!("tutti-probe: {msg}");
             ExitCode::from(1)
+        }
+        Err(Failure::Interrupted { signal, detail }) => {
+            eprintln!("tutti-probe: interrupted by {}: {detail}", signal.name());
+            ExitCode::from(signal.exit_code())
         }
     }
 }

@@ -1,6 +1,10 @@
 //! `tutti-probe selftest <addr> --lba-range A..B --yes`: writes a seeded
 //! pattern to a scratch LBA range through one of tutti's I/O queue pairs,
 //! reads it back and compares. DESTROYS the data in the range.
+//!
+//! A stop request (SIGINT/SIGTERM) is honoured between commands: the write
+//! or read in flight completes, the chunk it belongs to is compared, then
+//! the queue is deleted and the controller shut down as on success.
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -8,6 +12,7 @@ use std::time::{Duration, Instant};
 use nvm_queue::{plan_io, Controller, DataRef, DmaBuffer, IoOp, NamespaceInfo, QueuePair};
 use nvme_pci::PciAddr;
 
+use crate::interrupt::{Signal, Stop};
 use crate::util::{bring_up, context};
 use crate::{Ctx, Failure, Outcome};
 
@@ -125,7 +130,7 @@ pub fn run(ctx: &Ctx, args: Args) -> Outcome {
             return Err(context("creating I/O queue pair 1 failed", e));
         }
     };
-    let result = exercise(&ctrl, &mut qp, &ns, range, args.seed);
+    let result = exercise(&ctrl, &mut qp, &ns, range, args.seed, &ctx.stop);
     // Delete the queues and shut down before the queue memory goes away.
     let shut = ctrl.shutdown();
     if shut.is_err() {
@@ -134,7 +139,19 @@ pub fn run(ctx: &Ctx, args: Args) -> Outcome {
         drop(ctrl);
     }
     drop(qp);
-    let (blocks, secs) = result?;
+    let Exercised { blocks, secs, interrupted } = result?;
+    if let Some(signal) = interrupted {
+        let how = shut.map_or_else(|e| format!("FAILED: {e}"), |()| "OK".to_owned());
+        let detail = format!(
+            "selftest {}: namespace {}, LBAs {}..{} ({blocks} blocks) written, read back and compared before the \
+             stop; I/O queue 1 deleted and controller shut down (CC.SHN): {how}",
+            args.addr,
+            ns.nsid,
+            range.start,
+            range.start + blocks
+        );
+        return Err(Failure::Interrupted { signal, detail });
+    }
     let bytes = blocks * u64::from(ns.block_size);
     let mbps = (2 * bytes) as f64 / 1e6 / secs.max(1e-9);
     println!(
@@ -145,14 +162,26 @@ pub fn run(ctx: &Ctx, args: Args) -> Outcome {
     shut.map_err(|e| context("controller shutdown (CC.SHN) failed", e))
 }
 
-/// Writes, reads back and compares `range`; returns (blocks checked, seconds).
+/// What [`exercise`] did.
+struct Exercised {
+    /// Blocks written, read back and compared, from the range's start.
+    blocks: u64,
+    /// Seconds it took.
+    secs: f64,
+    /// The signal whose stop request ended it before the range's end.
+    interrupted: Option<Signal>,
+}
+
+/// Writes, reads back and compares `range`, chunk by chunk, until its end
+/// or until `stop` is requested (checked before each chunk).
 fn exercise(
     ctrl: &Controller,
     qp: &mut QueuePair,
     ns: &NamespaceInfo,
     range: LbaRange,
     seed: u64,
-) -> Result<(u64, f64), Failure> {
+    stop: &Stop,
+) -> Result<Exercised, Failure> {
     let bs = ns.block_size as usize;
     let chunk = (ctrl.max_transfer().min(MAX_CHUNK) / bs).max(1) * bs;
     let dev = ctrl.device();
@@ -163,6 +192,10 @@ fn exercise(
     let t0 = Instant::now();
     let mut lba = range.start;
     while lba < range.end {
+        if let Some(signal) = stop.requested() {
+            let secs = t0.elapsed().as_secs_f64();
+            return Ok(Exercised { blocks: lba - range.start, secs, interrupted: Some(signal) });
+        }
         let blocks = ((range.end - lba) as usize).min(chunk / bs);
         let len = blocks * bs;
         for (i, b) in expect[..len].chunks_mut(bs).enumerate() {
@@ -199,7 +232,7 @@ fn exercise(
         }
         lba += blocks as u64;
     }
-    Ok((range.end - range.start, t0.elapsed().as_secs_f64()))
+    Ok(Exercised { blocks: range.end - range.start, secs: t0.elapsed().as_secs_f64(), interrupted: None })
 }
 
 /// Runs one I/O command of `len` bytes at `lba` on `buf` and waits for it.
