@@ -59,7 +59,8 @@ pub struct ConfigError {
 
 impl ConfigError {
     /// An error of `kind` at key path `path` (e.g.
-    /// `datapaths.fast.striped_local_nvme.stripe_unit`).
+    /// `datapaths.fast.striped_local_nvme.stripe_unit`; see
+    /// [`Config::datapath_key`](super::Config::datapath_key)).
     pub fn new(path: impl Into<String>, kind: ConfigErrorKind) -> Self {
         Self { path: path.into(), kind }
     }
@@ -199,7 +200,8 @@ pub enum ConfigErrorKind {
         /// The value, bytes.
         slot_size: ByteSize,
     },
-    /// A namespace ID that the drive does not have.
+    /// A namespace ID that an emulated drive does not have (checked when
+    /// the config is validated).
     #[error("drive {drive:?} has no namespace {nsid} (it has NSIDs 1..={namespaces})")]
     UnknownNamespace {
         /// The drive.
@@ -208,6 +210,21 @@ pub enum ConfigErrorKind {
         nsid: u32,
         /// How many namespaces the drive has.
         namespaces: usize,
+    },
+    /// A namespace ID that is not active on a drive whose namespaces are
+    /// only known once it is opened (a `pci` drive; checked when the
+    /// runtime starts). Path: the datapath's `nsid`.
+    #[error(
+        "drive {drive:?} has no active namespace {nsid} (active: {active:?}); {}",
+        namespace_hint(active)
+    )]
+    NamespaceMissing {
+        /// The drive.
+        drive: String,
+        /// The NSID asked for.
+        nsid: u32,
+        /// The drive's active NSIDs, ascending.
+        active: Vec<u32>,
     },
     /// A striped datapath with fewer than 2 or more than 4 drives.
     #[error("a striped datapath needs {min} to {max} drives, got {count}")]
@@ -252,8 +269,8 @@ pub enum ConfigErrorKind {
         /// The value, bytes.
         stripe_unit: ByteSize,
     },
-    /// A stripe unit that is not a multiple of a striped namespace's block
-    /// size.
+    /// A stripe unit that is not a multiple of a striped emulated
+    /// namespace's block size (checked when the config is validated).
     #[error(
         "stripe unit {stripe_unit} is not a multiple of the block size {block_size} of drive {drive:?} namespace {nsid}"
     )]
@@ -266,6 +283,21 @@ pub enum ConfigErrorKind {
         nsid: u32,
         /// Its block size, bytes.
         block_size: u32,
+    },
+    /// A stripe unit that is not a multiple of the LBA size of a drive
+    /// whose LBA size is only known once it is opened (a `pci` drive;
+    /// checked when the runtime starts). Path: the datapath's
+    /// `stripe_unit`.
+    #[error(
+        "stripe unit {unit} bytes is not a multiple of drive {drive:?}'s {lba_size}-byte LBA size; use a multiple of it"
+    )]
+    StripeUnitVsLbaSize {
+        /// The stripe unit, bytes.
+        unit: u64,
+        /// The drive.
+        drive: String,
+        /// The LBA size of the drive's namespace in use, bytes.
+        lba_size: u32,
     },
     /// A queue depth above the drive's maximum queue size (CAP.MQES + 1).
     #[error("queue depth {queue_depth} exceeds drive {drive:?}'s maximum queue size {max} (CAP.MQES + 1)")]
@@ -296,5 +328,14 @@ fn fmt_location(line: Option<u32>, column: Option<u32>) -> String {
         (Some(l), Some(c)) => format!(" (line {l}, column {c})"),
         (Some(l), None) => format!(" (line {l})"),
         _ => String::new(),
+    }
+}
+
+/// How to fix [`ConfigErrorKind::NamespaceMissing`].
+fn namespace_hint(active: &[u32]) -> &'static str {
+    if active.is_empty() {
+        "the drive has none: create and attach a namespace first"
+    } else {
+        "set nsid to one of them"
     }
 }

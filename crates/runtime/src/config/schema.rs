@@ -248,6 +248,17 @@ pub enum DataPathConfig {
     StripedLocalNvme(StripedConfig),
 }
 
+impl DataPathConfig {
+    /// The YAML key naming this datapath's kind: `local_nvme` or
+    /// `striped_local_nvme`.
+    pub(crate) fn yaml_tag(&self) -> &'static str {
+        match self {
+            DataPathConfig::LocalNvme(_) => "local_nvme",
+            DataPathConfig::StripedLocalNvme(_) => "striped_local_nvme",
+        }
+    }
+}
+
 /// Who submits a datapath's NVMe commands and polls their completions.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

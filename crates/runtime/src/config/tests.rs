@@ -632,6 +632,10 @@ fn every_kind() -> Vec<(ConfigErrorKind, &'static str)> {
             K::UnknownNamespace { drive: "d0".into(), nsid: 2, namespaces: 1 },
             "drive \"d0\" has no namespace 2 (it has NSIDs 1..=1)",
         ),
+        (
+            K::NamespaceMissing { drive: "q0".into(), nsid: 3, active: vec![1, 2] },
+            "drive \"q0\" has no active namespace 3 (active: [1, 2]); set nsid to one of them",
+        ),
         (K::StripeWidth { count: 5, min: 2, max: 4 }, "a striped datapath needs 2 to 4 drives, got 5"),
         (K::DuplicateStripeDrive { drive: "d0".into() }, "drive \"d0\" is listed twice in the stripe"),
         (
@@ -654,6 +658,11 @@ fn every_kind() -> Vec<(ConfigErrorKind, &'static str)> {
                 block_size: 4096,
             },
             "stripe unit 2KiB is not a multiple of the block size 4096 of drive \"d1\" namespace 1",
+        ),
+        (
+            K::StripeUnitVsLbaSize { unit: 4096, drive: "q1".into(), lba_size: 8192 },
+            "stripe unit 4096 bytes is not a multiple of drive \"q1\"'s 8192-byte LBA size; \
+             use a multiple of it",
         ),
         (
             K::QueueDepthExceedsMqes { queue_depth: 65, drive: "d0".into(), max: 64 },
@@ -684,14 +693,16 @@ fn kind_index(kind: &ConfigErrorKind) -> usize {
         K::Capacity { .. } => 11,
         K::SlotSize { .. } => 12,
         K::UnknownNamespace { .. } => 13,
-        K::StripeWidth { .. } => 14,
-        K::DuplicateStripeDrive { .. } => 15,
-        K::DriveAlreadyOwned { .. } => 16,
-        K::AlreadyInStore { .. } => 17,
-        K::StripeUnit { .. } => 18,
-        K::StripeUnitBlockSize { .. } => 19,
-        K::QueueDepthExceedsMqes { .. } => 20,
-        K::QueuesExceedIoQueues { .. } => 21,
+        K::NamespaceMissing { .. } => 14,
+        K::StripeWidth { .. } => 15,
+        K::DuplicateStripeDrive { .. } => 16,
+        K::DriveAlreadyOwned { .. } => 17,
+        K::AlreadyInStore { .. } => 18,
+        K::StripeUnit { .. } => 19,
+        K::StripeUnitBlockSize { .. } => 20,
+        K::StripeUnitVsLbaSize { .. } => 21,
+        K::QueueDepthExceedsMqes { .. } => 22,
+        K::QueuesExceedIoQueues { .. } => 23,
     }
 }
 
@@ -699,7 +710,7 @@ fn kind_index(kind: &ConfigErrorKind) -> usize {
 fn every_kind_displays_its_path_first() {
     let kinds = every_kind();
     let indices: Vec<usize> = kinds.iter().map(|(k, _)| kind_index(k)).collect();
-    assert_eq!(indices, (0..22).collect::<Vec<_>>(), "every kind listed once, in order");
+    assert_eq!(indices, (0..24).collect::<Vec<_>>(), "every kind listed once, in order");
     for (kind, message) in kinds {
         assert_eq!(kind.to_string(), message);
         let path = "datapaths.dp.striped_local_nvme.drives[1]";
@@ -708,4 +719,50 @@ fn every_kind_displays_its_path_first() {
         assert_eq!(e.to_string(), format!("{path}: {message}"));
         assert_eq!(kind_index(e.kind()), kind_index(&e.into_kind()));
     }
+}
+
+#[test]
+fn assembly_kinds_name_the_datapath_key() {
+    let c = Config::from_yaml_str(PCI_STRIPE).unwrap();
+    let path = c.datapath_key("striped", "stripe_unit");
+    assert_eq!(path, "datapaths.striped.striped_local_nvme.stripe_unit");
+    let e = ConfigError::new(
+        path,
+        ConfigErrorKind::StripeUnitVsLbaSize { unit: 128 << 10, drive: "q1".into(), lba_size: 4096 * 3 },
+    );
+    assert_eq!(
+        e.to_string(),
+        "datapaths.striped.striped_local_nvme.stripe_unit: stripe unit 131072 bytes is not a multiple of \
+         drive \"q1\"'s 12288-byte LBA size; use a multiple of it"
+    );
+    assert!(matches!(e.kind(), ConfigErrorKind::StripeUnitVsLbaSize { lba_size: 12288, .. }));
+    assert!(std::error::Error::source(&e).is_none());
+
+    let yaml = "drives:\n  q0: { pci: { addr: \"00:10.0\" } }\n\
+                datapaths:\n  one: { local_nvme: { drive: q0, nsid: 3 } }\n";
+    // NSID 3 of a PCI drive is only checked when the drive is opened.
+    let one = Config::from_yaml_str(yaml).unwrap();
+    let path = one.datapath_key("one", "nsid");
+    assert_eq!(path, "datapaths.one.local_nvme.nsid");
+    let missing = |active: Vec<u32>| {
+        ConfigError::new(&path, ConfigErrorKind::NamespaceMissing { drive: "q0".into(), nsid: 3, active })
+    };
+    assert_eq!(
+        missing(vec![1, 2]).to_string(),
+        "datapaths.one.local_nvme.nsid: drive \"q0\" has no active namespace 3 (active: [1, 2]); \
+         set nsid to one of them"
+    );
+    assert_eq!(
+        missing(vec![]).to_string(),
+        "datapaths.one.local_nvme.nsid: drive \"q0\" has no active namespace 3 (active: []); the drive has none: \
+         create and attach a namespace first"
+    );
+    let e = missing(vec![]);
+    assert!(
+        matches!(e.kind(), ConfigErrorKind::NamespaceMissing { nsid: 3, active, .. } if active.is_empty())
+    );
+
+    // Indexed fields, and names that are no datapath of the config.
+    assert_eq!(c.datapath_key("striped", "drives[2]"), "datapaths.striped.striped_local_nvme.drives[2]");
+    assert_eq!(c.datapath_key("nope", "nsid"), "datapaths.nope.nsid");
 }

@@ -1,6 +1,7 @@
 //! The checks the schema cannot express ([`Config::validate`]): names,
 //! ranges, references between sections, and sharing (one datapath per
-//! drive, one store per resolver and datapath).
+//! drive, one store per resolver and datapath); and the key paths those
+//! checks report ([`Config::datapath_key`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -46,6 +47,21 @@ impl Config {
         self.validate_resolvers()?;
         self.validate_datapaths()?;
         self.validate_stores()
+    }
+
+    /// The key path of field `field` of datapath `datapath`:
+    /// `datapaths.<datapath>.<kind>.<field>`, where `<kind>` is
+    /// `local_nvme` or `striped_local_nvme` as the config says (e.g.
+    /// `datapaths.fast.striped_local_nvme.stripe_unit`). For a name that is
+    /// not a datapath of this config, `datapaths.<datapath>.<field>`.
+    ///
+    /// `field` may carry an index (`drives[2]`). For the path of a
+    /// [`ConfigError`] made after validation, e.g. when a drive is opened.
+    pub fn datapath_key(&self, datapath: &str, field: &str) -> String {
+        match self.datapaths.get(datapath) {
+            Some(dp) => format!("datapaths.{datapath}.{}.{field}", dp.yaml_tag()),
+            None => format!("datapaths.{datapath}.{field}"),
+        }
     }
 
     /// Drive names, emulated drives' own fields, and the sharing of PCI
