@@ -73,9 +73,9 @@ fn err(yaml: &str) -> ConfigError {
 
 fn parse_err_at(yaml: &str, path: &str) -> ConfigError {
     let e = err(yaml);
-    match &e {
-        ConfigError::Parse { path: p, line, column, .. } => {
-            assert_eq!(p, path, "{e}");
+    match e.kind() {
+        ConfigErrorKind::Parse { line, column, .. } => {
+            assert_eq!(e.path(), path, "{e}");
             assert!(line.is_some() && column.is_some(), "{e}");
         }
         other => panic!("expected a parse error at {path}, got {other:?}"),
@@ -209,7 +209,7 @@ fn mixed_kind_keys_refused() {
     );
     // A duplicate key is refused too.
     let e = err("drives:\n  d0:\n    emulated:\n      namespaces: [{capacity: 1GiB, block_size: 4096}]\n      mqes: 3\n      mqes: 4\n");
-    assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
+    assert!(matches!(e.kind(), ConfigErrorKind::Parse { .. }), "{e}");
     assert!(e.to_string().contains("duplicate"), "{e}");
     // An empty entry names no kind.
     parse_err_at("drives:\n  d0: {}\n", "drives.d0");
@@ -219,7 +219,7 @@ fn mixed_kind_keys_refused() {
 fn missing_references_refused_with_path() {
     let e = err(&minimal("", "striped_local_nvme: { drives: [d0, d1, d9, d2] }"));
     assert_eq!(e.to_string(), "datapaths.dp.striped_local_nvme.drives[2]: unknown drive \"d9\"");
-    assert!(matches!(e, ConfigError::UnknownReference { kind: RefKind::Drive, .. }));
+    assert!(matches!(e.kind(), ConfigErrorKind::UnknownReference { kind: RefKind::Drive, .. }));
     let e = err(&minimal("", "local_nvme: { drive: dx }"));
     assert_eq!(e.path(), "datapaths.dp.local_nvme.drive");
     let e = err(&minimal("", "local_nvme: { drive: d0 }").replace("resolver: kv", "resolver: kw"));
@@ -231,14 +231,14 @@ fn missing_references_refused_with_path() {
 #[test]
 fn stripe_width_enforced() {
     let e = err(&minimal("", "striped_local_nvme: { drives: [d0, d1, d2, d3, d4] }"));
-    assert!(matches!(e, ConfigError::StripeWidth { count: 5, .. }), "{e}");
+    assert!(matches!(e.kind(), ConfigErrorKind::StripeWidth { count: 5, .. }), "{e}");
     assert!(e.to_string().starts_with("datapaths.dp.striped_local_nvme.drives: "));
     let e = err(&minimal("", "striped_local_nvme: { drives: [d0] }"));
-    assert!(matches!(e, ConfigError::StripeWidth { count: 1, .. }), "{e}");
+    assert!(matches!(e.kind(), ConfigErrorKind::StripeWidth { count: 1, .. }), "{e}");
     let e = err(&minimal("", "striped_local_nvme: { drives: [] }"));
-    assert!(matches!(e, ConfigError::StripeWidth { count: 0, .. }), "{e}");
+    assert!(matches!(e.kind(), ConfigErrorKind::StripeWidth { count: 0, .. }), "{e}");
     let e = err(&minimal("", "striped_local_nvme: { drives: [d0, d1, d0] }"));
-    assert!(matches!(e, ConfigError::DuplicateStripeDrive { .. }), "{e}");
+    assert!(matches!(e.kind(), ConfigErrorKind::DuplicateStripeDrive { .. }), "{e}");
     assert_eq!(e.path(), "datapaths.dp.striped_local_nvme.drives[2]");
     Config::from_yaml_str(&minimal("", "striped_local_nvme: { drives: [d0, d1, d2, d3] }")).unwrap();
 }
@@ -258,7 +258,7 @@ fn one_datapath_per_drive() {
 fn one_store_per_resolver_and_datapath() {
     let base = minimal("", "local_nvme: { drive: d0 }");
     let e = err(&format!("{base}  kv2: {{ resolver: kv, datapath: dp }}\n"));
-    assert!(matches!(e, ConfigError::AlreadyInStore { kind: RefKind::Resolver, .. }), "{e}");
+    assert!(matches!(e.kind(), ConfigErrorKind::AlreadyInStore { kind: RefKind::Resolver, .. }), "{e}");
     assert_eq!(e.path(), "stores.kv2.resolver");
 }
 
@@ -283,52 +283,52 @@ fn semantic_ranges() {
     ];
     for (extra, datapath, path) in cases {
         let e = err(&minimal(extra, datapath));
-        assert!(matches!(e, ConfigError::OutOfRange { .. }), "{e}");
+        assert!(matches!(e.kind(), ConfigErrorKind::OutOfRange { .. }), "{e}");
         assert_eq!(e.path(), *path, "{e}");
         assert!(e.to_string().starts_with(&format!("{path}: invalid value")), "{e}");
     }
 
     // Queue depth vs CAP.MQES + 1, queues vs io_queues.
     let e = err(&minimal("      mqes: 63", "local_nvme: { drive: d0, queue_depth: 65 }"));
-    assert!(matches!(e, ConfigError::QueueDepthExceedsMqes { max: 64, .. }), "{e}");
+    assert!(matches!(e.kind(), ConfigErrorKind::QueueDepthExceedsMqes { max: 64, .. }), "{e}");
     Config::from_yaml_str(&minimal("      mqes: 63", "local_nvme: { drive: d0, queue_depth: 64 }")).unwrap();
     let e =
         err(&minimal("      io_queues: 2", "striped_local_nvme: { drives: [d1, d0], queues_per_drive: 3 }"));
-    assert!(matches!(e, ConfigError::QueuesExceedIoQueues { io_queues: 2, .. }), "{e}");
+    assert!(matches!(e.kind(), ConfigErrorKind::QueuesExceedIoQueues { io_queues: 2, .. }), "{e}");
     assert_eq!(e.path(), "datapaths.dp.striped_local_nvme.queues_per_drive");
 
     // Namespaces.
     let ns = |n: &str| format!("drives:\n  d0:\n    emulated:\n      namespaces: {n}\n");
     let e = err(&ns("[]"));
-    assert!(matches!(e, ConfigError::NoNamespaces { .. }), "{e}");
+    assert!(matches!(e.kind(), ConfigErrorKind::NoNamespaces), "{e}");
     assert_eq!(e.path(), "drives.d0.emulated.namespaces");
     let e = err(&ns("[{capacity: 1GiB, block_size: 4096}, {capacity: 1GiB, block_size: 1024}]"));
-    assert!(matches!(e, ConfigError::BlockSize { block_size: 1024, .. }), "{e}");
+    assert!(matches!(e.kind(), ConfigErrorKind::BlockSize { block_size: 1024, .. }), "{e}");
     assert_eq!(e.path(), "drives.d0.emulated.namespaces[1].block_size");
     let e = err(&ns("[{capacity: 0, block_size: 512}]"));
-    assert!(matches!(e, ConfigError::Capacity { .. }), "{e}");
+    assert!(matches!(e.kind(), ConfigErrorKind::Capacity { .. }), "{e}");
     let e = err(&ns("[{capacity: 1000, block_size: 512}]"));
     assert_eq!(e.path(), "drives.d0.emulated.namespaces[0].capacity");
 
     // NSID.
     let e = err(&minimal("", "local_nvme: { drive: d0, nsid: 2 }"));
-    assert!(matches!(e, ConfigError::UnknownNamespace { nsid: 2, namespaces: 1, .. }), "{e}");
+    assert!(matches!(e.kind(), ConfigErrorKind::UnknownNamespace { nsid: 2, namespaces: 1, .. }), "{e}");
     assert_eq!(e.path(), "datapaths.dp.local_nvme.nsid");
     let e = err(&minimal("", "striped_local_nvme: { drives: [d0, d1], nsid: 0 }"));
-    assert!(matches!(e, ConfigError::UnknownNamespace { nsid: 0, .. }), "{e}");
+    assert!(matches!(e.kind(), ConfigErrorKind::UnknownNamespace { nsid: 0, .. }), "{e}");
 
     // Slot size.
     for bad in ["0", "1000", "6KiB"] {
         let yaml = minimal("", dp).replace("slot_size: 1MiB", &format!("slot_size: {bad}"));
         let e = err(&yaml);
-        assert!(matches!(e, ConfigError::SlotSize { .. }), "{e}");
+        assert!(matches!(e.kind(), ConfigErrorKind::SlotSize { .. }), "{e}");
         assert_eq!(e.path(), "resolvers.kv.slab.slot_size");
     }
 
     // Stripe unit.
     for bad in ["0", "2048", "96KiB", "12288"] {
         let e = err(&minimal("", &format!("striped_local_nvme: {{ drives: [d0, d1], stripe_unit: {bad} }}")));
-        assert!(matches!(e, ConfigError::StripeUnit { .. }), "{bad}: {e}");
+        assert!(matches!(e.kind(), ConfigErrorKind::StripeUnit { .. }), "{bad}: {e}");
         assert_eq!(e.path(), "datapaths.dp.striped_local_nvme.stripe_unit");
     }
     Config::from_yaml_str(&minimal("", "striped_local_nvme: { drives: [d0, d1], stripe_unit: 4KiB }"))
@@ -346,7 +346,7 @@ fn semantic_ranges() {
 
     // Empty names.
     let e = err("drives:\n  \"\":\n    emulated:\n      namespaces: [{capacity: 1GiB, block_size: 4096}]\n");
-    assert!(matches!(e, ConfigError::EmptyName { .. }), "{e}");
+    assert!(matches!(e.kind(), ConfigErrorKind::EmptyName), "{e}");
     assert_eq!(e.path(), "drives");
 }
 
@@ -366,7 +366,7 @@ fn schema_type_errors_carry_path() {
         "drives.d0.emulated.backing",
     );
     let e = err("drives: [\n");
-    assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
+    assert!(matches!(e.kind(), ConfigErrorKind::Parse { .. }), "{e}");
 }
 
 #[test]
@@ -490,8 +490,15 @@ fn from_path_reads_and_reports_io_errors() {
     assert_eq!(Config::from_path(&file).unwrap(), Config::from_yaml_str(FULL).unwrap());
     std::fs::remove_file(&file).unwrap();
     let e = Config::from_path(&file).unwrap_err();
-    assert!(matches!(e, ConfigError::Io { .. }), "{e}");
+    assert!(matches!(e.kind(), ConfigErrorKind::Io { file: f, .. } if *f == file), "{e}");
     assert!(e.to_string().contains("c.yaml"), "{e}");
+    assert_eq!(e.path(), file.display().to_string());
+    assert_eq!(e.to_string(), format!("{}: cannot read config file", file.display()));
+    let source = std::error::Error::source(&e).expect("the I/O error is the source");
+    let io = source.downcast_ref::<std::io::Error>().expect("an io::Error");
+    assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    let ConfigErrorKind::Io { source, .. } = e.into_kind() else { unreachable!() };
+    assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
     std::fs::remove_dir(&dir).ok();
 }
 
@@ -503,7 +510,7 @@ drives:
   b: { emulated: { namespaces: [{ capacity: 1MiB, block_size: 4096 }], backing: { file: /tmp/tutti-shared.img } } }
 ";
     let e = Config::from_yaml_str(yaml).unwrap_err();
-    assert!(matches!(e, ConfigError::SharedBackingFile { .. }), "{e}");
+    assert!(matches!(e.kind(), ConfigErrorKind::SharedBackingFile { .. }), "{e}");
     assert_eq!(e.path(), "drives.b.emulated.backing");
     assert!(e.to_string().contains("\"a\""), "{e}");
 }
@@ -558,15 +565,17 @@ fn pci_drives_parse_validate_and_mix_with_emulated_ones() {
 fn pci_addresses_are_checked_and_may_name_one_function_once() {
     let bad = PCI_STRIPE.replace("00:11.0", "00:20.0");
     let e = err(&bad);
-    assert!(matches!(&e, ConfigError::PciAddr { path, .. } if path == "drives.q1.pci.addr"), "{e}");
+    assert!(matches!(e.kind(), ConfigErrorKind::PciAddr { .. }), "{e}");
+    assert_eq!(e.path(), "drives.q1.pci.addr");
     assert!(e.to_string().contains("not a PCI address"), "{e}");
     // The same function written two ways is still one function.
     let dup = PCI_STRIPE.replace("\"00:11.0\"", "\"0000:00:10.0\"");
     let e = err(&dup);
     assert!(
-        matches!(&e, ConfigError::SharedPciFunction { path, addr, other } if path == "drives.q1.pci.addr" && addr == "0000:00:10.0" && other == "q0"),
+        matches!(e.kind(), ConfigErrorKind::SharedPciFunction { addr, other } if addr == "0000:00:10.0" && other == "q0"),
         "{e}"
     );
+    assert_eq!(e.path(), "drives.q1.pci.addr");
     parse_err_at("drives:\n  q0: { pci: { addr: \"0000:00:10.0\", bus: 3 } }\n", "drives.q0.pci.bus");
 }
 
@@ -580,4 +589,180 @@ fn pci_address_normalisation() {
     assert_eq!(normalize_pci_addr("00:1f"), None);
     assert_eq!(normalize_pci_addr("g0:00.0"), None);
     assert_eq!(normalize_pci_addr("0:0:0:0.0"), None);
+}
+
+/// One error of every kind with its full expected message; an exhaustive
+/// match makes a new kind fail to compile until it is listed here.
+fn every_kind() -> Vec<(ConfigErrorKind, &'static str)> {
+    use ConfigErrorKind as K;
+    let io = std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+    vec![
+        (K::FaultRange { start: 8, end: 8 }, "empty LBA range [8, 8)"),
+        (
+            K::PciAddr { addr: "00:20.0".into() },
+            "\"00:20.0\" is not a PCI address (want dddd:bb:dd.f, e.g. 0000:01:00.0)",
+        ),
+        (
+            K::SharedPciFunction { addr: "0000:00:10.0".into(), other: "q0".into() },
+            "PCI function 0000:00:10.0 is already drive \"q0\"",
+        ),
+        (
+            K::SharedBackingFile { file: "/tmp/x.img".into(), other: "a".into() },
+            "backing file /tmp/x.img is already used by drive \"a\"",
+        ),
+        (K::Io { file: "/etc/tutti.yaml".into(), source: io }, "cannot read config file"),
+        (
+            K::Parse { line: Some(3), column: Some(7), message: "unknown field `colour`".into() },
+            "unknown field `colour` (line 3, column 7)",
+        ),
+        (K::EmptyName, "empty name"),
+        (K::UnknownReference { kind: RefKind::Drive, name: "d9".into() }, "unknown drive \"d9\""),
+        (K::OutOfRange { value: 0, min: 1, max: 65535 }, "invalid value 0: must be in 1..=65535"),
+        (K::NoNamespaces, "a drive needs at least one namespace"),
+        (K::BlockSize { block_size: 1024 }, "invalid block size 1024: must be 512 or 4096"),
+        (
+            K::Capacity { capacity: ByteSize(1000), block_size: 512 },
+            "invalid capacity 1000B: must be a non-zero multiple of the block size 512",
+        ),
+        (
+            K::SlotSize { slot_size: ByteSize::kib(6) },
+            "invalid slot size 6KiB: must be a non-zero multiple of 4096 bytes",
+        ),
+        (
+            K::UnknownNamespace { drive: "d0".into(), nsid: 2, namespaces: 1 },
+            "drive \"d0\" has no namespace 2 (it has NSIDs 1..=1)",
+        ),
+        (
+            K::NamespaceMissing { drive: "q0".into(), nsid: 3, active: vec![1, 2] },
+            "drive \"q0\" has no active namespace 3 (active: [1, 2]); set nsid to one of them",
+        ),
+        (K::StripeWidth { count: 5, min: 2, max: 4 }, "a striped datapath needs 2 to 4 drives, got 5"),
+        (K::DuplicateStripeDrive { drive: "d0".into() }, "drive \"d0\" is listed twice in the stripe"),
+        (
+            K::DriveAlreadyOwned { drive: "d0".into(), owner: "dp".into() },
+            "drive \"d0\" is already used by datapath \"dp\" (one datapath per drive)",
+        ),
+        (
+            K::AlreadyInStore { kind: RefKind::DataPath, name: "dp".into(), owner: "kv".into() },
+            "datapath \"dp\" is already used by store \"kv\" (one store per datapath)",
+        ),
+        (
+            K::StripeUnit { stripe_unit: ByteSize::kib(96) },
+            "invalid stripe unit 96KiB: must be a power of two and at least 4096 bytes",
+        ),
+        (
+            K::StripeUnitBlockSize {
+                stripe_unit: ByteSize(2048),
+                drive: "d1".into(),
+                nsid: 1,
+                block_size: 4096,
+            },
+            "stripe unit 2KiB is not a multiple of the block size 4096 of drive \"d1\" namespace 1",
+        ),
+        (
+            K::StripeUnitVsLbaSize { unit: 4096, drive: "q1".into(), lba_size: 8192 },
+            "stripe unit 4096 bytes is not a multiple of drive \"q1\"'s 8192-byte LBA size; \
+             use a multiple of it",
+        ),
+        (
+            K::QueueDepthExceedsMqes { queue_depth: 65, drive: "d0".into(), max: 64 },
+            "queue depth 65 exceeds drive \"d0\"'s maximum queue size 64 (CAP.MQES + 1)",
+        ),
+        (
+            K::QueuesExceedIoQueues { queues: 3, drive: "d0".into(), io_queues: 2 },
+            "3 queues exceed drive \"d0\"'s 2 I/O queues",
+        ),
+    ]
+}
+
+/// The position of `kind` in [`every_kind`]'s list.
+fn kind_index(kind: &ConfigErrorKind) -> usize {
+    use ConfigErrorKind as K;
+    match kind {
+        K::FaultRange { .. } => 0,
+        K::PciAddr { .. } => 1,
+        K::SharedPciFunction { .. } => 2,
+        K::SharedBackingFile { .. } => 3,
+        K::Io { .. } => 4,
+        K::Parse { .. } => 5,
+        K::EmptyName => 6,
+        K::UnknownReference { .. } => 7,
+        K::OutOfRange { .. } => 8,
+        K::NoNamespaces => 9,
+        K::BlockSize { .. } => 10,
+        K::Capacity { .. } => 11,
+        K::SlotSize { .. } => 12,
+        K::UnknownNamespace { .. } => 13,
+        K::NamespaceMissing { .. } => 14,
+        K::StripeWidth { .. } => 15,
+        K::DuplicateStripeDrive { .. } => 16,
+        K::DriveAlreadyOwned { .. } => 17,
+        K::AlreadyInStore { .. } => 18,
+        K::StripeUnit { .. } => 19,
+        K::StripeUnitBlockSize { .. } => 20,
+        K::StripeUnitVsLbaSize { .. } => 21,
+        K::QueueDepthExceedsMqes { .. } => 22,
+        K::QueuesExceedIoQueues { .. } => 23,
+    }
+}
+
+#[test]
+fn every_kind_displays_its_path_first() {
+    let kinds = every_kind();
+    let indices: Vec<usize> = kinds.iter().map(|(k, _)| kind_index(k)).collect();
+    assert_eq!(indices, (0..24).collect::<Vec<_>>(), "every kind listed once, in order");
+    for (kind, message) in kinds {
+        assert_eq!(kind.to_string(), message);
+        let path = "datapaths.dp.striped_local_nvme.drives[1]";
+        let e = ConfigError::new(path, kind);
+        assert_eq!(e.path(), path);
+        assert_eq!(e.to_string(), format!("{path}: {message}"));
+        assert_eq!(kind_index(e.kind()), kind_index(&e.into_kind()));
+    }
+}
+
+#[test]
+fn assembly_kinds_name_the_datapath_key() {
+    let c = Config::from_yaml_str(PCI_STRIPE).unwrap();
+    let path = c.datapath_key("striped", "stripe_unit");
+    assert_eq!(path, "datapaths.striped.striped_local_nvme.stripe_unit");
+    let e = ConfigError::new(
+        path,
+        ConfigErrorKind::StripeUnitVsLbaSize { unit: 128 << 10, drive: "q1".into(), lba_size: 4096 * 3 },
+    );
+    assert_eq!(
+        e.to_string(),
+        "datapaths.striped.striped_local_nvme.stripe_unit: stripe unit 131072 bytes is not a multiple of \
+         drive \"q1\"'s 12288-byte LBA size; use a multiple of it"
+    );
+    assert!(matches!(e.kind(), ConfigErrorKind::StripeUnitVsLbaSize { lba_size: 12288, .. }));
+    assert!(std::error::Error::source(&e).is_none());
+
+    let yaml = "drives:\n  q0: { pci: { addr: \"00:10.0\" } }\n\
+                datapaths:\n  one: { local_nvme: { drive: q0, nsid: 3 } }\n";
+    // NSID 3 of a PCI drive is only checked when the drive is opened.
+    let one = Config::from_yaml_str(yaml).unwrap();
+    let path = one.datapath_key("one", "nsid");
+    assert_eq!(path, "datapaths.one.local_nvme.nsid");
+    let missing = |active: Vec<u32>| {
+        ConfigError::new(&path, ConfigErrorKind::NamespaceMissing { drive: "q0".into(), nsid: 3, active })
+    };
+    assert_eq!(
+        missing(vec![1, 2]).to_string(),
+        "datapaths.one.local_nvme.nsid: drive \"q0\" has no active namespace 3 (active: [1, 2]); \
+         set nsid to one of them"
+    );
+    assert_eq!(
+        missing(vec![]).to_string(),
+        "datapaths.one.local_nvme.nsid: drive \"q0\" has no active namespace 3 (active: []); the drive has none: \
+         create and attach a namespace first"
+    );
+    let e = missing(vec![]);
+    assert!(
+        matches!(e.kind(), ConfigErrorKind::NamespaceMissing { nsid: 3, active, .. } if active.is_empty())
+    );
+
+    // Indexed fields, and names that are no datapath of the config.
+    assert_eq!(c.datapath_key("striped", "drives[2]"), "datapaths.striped.striped_local_nvme.drives[2]");
+    assert_eq!(c.datapath_key("nope", "nsid"), "datapaths.nope.nsid");
 }

@@ -17,7 +17,9 @@ use gpu_io::Gpu;
 
 use super::{Runtime, Store};
 use crate::binding::Resolver;
-use crate::config::{Config, ConfigError, ConfigErrorKind, DataPathConfig, Execution, ResolverConfig};
+use crate::config::{
+    Config, ConfigError, ConfigErrorKind, DataPathConfig, Execution, RefKind, ResolverConfig,
+};
 use crate::datapath::{DataPath, LocalNvme, StripedLocalNvme};
 use crate::drive::{Drive, DriveUse};
 use crate::error::Error;
@@ -125,14 +127,24 @@ fn build_datapaths(config: &Config, drives: &[Arc<Drive>]) -> Result<DataPaths, 
     for (name, cfg) in &config.datapaths {
         let dp: Arc<dyn DataPath> = match cfg {
             DataPathConfig::LocalNvme(l) => {
-                let d = get_drive(&l.drive).ok_or_else(|| missing(config, name, "drive"))?;
+                let d = get_drive(&l.drive)
+                    .ok_or_else(|| unknown(config.datapath_key(name, "drive"), RefKind::Drive, &l.drive))?;
                 Arc::new(LocalNvme::new(name, d))
             }
             DataPathConfig::StripedLocalNvme(s) => {
-                let ds: Vec<Arc<Drive>> = s.drives.iter().filter_map(get_drive).collect();
+                let ds = s
+                    .drives
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| {
+                        get_drive(n).ok_or_else(|| {
+                            unknown(config.datapath_key(name, &format!("drives[{i}]")), RefKind::Drive, n)
+                        })
+                    })
+                    .collect::<Result<Vec<Arc<Drive>>, Error>>()?;
                 // PCI drives' LBA sizes are known only now (config
                 // validation checked the emulated ones).
-                if let Some(d) = ds.iter().find(|d| s.stripe_unit.0 % u64::from(d.ns.block_size) != 0) {
+                if let Some(d) = ds.iter().find(|d| !s.stripe_unit.0.is_multiple_of(u64::from(d.ns.block_size))) {
                     return Err(ConfigError::new(
                         config.datapath_key(name, "stripe_unit"),
                         ConfigErrorKind::StripeUnitVsLbaSize {
@@ -143,13 +155,13 @@ fn build_datapaths(config: &Config, drives: &[Arc<Drive>]) -> Result<DataPaths, 
                     )
                     .into());
                 }
-                if ds.len() != s.drives.len() {
-                    return Err(missing(config, name, "drives"));
-                }
-                Arc::new(
-                    StripedLocalNvme::new(name, ds, s.stripe_unit.0)
-                        .ok_or_else(|| missing(config, name, "drives"))?,
-                )
+                let stripe = StripedLocalNvme::new(name, ds, s.stripe_unit.0).ok_or_else(|| {
+                    ConfigError::new(
+                        config.datapath_key(name, "stripe_unit"),
+                        ConfigErrorKind::StripeUnit { stripe_unit: s.stripe_unit },
+                    )
+                })?;
+                Arc::new(stripe)
             }
         };
         dp_index.insert(name.clone(), datapaths.len());
@@ -158,16 +170,10 @@ fn build_datapaths(config: &Config, drives: &[Arc<Drive>]) -> Result<DataPaths, 
     Ok((datapaths, dp_index))
 }
 
-/// A reference validation should have refused (a config built in code and
-/// changed after validating): reported as the config error it is.
-fn missing(config: &Config, datapath: &str, field: &str) -> Error {
-    ConfigError::new(
-        config.datapath_key(datapath, field),
-        ConfigErrorKind::Invalid {
-            reason: "names no usable drive (was the config changed after validate?)".into(),
-        },
-    )
-    .into()
+/// A reference `Config::validate` refuses (so this is not reached after
+/// it): the unknown `kind` `name` at `path`.
+fn unknown(path: String, kind: RefKind, name: &str) -> Error {
+    ConfigError::new(path, ConfigErrorKind::UnknownReference { kind, name: name.to_owned() }).into()
 }
 
 type Stores = (Vec<Store>, HashMap<String, usize>);
@@ -180,27 +186,24 @@ fn build_stores(
     let mut stores = Vec::new();
     let mut store_index = HashMap::new();
     for (name, sc) in &config.stores {
-        let bad = |field: &str| {
-            Error::from(ConfigError::new(
-                format!("stores.{name}.{field}"),
-                ConfigErrorKind::Invalid {
-                    reason: "names nothing (was the config changed after validate?)".into(),
-                },
-            ))
+        let (resolver, slot_size): (Box<dyn Resolver>, Option<u64>) = match config
+            .resolvers
+            .get(&sc.resolver)
+            .ok_or_else(|| unknown(format!("stores.{name}.resolver"), RefKind::Resolver, &sc.resolver))?
+        {
+            ResolverConfig::Slab(s) => {
+                let slab = Slab::new(s.slot_size.0).ok_or_else(|| {
+                    ConfigError::new(
+                        format!("resolvers.{}.slab.slot_size", sc.resolver),
+                        ConfigErrorKind::SlotSize { slot_size: s.slot_size },
+                    )
+                })?;
+                (Box::new(slab), Some(s.slot_size.0))
+            }
         };
-        let (resolver, slot_size): (Box<dyn Resolver>, Option<u64>) =
-            match config.resolvers.get(&sc.resolver).ok_or_else(|| bad("resolver"))? {
-                ResolverConfig::Slab(s) => {
-                    let slab = Slab::new(s.slot_size.0).ok_or_else(|| {
-                        Error::from(ConfigError::new(
-                            format!("resolvers.{}.slab.slot_size", sc.resolver),
-                            ConfigErrorKind::Invalid { reason: "slot size 0".into() },
-                        ))
-                    })?;
-                    (Box::new(slab), Some(s.slot_size.0))
-                }
-            };
-        let datapath = *dp_index.get(&sc.datapath).ok_or_else(|| bad("datapath"))?;
+        let datapath = *dp_index
+            .get(&sc.datapath)
+            .ok_or_else(|| unknown(format!("stores.{name}.datapath"), RefKind::DataPath, &sc.datapath))?;
         check_binding(name, &sc.resolver, &*resolver, &*datapaths[datapath])?;
         store_index.insert(name.clone(), stores.len());
         stores.push(Store { name: name.clone(), resolver, datapath, slot_size });

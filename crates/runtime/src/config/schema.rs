@@ -1,0 +1,334 @@
+//! The config's schema: the serde types of each section's entries
+//! (drives, resolvers, datapaths, stores) and the defaults of their
+//! optional fields. What the schema cannot express is checked in
+//! `validate.rs`.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::ByteSize;
+
+/// One drive. Externally tagged: the single key names the kind.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
+pub enum DriveConfig {
+    /// A software NVMe controller (`nvme-emu`) running in this process.
+    Emulated(EmulatedDriveConfig),
+    /// A real NVMe controller (or QEMU's), a PCI function already bound to
+    /// vfio-pci (`tutti-probe bind <addr>`), driven through the project's
+    /// own queues.
+    Pci(PciDriveConfig),
+}
+
+/// A PCI NVMe function driven through vfio-pci (`nvme-pci`).
+///
+/// YAML: `{ pci: { addr: "0000:01:00.0" } }`. Its namespaces, MQES and the
+/// number of queue pairs it grants are read from the controller when the
+/// runtime starts, so the checks that need them run then, not at parse
+/// time.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PciDriveConfig {
+    /// PCI address, `dddd:bb:dd.f` (the domain may be omitted: `01:00.0`).
+    pub addr: String,
+    /// Accept a function bound to `uio_pci_generic` (or VFIO no-IOMMU) and
+    /// program physical addresses: device DMA is then not confined by an
+    /// IOMMU. Default `false`. See docs/real-drives.md.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_no_iommu: bool,
+}
+
+/// An emulated NVMe controller (`nvme-emu`).
+///
+/// The fields set the controller's registers and Identify data; only
+/// `namespaces` is required.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmulatedDriveConfig {
+    /// The namespaces, NSID 1, 2, ... in list order. At least one.
+    pub namespaces: Vec<NamespaceConfig>,
+    /// Where the data lives. Default [`Backing::Ram`].
+    #[serde(default)]
+    pub backing: Backing,
+    /// CAP.MQES: maximum I/O queue size, **zero-based** (a value of 1023
+    /// means 1024 entries). 1..=65535, default 1023. NVMe Base 2.0 §3.1.4.1.
+    #[serde(default = "default_mqes")]
+    pub mqes: u16,
+    /// CAP.DSTRD: doorbell stride, the doorbells are `4 << dstrd` bytes
+    /// apart. 0..=15, default 0. NVMe Base 2.0 §3.1.4.1.
+    #[serde(default)]
+    pub dstrd: u8,
+    /// Identify Controller MDTS: maximum data transfer size is
+    /// `2^mdts * 4 KiB` (CAP.MPSMIN = 4 KiB); 0 means no limit.
+    /// 0..=31, default 5 (128 KiB). NVMe Base 2.0 §5.17.2.1.
+    #[serde(default = "default_mdts")]
+    pub mdts: u8,
+    /// Number of I/O queue pairs the controller grants (Set Features,
+    /// Number of Queues). 1..=65535, default 8.
+    #[serde(default = "default_io_queues")]
+    pub io_queues: u16,
+    /// Timing model. Absent: commands complete as fast as the CPU goes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<TimingConfig>,
+    /// Fault injection, for testing error handling: commands matching a
+    /// rule fail, never complete, or complete late. Default none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<FaultConfig>,
+}
+
+/// One fault-injection rule of an emulated drive (the emulator's
+/// `FaultRule`). YAML: `{ lba: [400, 401], op: read, action: never_complete }`,
+/// `action: { fail: { sct: 2, sc: 0x81, dnr: true } }`,
+/// `action: { delay_us: 5000 }`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultConfig {
+    /// Logical blocks `[start, end)`: I/O commands touching any of them
+    /// match. Absent: every command (admin included) matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lba: Option<[u64; 2]>,
+    /// Namespace to match. Absent: any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nsid: Option<u32>,
+    /// Command to match. Absent: any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<FaultOp>,
+    /// What happens to a matching command.
+    pub action: FaultActionConfig,
+    /// Apply to the first `times` matches only. Absent: every match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub times: Option<u64>,
+}
+
+/// Command kinds a fault rule can match.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultOp {
+    /// NVM Read (02h).
+    Read,
+    /// NVM Write (01h).
+    Write,
+}
+
+/// What a fault rule does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum FaultActionConfig {
+    /// Complete with this NVMe status; no data moves.
+    Fail {
+        /// Status Code Type, 0..=7.
+        sct: u8,
+        /// Status Code.
+        sc: u8,
+        /// Do Not Retry.
+        #[serde(default)]
+        dnr: bool,
+    },
+    /// Fetch the command but never complete it.
+    NeverComplete,
+    /// Do not complete it; set CSTS.CFS and stop all queues until the
+    /// controller is reset (`Runtime::reset_drive`).
+    ControllerFatal,
+    /// Complete normally, this many microseconds late.
+    DelayUs(u64),
+}
+
+// Defaults of the optional fields (serde `default = "..."`).
+
+fn default_mqes() -> u16 {
+    1023
+}
+fn default_mdts() -> u8 {
+    5
+}
+fn default_io_queues() -> u16 {
+    8
+}
+pub(super) fn default_nsid() -> u32 {
+    1
+}
+pub(super) fn default_queues() -> u16 {
+    2
+}
+pub(super) fn default_queue_depth() -> u32 {
+    256
+}
+pub(super) fn default_stripe_unit() -> ByteSize {
+    ByteSize::kib(128)
+}
+
+impl EmulatedDriveConfig {
+    /// An emulated drive with the given namespaces and every other field at
+    /// its default.
+    pub fn with_namespaces(namespaces: Vec<NamespaceConfig>) -> Self {
+        Self {
+            namespaces,
+            backing: Backing::default(),
+            mqes: default_mqes(),
+            dstrd: 0,
+            mdts: default_mdts(),
+            io_queues: default_io_queues(),
+            timing: None,
+            faults: Vec::new(),
+        }
+    }
+}
+
+/// One namespace of an emulated drive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceConfig {
+    /// Size in bytes; a non-zero multiple of `block_size`.
+    pub capacity: ByteSize,
+    /// Logical block size in bytes: 512 or 4096.
+    pub block_size: u32,
+}
+
+/// Where an emulated drive keeps its data.
+///
+/// YAML: `ram`, `null`, or `{ file: /path/to/sparse/file }`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Backing {
+    /// Data lives in process memory (allocated lazily per namespace).
+    #[default]
+    Ram,
+    /// No data movement at all: writes are discarded and reads transfer
+    /// nothing (the host buffer is left untouched). For command-rate
+    /// benchmarks only; never use it where the data matters.
+    Null,
+    /// Data lives in a (sparse) file at this path, created if missing.
+    File(PathBuf),
+}
+
+/// The emulator's timing model. Every limit is per drive.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimingConfig {
+    /// Added latency per command, in microseconds. Default 0.
+    #[serde(default)]
+    pub latency_us: u64,
+    /// Media bandwidth cap in MB/s (10^6 bytes per second). Absent: no cap.
+    /// Must be non-zero when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_mb_s: Option<u64>,
+    /// Command rate cap in commands per second. Absent: no cap. Must be
+    /// non-zero when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iops: Option<u64>,
+}
+
+/// One resolver. Externally tagged: the single key names the kind.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
+pub enum ResolverConfig {
+    /// The datapath's byte space divided into fixed-size slots.
+    Slab(SlabConfig),
+}
+
+/// The slab resolver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlabConfig {
+    /// Slot size in bytes; a non-zero multiple of 4096.
+    pub slot_size: ByteSize,
+}
+
+/// One datapath. Externally tagged: the single key names the kind.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
+pub enum DataPathConfig {
+    /// One namespace of one drive.
+    LocalNvme(LocalNvmeConfig),
+    /// The same namespace of 2 to 4 drives, striped in `stripe_unit` chunks.
+    StripedLocalNvme(StripedConfig),
+}
+
+impl DataPathConfig {
+    /// The YAML key naming this datapath's kind: `local_nvme` or
+    /// `striped_local_nvme`.
+    pub(crate) fn yaml_tag(&self) -> &'static str {
+        match self {
+            DataPathConfig::LocalNvme(_) => "local_nvme",
+            DataPathConfig::StripedLocalNvme(_) => "striped_local_nvme",
+        }
+    }
+}
+
+/// Who submits a datapath's NVMe commands and polls their completions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Execution {
+    /// CPU threads: the caller's thread writes SQEs in `submit` and polls
+    /// completions in `wait`.
+    #[default]
+    Cpu,
+    /// GPU threads: one `submit` is one kernel launch for the whole batch;
+    /// the kernel writes the SQEs, rings the doorbells and polls the CQs.
+    /// Needs a CUDA GPU (the runtime refuses to start without one).
+    Gpu,
+}
+
+/// A datapath over one namespace of one drive.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalNvmeConfig {
+    /// Name of the drive (a key of [`Config::drives`](super::Config::drives)).
+    pub drive: String,
+    /// Namespace ID (1-based). Default 1.
+    #[serde(default = "default_nsid")]
+    pub nsid: u32,
+    /// Number of I/O queue pairs to create on the drive; 1..=the drive's
+    /// `io_queues`. Default 2.
+    #[serde(default = "default_queues")]
+    pub queues: u16,
+    /// Entries per I/O queue (one slot always stays empty, so at most
+    /// `queue_depth - 1` commands are outstanding per queue). 2..=65536 and
+    /// at most CAP.MQES + 1 of the drive. Default 256.
+    #[serde(default = "default_queue_depth")]
+    pub queue_depth: u32,
+    /// CPU or GPU submission. Default `cpu`.
+    #[serde(default)]
+    pub execution: Execution,
+}
+
+/// A datapath striped over the same namespace of 2 to 4 drives.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StripedConfig {
+    /// Names of the drives (keys of
+    /// [`Config::drives`](super::Config::drives)), 2 to 4 distinct ones, in
+    /// stripe order.
+    pub drives: Vec<String>,
+    /// Namespace ID (1-based) used on every drive. Default 1.
+    #[serde(default = "default_nsid")]
+    pub nsid: u32,
+    /// Stripe unit in bytes: a power of two, at least 4096, and a multiple of
+    /// every used namespace's block size. Default 128 KiB.
+    #[serde(default = "default_stripe_unit")]
+    pub stripe_unit: ByteSize,
+    /// I/O queue pairs per drive; 1..=each drive's `io_queues`. Default 2.
+    #[serde(default = "default_queues")]
+    pub queues_per_drive: u16,
+    /// Entries per I/O queue, as in [`LocalNvmeConfig::queue_depth`].
+    /// Default 256.
+    #[serde(default = "default_queue_depth")]
+    pub queue_depth: u32,
+    /// CPU or GPU submission. Default `cpu`.
+    #[serde(default)]
+    pub execution: Execution,
+}
+
+/// A store: one resolver joined to one datapath.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Name of the resolver (a key of [`Config::resolvers`](super::Config::resolvers)).
+    pub resolver: String,
+    /// Name of the datapath (a key of [`Config::datapaths`](super::Config::datapaths)).
+    pub datapath: String,
+}
