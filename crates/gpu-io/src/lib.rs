@@ -24,4 +24,7 @@ pub mod abi;
 mod gpu;
 pub mod ptx;
 
-pub use gpu::{Gpu, GpuBuffer, GpuDrive, GpuError, GpuLaunch, GpuQueue, GpuRegion, GpuStatus};
+pub use gpu::{
+    Gpu, GpuBuffer, GpuDrive, GpuError, GpuLaunch, GpuQueue, GpuRegion, GpuStatus, MAX_QUEUES_PER_LAUNCH,
+    MAX_REQUESTS_PER_LAUNCH,
+};
