@@ -190,7 +190,8 @@ pub enum GpuStatus {
     Nvme(Status),
     /// No completion within the budget.
     Timeout,
-    /// Needs a PRP list (more than two 4 KiB pages): not supported yet.
+    /// Needs more than one PRP list page (more than 512 4 KiB pages after
+    /// the first): not supported; split the transfer.
     Unsupported,
     /// Memory range or queue invalid.
     BadRequest,
@@ -394,8 +395,10 @@ impl Drop for Module {
 // SAFETY: CUfunction/CUmodule are handles valid in any thread once the
 // context is bound, which every method does first.
 unsafe impl Send for Gpu {}
-// SAFETY: launches are serialised by the caller's `&self` use of the
-// default stream and synchronisation; handles are immutable.
+// SAFETY: the handles are never changed after `open`, so `&Gpu` only reads
+// them; the CUDA driver API is thread-safe, and launches from several
+// threads onto the one non-blocking stream (`Stream::new`) are queued and
+// run in the order the driver receives them.
 unsafe impl Sync for Gpu {}
 
 impl Gpu {
