@@ -1,6 +1,6 @@
 //! Context, module, host mappings, queue pairs and launches.
 
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,13 +15,15 @@ use crate::abi::{
     TuttiQueue, TuttiQueueState, TuttiRequest, DONE_ENTRIES, STATUS_BAD_REQUEST, STATUS_TIMEOUT,
     STATUS_UNSUPPORTED,
 };
-use crate::ptx::{TUTTI_IO_ENTRY, TUTTI_IO_PTX};
+use crate::ptx::{TUTTI_IO_ENTRY_C, TUTTI_IO_PTX_C};
 
 /// Errors of the GPU path.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
     /// No CUDA driver library on this machine.
-    #[error("no CUDA driver (libcuda) on this machine")]
+    #[error(
+        "no CUDA driver (libcuda) on this machine: install the NVIDIA driver, or run without the GPU path"
+    )]
     NoDriver,
     /// A CUDA driver call failed.
     #[error("CUDA driver call {call} failed")]
@@ -32,9 +34,130 @@ pub enum GpuError {
         #[source]
         source: DriverError,
     },
-    /// A batch that cannot be launched as given.
-    #[error("invalid batch: {0}")]
-    Batch(String),
+    /// [`Gpu::launch`] was given no queues.
+    #[error("a GPU launch needs at least one (GpuQueue, GpuRegion) pair; none was given")]
+    NoQueues,
+    /// [`Gpu::launch`] was given more queues than one launch can serve.
+    #[error(
+        "a GPU launch serves at most {max} queues (one block each), {queues} were given: split the batch"
+    )]
+    TooManyQueues {
+        /// Queues given.
+        queues: usize,
+        /// Most queues one launch takes.
+        max: usize,
+    },
+    /// [`Gpu::launch`] was given more requests than one launch can report.
+    #[error("a GPU launch takes at most {max} requests, {requests} were given: split the batch")]
+    TooManyRequests {
+        /// Requests given.
+        requests: usize,
+        /// Most requests one launch takes.
+        max: usize,
+    },
+    /// A request's [`TuttiRequest::queue`] is not an index into the
+    /// launch's queue slice.
+    #[error(
+        "request {request} names queue {queue}, but the launch has {queues} queue(s): \
+         TuttiRequest::queue is an index into the slice passed to launch (0..{queues})"
+    )]
+    QueueIndex {
+        /// Index of the request in the batch.
+        request: usize,
+        /// The queue index it names.
+        queue: u16,
+        /// Number of queues in the launch.
+        queues: usize,
+    },
+    /// [`GpuQueue::new`] was given a queue pair with commands outstanding.
+    #[error(
+        "I/O queue pair {qid} has {outstanding} command(s) outstanding: reap them \
+         before handing the pair to the GPU"
+    )]
+    QueueBusy {
+        /// Queue identifier.
+        qid: u16,
+        /// Commands submitted and not yet completed.
+        outstanding: usize,
+    },
+    /// [`GpuQueue::new`] was given a queue pair whose SQ and CQ differ in
+    /// size (the kernel indexes both with one size).
+    #[error(
+        "I/O queue pair {qid} has a {sq_entries}-entry SQ and a {cq_entries}-entry CQ: \
+         the GPU path needs equal sizes; create the pair with one size for both"
+    )]
+    QueueSizeMismatch {
+        /// Queue identifier.
+        qid: u16,
+        /// SQ entries.
+        sq_entries: u32,
+        /// CQ entries.
+        cq_entries: u32,
+    },
+    /// Allocating or mapping a queue's PRP list pages failed.
+    #[error("allocating {bytes} bytes of PRP list memory for I/O queue pair {qid}")]
+    PrpListMemory {
+        /// Queue identifier.
+        qid: u16,
+        /// Bytes asked for (one 4 KiB page per GPU thread of the queue).
+        bytes: usize,
+        /// The allocation's or the mapping's error.
+        #[source]
+        source: nvm_queue::DmaError,
+    },
+    /// The drive sees a queue's PRP list pages at non-consecutive bus
+    /// addresses (a mapping without an IOMMU: one physical address per
+    /// page); the kernel addresses the list pages as one range.
+    #[error(
+        "the PRP list memory of I/O queue pair {qid} is not contiguous for the drive \
+         (page {page} at bus address {found:#x}, expected {expected:#x}): the GPU path \
+         needs an IOMMU mapping (vfio-pci with an IOMMU gives consecutive IOVAs)"
+    )]
+    PrpListNotContiguous {
+        /// Queue identifier.
+        qid: u16,
+        /// Index of the first page out of sequence.
+        page: usize,
+        /// Its bus address.
+        found: u64,
+        /// The address that would have continued the range.
+        expected: u64,
+    },
+    /// [`GpuRegion::new`] was given a length the DMA mapping does not cover.
+    #[error(
+        "a GPU data region of {len} bytes does not fit its {mapping_len}-byte DMA mapping: \
+         pass a length of at most the mapping's (which must not be empty)"
+    )]
+    RegionOutsideMapping {
+        /// Region length asked for.
+        len: usize,
+        /// Length of the mapping.
+        mapping_len: usize,
+    },
+    /// A copy to or from a [`GpuBuffer`] reaches past its end.
+    #[error(
+        "copy of {len} bytes at offset {offset} is outside the {size}-byte GPU buffer: \
+         keep offset + length within GpuBuffer::len()"
+    )]
+    BufferOutOfBounds {
+        /// Byte offset of the copy.
+        offset: usize,
+        /// Bytes to copy.
+        len: usize,
+        /// Size of the buffer.
+        size: usize,
+    },
+    /// Reading back more bytes than a device allocation holds (a bug in
+    /// gpu-io: every read is sized from the allocation's contents).
+    #[error(
+        "reading {bytes} bytes back from a {size}-byte device allocation (a bug in gpu-io: please report it)"
+    )]
+    DeviceReadPastEnd {
+        /// Bytes asked for.
+        bytes: usize,
+        /// Size of the allocation.
+        size: usize,
+    },
     /// Re-creating a queue pair on the controller failed.
     #[error("re-creating I/O queue pair {qid}")]
     Recreate {
@@ -45,6 +168,14 @@ pub enum GpuError {
         source: nvm_queue::ControllerError,
     },
 }
+
+/// Most queues one [`Gpu::launch`] serves (one block each; a request names
+/// its queue with a `u16` index).
+pub const MAX_QUEUES_PER_LAUNCH: usize = u16::MAX as usize;
+
+/// Most requests one [`Gpu::launch`] takes (the kernel indexes them with
+/// `u32`s).
+pub const MAX_REQUESTS_PER_LAUNCH: usize = u32::MAX as usize;
 
 fn drv(call: &'static str) -> impl FnOnce(DriverError) -> GpuError {
     move |source| GpuError::Driver { call, source }
@@ -59,7 +190,8 @@ pub enum GpuStatus {
     Nvme(Status),
     /// No completion within the budget.
     Timeout,
-    /// Needs a PRP list (more than two 4 KiB pages): not supported yet.
+    /// Needs more than one PRP list page (more than 512 4 KiB pages after
+    /// the first): not supported; split the transfer.
     Unsupported,
     /// Memory range or queue invalid.
     BadRequest,
@@ -116,10 +248,11 @@ impl DeviceMem {
     }
 
     fn read<T: Copy + Default>(&self, n: usize) -> Result<Vec<T>, GpuError> {
-        let mut v = vec![T::default(); n];
-        if n * size_of::<T>() > self.len {
-            return Err(GpuError::Batch("read past a device buffer".into()));
+        let bytes = n.saturating_mul(size_of::<T>());
+        if bytes > self.len {
+            return Err(GpuError::DeviceReadPastEnd { bytes, size: self.len });
         }
+        let mut v = vec![T::default(); n];
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         // SAFETY: `v` has room for n elements; the allocation holds at least
         // as many bytes (checked above).
@@ -262,8 +395,10 @@ impl Drop for Module {
 // SAFETY: CUfunction/CUmodule are handles valid in any thread once the
 // context is bound, which every method does first.
 unsafe impl Send for Gpu {}
-// SAFETY: launches are serialised by the caller's `&self` use of the
-// default stream and synchronisation; handles are immutable.
+// SAFETY: the handles are never changed after `open`, so `&Gpu` only reads
+// them; the CUDA driver API is thread-safe, and launches from several
+// threads onto the one non-blocking stream (`Stream::new`) are queued and
+// run in the order the driver receives them.
 unsafe impl Sync for Gpu {}
 
 impl Gpu {
@@ -277,14 +412,14 @@ impl Gpu {
         }
         let ctx = CudaContext::new(ordinal).map_err(drv("cuCtxCreate"))?;
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        let src = CString::new(TUTTI_IO_PTX).map_err(|_| GpuError::Batch("PTX contains NUL".into()))?;
-        // SAFETY: `src` is a NUL-terminated PTX image.
-        let raw =
-            unsafe { result::module::load_data(src.as_ptr().cast()) }.map_err(drv("cuModuleLoadData"))?;
+        // SAFETY: `TUTTI_IO_PTX_C` is a NUL-terminated PTX image (checked
+        // at compile time).
+        let raw = unsafe { result::module::load_data(TUTTI_IO_PTX_C.as_ptr().cast()) }
+            .map_err(drv("cuModuleLoadData"))?;
         let module = Module { raw, ctx: ctx.clone() };
-        let name = CString::new(TUTTI_IO_ENTRY).map_err(|_| GpuError::Batch("entry name".into()))?;
         // SAFETY: `raw` is the module just loaded.
-        let func = unsafe { result::module::get_function(raw, name) }.map_err(drv("cuModuleGetFunction"))?;
+        let func = unsafe { result::module::get_function(raw, TUTTI_IO_ENTRY_C.to_owned()) }
+            .map_err(drv("cuModuleGetFunction"))?;
         let stream = Arc::new(Stream::new(&ctx)?);
         Ok(Self { func, stream, _module: module, ctx })
     }
@@ -323,15 +458,21 @@ impl Gpu {
         threads_per_queue: u32,
         budget: Duration,
     ) -> Result<GpuLaunch, GpuError> {
-        if queues.is_empty() || queues.len() > u16::MAX as usize || requests.len() > u32::MAX as usize {
-            return Err(GpuError::Batch(format!("{} queues, {} requests", queues.len(), requests.len())));
+        if queues.is_empty() {
+            return Err(GpuError::NoQueues);
+        }
+        if queues.len() > MAX_QUEUES_PER_LAUNCH {
+            return Err(GpuError::TooManyQueues { queues: queues.len(), max: MAX_QUEUES_PER_LAUNCH });
+        }
+        if requests.len() > MAX_REQUESTS_PER_LAUNCH {
+            return Err(GpuError::TooManyRequests { requests: requests.len(), max: MAX_REQUESTS_PER_LAUNCH });
         }
         // Group request indices by queue (offsets[q]..offsets[q+1]).
         let mut counts = vec![0u32; queues.len() + 1];
         for (i, r) in requests.iter().enumerate() {
             let q = usize::from(r.queue);
             if q >= queues.len() {
-                return Err(GpuError::Batch(format!("request {i} names queue {q} of {}", queues.len())));
+                return Err(GpuError::QueueIndex { request: i, queue: r.queue, queues: queues.len() });
             }
             counts[q + 1] += 1;
         }
@@ -522,12 +663,13 @@ impl GpuQueue {
     /// Maps `qp`'s SQ and CQ into the GPU and sets up its state from the
     /// pair's current indexes. `qp` must be idle (nothing outstanding).
     pub fn new(gpu: &Gpu, drive: &GpuDrive, qp: QueuePair) -> Result<Self, GpuError> {
+        let qid = qp.qid();
         if qp.outstanding() != 0 {
-            return Err(GpuError::Batch("queue pair has commands outstanding".into()));
+            return Err(GpuError::QueueBusy { qid, outstanding: qp.outstanding() });
         }
         let size = qp.sq().size();
         if qp.cq().size() != size {
-            return Err(GpuError::Batch("SQ and CQ sizes differ".into()));
+            return Err(GpuError::QueueSizeMismatch { qid, sq_entries: size, cq_entries: qp.cq().size() });
         }
         let (sqm, cqm) = (qp.sq().memory(), qp.cq().memory());
         // SAFETY: the SQ/CQ buffers live in `qp`, which this struct owns and
@@ -537,13 +679,24 @@ impl GpuQueue {
         let cq = unsafe { HostMapping::new(&gpu.ctx, cqm.host_ptr(), cqm.len()) }?;
         // One PRP list page per thread that may run on this queue.
         let list_pages = (size - 1).min(1024);
-        let lists = DmaBuffer::new(drive.device(), list_pages as usize * 4096)
-            .map_err(|e| GpuError::Batch(format!("PRP list memory: {e}")))?;
+        let bytes = list_pages as usize * 4096;
+        let lists = DmaBuffer::new(drive.device(), bytes).map_err(|source| GpuError::PrpListMemory {
+            qid,
+            bytes,
+            source,
+        })?;
         // SAFETY: `lists` lives in this struct and drops after the mapping.
         let lists_map = unsafe { HostMapping::new(&gpu.ctx, lists.host_ptr(), lists.len()) }?;
-        let lists_bus = lists.mapping().pages().first().copied().unwrap_or(0);
-        if lists.mapping().pages().windows(2).any(|w| w[1] != w[0] + 4096) {
-            return Err(GpuError::Batch("PRP list memory is not contiguous for the drive".into()));
+        let pages = lists.mapping().pages();
+        let lists_bus = pages.first().copied().unwrap_or(0);
+        let expected = |i: usize| lists_bus + i as u64 * 4096;
+        if let Some(page) = (1..pages.len()).find(|&i| pages[i] != expected(i)) {
+            return Err(GpuError::PrpListNotContiguous {
+                qid,
+                page,
+                found: pages[page],
+                expected: expected(page),
+            });
         }
         let state_len = size_of::<TuttiQueueState>() + 4 * (size as usize + DONE_ENTRIES);
         let state = DeviceMem::zeroed(&gpu.ctx, state_len)?;
@@ -564,7 +717,6 @@ impl GpuQueue {
             list_pages,
             _pad: 0,
         };
-        let qid = qp.qid();
         Ok(Self {
             desc,
             state,
@@ -625,10 +777,7 @@ impl GpuRegion {
     /// Uploads `mapping`'s page addresses; `len` bytes of it are usable.
     pub fn new(gpu: &Gpu, mapping: &DmaMapping, len: usize) -> Result<Self, GpuError> {
         if len > mapping.len() || mapping.pages().is_empty() {
-            return Err(GpuError::Batch(format!(
-                "region of {len} bytes over a {}-byte mapping",
-                mapping.len()
-            )));
+            return Err(GpuError::RegionOutsideMapping { len, mapping_len: mapping.len() });
         }
         Ok(Self { pages: DeviceMem::from_slice(&gpu.ctx, mapping.pages())?, len })
     }
@@ -703,7 +852,7 @@ impl GpuBuffer {
     fn check(&self, offset: usize, len: usize) -> Result<(), GpuError> {
         match offset.checked_add(len) {
             Some(end) if end <= self.mem.len => Ok(()),
-            _ => Err(GpuError::Batch(format!("{offset}+{len} outside a {}-byte GPU buffer", self.mem.len))),
+            _ => Err(GpuError::BufferOutOfBounds { offset, len, size: self.mem.len }),
         }
     }
 }

@@ -7,14 +7,18 @@
 //! [`GpuError::NoDriver`] there).
 //!
 //! What exists (see docs/gpu.md): queue pairs whose SQ/CQ live in host
-//! memory mapped into the GPU (what the emulator reads), doorbells in the
-//! emulator's register page mapped into the GPU, data in host memory; one
+//! memory mapped into the GPU (what the emulator reads); doorbells in the
+//! emulator's register page mapped into the GPU ([`GpuDrive::map`]); one
 //! launch serving a batch over several drives (one block per queue); data in
 //! host memory or in GPU memory ([`GpuBuffer`], which the emulator reaches
-//! with CUDA copies). What does not yet: queue memory in device memory and
-//! doorbells in a real BAR0 (`CU_MEMHOSTREGISTER_IOMEMORY`), peer DMA for a
-//! real drive, PRP lists (transfers are at most two 4 KiB pages), and the
-//! runtime's GPU execution mode.
+//! with CUDA copies); PRP lists built by GPU threads, one list page per
+//! command (transfers of up to 512 pages after the first, about 2 MiB;
+//! longer ones report [`GpuStatus::Unsupported`]); and the runtime's GPU
+//! execution mode (`execution: gpu` in the `tutti` crate), which drives its
+//! queues through this crate. Written but not yet run on hardware: doorbells
+//! in a real BAR0 ([`GpuDrive::map_mmio`], `CU_MEMHOSTREGISTER_IOMEMORY`).
+//! Not written: queue memory in GPU device memory, and peer DMA into GPU
+//! memory for a real drive.
 //!
 //! Unsafe code is allowed here: CUDA driver calls and registering host
 //! memory for device access. Each block states what makes it sound.
@@ -24,4 +28,7 @@ pub mod abi;
 mod gpu;
 pub mod ptx;
 
-pub use gpu::{Gpu, GpuBuffer, GpuDrive, GpuError, GpuLaunch, GpuQueue, GpuRegion, GpuStatus};
+pub use gpu::{
+    Gpu, GpuBuffer, GpuDrive, GpuError, GpuLaunch, GpuQueue, GpuRegion, GpuStatus, MAX_QUEUES_PER_LAUNCH,
+    MAX_REQUESTS_PER_LAUNCH,
+};

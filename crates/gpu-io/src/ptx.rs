@@ -1,11 +1,39 @@
 //! The committed PTX of `kernels/`.
 
+use std::ffi::CStr;
+
 /// PTX of `kernels/tutti_io.cu` (built by `kernels/build.sh`; its first line
 /// records the SHA-256 of the source it was built from).
 pub const TUTTI_IO_PTX: &str = include_str!("../../../kernels/tutti_io.ptx");
 
 /// The kernel entry point in [`TUTTI_IO_PTX`].
 pub const TUTTI_IO_ENTRY: &str = "tutti_io";
+
+/// [`TUTTI_IO_PTX`] with a terminating NUL, as `cuModuleLoadData` takes it.
+/// A NUL inside the PTX fails the build here rather than [`Gpu::open`] at
+/// run time.
+///
+/// [`Gpu::open`]: crate::Gpu::open
+pub(crate) const TUTTI_IO_PTX_C: &CStr = match CStr::from_bytes_with_nul(
+    concat!(include_str!("../../../kernels/tutti_io.ptx"), "\0").as_bytes(),
+) {
+    Ok(c) => c,
+    Err(_) => panic!("kernels/tutti_io.ptx contains a NUL byte: rebuild it with kernels/build.sh"),
+};
+
+/// [`TUTTI_IO_ENTRY`] as a C string, for `cuModuleGetFunction`.
+pub(crate) const TUTTI_IO_ENTRY_C: &CStr = c"tutti_io";
+
+// The two spellings of the entry point name agree.
+const _: () = {
+    let (a, b) = (TUTTI_IO_ENTRY.as_bytes(), TUTTI_IO_ENTRY_C.to_bytes());
+    assert!(a.len() == b.len());
+    let mut i = 0;
+    while i < a.len() {
+        assert!(a[i] == b[i]);
+        i += 1;
+    }
+};
 
 /// The source hash recorded on the PTX's first line, if present.
 pub fn recorded_source_sha256(ptx: &str) -> Option<&str> {

@@ -9,6 +9,19 @@
 //! registers (CAP, ASQ, ACQ) are accessed as two 32-bit halves, low half
 //! first, as NVMe Base 2.0 section 3.1.4 permits and as controllers that do
 //! not support 64-bit accesses require.
+//!
+//! Why not `volatile-register`: its `RW<T>`/`RO<T>` are `VolatileCell`s
+//! reached through a `&RegisterBlock` laid over the MMIO address. A Rust
+//! reference is `dereferenceable`, which lets the compiler insert reads the
+//! program never made (rust-embedded/volatile-register#10,
+//! japaric/vcell#10; no language guarantee exempts `&UnsafeCell` yet,
+//! rust-lang/unsafe-code-guidelines#411); it checks nothing against the
+//! mapped window's length; a fixed struct cannot place the doorbells, whose
+//! stride is CAP.DSTRD at run time; and its volatile accesses would race
+//! the emulator thread's accesses to the register page (a data race: Rust
+//! volatile is not atomic). [`Mmio`] keeps a raw pointer and the length
+//! instead, so no reference to device memory ever exists. See also
+//! docs/architecture.md, "Dependencies".
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};

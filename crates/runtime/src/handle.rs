@@ -78,7 +78,6 @@ pub enum HandleError {
     },
 }
 
-#[allow(dead_code, reason = "used by the runtime as it lands")]
 static NEXT_RUNTIME_ID: AtomicU32 = AtomicU32::new(1);
 
 /// A fresh process-wide runtime identity (1, 2, ...), one per runtime
@@ -88,7 +87,6 @@ static NEXT_RUNTIME_ID: AtomicU32 = AtomicU32::new(1);
 ///
 /// After 2^32 - 1 runtimes have been created in one process (the id would
 /// wrap and make old handles valid again).
-#[allow(dead_code, reason = "used by the runtime as it lands")]
 pub(crate) fn next_runtime_id() -> u32 {
     let id = NEXT_RUNTIME_ID
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |id| id.checked_add(1))
@@ -123,9 +121,9 @@ macro_rules! public_handle {
             /// generation).
             ///
             /// **Not a way to obtain a valid handle.** It exists only so that
-            /// tests can forge handles and the C ABI can carry handles across
-            /// the boundary as integers; whatever it returns is still checked
-            /// on every use.
+            /// tests (and any future binding that must carry a handle as
+            /// integers) can build handles; whatever it returns is still
+            /// checked on every use.
             #[doc(hidden)]
             pub fn from_raw_parts(runtime: u32, slot: u32, generation: u32) -> Self {
                 Self(RawHandle {
@@ -135,8 +133,8 @@ macro_rules! public_handle {
                 })
             }
 
-            /// The raw parts `(runtime id, slot, generation)`, for tests and
-            /// the C ABI; see [`Self::from_raw_parts`].
+            /// The raw parts `(runtime id, slot, generation)`, for tests; see
+            /// [`Self::from_raw_parts`].
             #[doc(hidden)]
             pub fn to_raw_parts(self) -> (u32, u32, u32) {
                 (self.0.runtime, self.0.slot, self.0.generation)
@@ -187,7 +185,6 @@ pub(crate) struct HandleTable<T> {
     len: usize,
 }
 
-#[allow(dead_code, reason = "used by the runtime as it lands")]
 impl<T> HandleTable<T> {
     /// An empty table for handles of `kind` minted by runtime `runtime_id`
     /// (from [`next_runtime_id`]).
@@ -196,11 +193,13 @@ impl<T> HandleTable<T> {
     }
 
     /// The runtime id this table mints handles for.
+    #[cfg_attr(not(test), allow(dead_code, reason = "only the unit tests below call it at present"))]
     pub(crate) fn runtime_id(&self) -> u32 {
         self.runtime
     }
 
     /// The kind of handles this table mints.
+    #[allow(dead_code, reason = "called by nothing at present; kept with the rest of the table's accessors")]
     pub(crate) fn kind(&self) -> HandleKind {
         self.kind
     }
@@ -294,11 +293,13 @@ impl<T> HandleTable<T> {
     }
 
     /// Number of live values.
+    #[cfg_attr(not(test), allow(dead_code, reason = "only the unit tests below call it at present"))]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
 
     /// Whether the table holds no live value.
+    #[cfg_attr(not(test), allow(dead_code, reason = "only the unit tests below call it at present"))]
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -322,6 +323,7 @@ impl<T> HandleTable<T> {
     }
 
     /// The live values mutably with their handles, in slot order.
+    #[allow(dead_code, reason = "called by nothing at present; kept with the rest of the table's accessors")]
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (RawHandle, &mut T)> + '_ {
         let runtime = self.runtime;
         self.slots.iter_mut().enumerate().filter_map(move |(i, s)| {
