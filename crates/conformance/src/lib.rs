@@ -105,9 +105,9 @@ pub struct Report {
     /// One entry per check, in the order they ran.
     pub results: Vec<CheckResult>,
     /// Set when the [`Options`] do not fit the device (namespace not
-    /// active, scratch range outside it or too small): a mistake of the
-    /// caller, not of the controller. The checks that need the range are
-    /// then skipped.
+    /// active or formatted with metadata, scratch range outside it or too
+    /// small): a mistake of the caller, not of the controller. The checks
+    /// that need the range are then skipped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub options_error: Option<String>,
     /// Set when [`Options::stop`] cut the run short: checks were skipped.
@@ -520,9 +520,11 @@ fn check_identify(ctx: &mut Ctx) -> Result<Outcome, String> {
         return Err("Identify Controller reports NN = 0 namespaces".into());
     }
     let nsid = ctx.opts.nsid;
-    let active: Vec<u32> = ctx.ctrl.namespaces().iter().map(|n| n.nsid).collect();
-    let Some(&ns) = ctx.ctrl.namespace(nsid) else {
-        return options_error(ctx, format!("namespace {nsid} is not active (active: {active:?})"));
+    // Not active, or formatted with metadata: the message says which and
+    // what to do.
+    let ns = match ctx.ctrl.usable_namespace(nsid) {
+        Ok(ns) => ns,
+        Err(e) => return options_error(ctx, e.to_string()),
     };
     if !ns.block_size.is_power_of_two() || !(512..=65536).contains(&ns.block_size) || ns.blocks == 0 {
         return Err(format!("namespace {nsid}: LBA size {} bytes x {} blocks", ns.block_size, ns.blocks));

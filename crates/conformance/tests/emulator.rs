@@ -133,6 +133,37 @@ fn a_scratch_range_too_small_or_outside_the_namespace_is_an_options_error_not_a_
 }
 
 #[test]
+fn a_namespace_formatted_with_metadata_is_an_options_error_that_says_so() {
+    for (extended, layout) in [(true, "extended LBA"), (false, "separate buffer")] {
+        let cfg = EmulatorConfig::new(
+            "md",
+            vec![NamespaceSpec::new(65536, 512).with_metadata(8, extended), NamespaceSpec::new(65536, 512)],
+        );
+        let emu = Emulator::start(cfg).unwrap();
+        let r = run(emu, &Options::new(1, 0..16384));
+        let why = r.options_error.as_deref().unwrap_or_else(|| panic!("no options error: {r}"));
+        assert_eq!(
+            why,
+            format!(
+                "namespace 1 is formatted with 8 bytes of metadata per block ({layout}, LBAF 1); tutti supports \
+                 only formats without metadata: reformat with `nvme format /dev/nvmeX -n 1 --lbaf=0` (512-byte \
+                 blocks, no metadata; erases the namespace) or pick another namespace"
+            )
+        );
+        assert_eq!(r.failed(), 0, "a caller's mistake is not the drive failing: {r}");
+        assert!(!r.is_ok());
+        assert!(matches!(r.outcome("identify"), Some(Outcome::Skip(t)) if t.contains(why)), "{r}");
+    }
+    // The namespace without metadata beside it passes every check.
+    let cfg = EmulatorConfig::new(
+        "md2",
+        vec![NamespaceSpec::new(65536, 512).with_metadata(8, true), NamespaceSpec::new(65536, 512)],
+    );
+    let emu = Emulator::start(cfg).unwrap();
+    assert_all_pass(&run(emu, &Options::new(2, 0..16384)));
+}
+
+#[test]
 fn a_check_that_times_out_fails_alone_and_its_queue_is_given_back() {
     // queue_grant's first read never completes: that check fails on its
     // timeout, Delete I/O SQ aborts the held command, and every later check

@@ -16,6 +16,7 @@ use crate::device::NvmeDevice;
 use crate::dma::{DmaBuffer, DmaError};
 use crate::io::NamespaceInfo;
 use crate::mmio::MmioError;
+use crate::namespace::{ActiveNamespace, NamespaceError};
 use crate::queue::{Completion, DataRef, QueueError, QueuePair, QueuePairConfig, SubmitError};
 
 /// Floor for the CAP.TO-derived wait when a controller reports CAP.TO = 0.
@@ -157,6 +158,9 @@ pub struct Controller {
     admin: QueuePair,
     scratch: DmaBuffer,
     info: ControllerInfo,
+    /// Every active namespace, usable or not, in NSID order.
+    active: Vec<ActiveNamespace>,
+    /// The usable ones (no metadata), in NSID order.
     namespaces: Vec<NamespaceInfo>,
     max_transfer: usize,
     io_queues_granted: u16,
@@ -249,6 +253,7 @@ impl Controller {
                 ver: 0,
                 cntlid: 0,
             },
+            active: Vec::new(),
             namespaces: Vec::new(),
             max_transfer: 0,
             io_queues_granted: 0,
@@ -301,28 +306,29 @@ impl Controller {
         let nsids: Vec<u32> = identify::parse_active_namespace_list(&page)
             .map_err(|source| ControllerError::Decode { what: "Active Namespace List", source })?
             .collect();
-        let mut namespaces = Vec::with_capacity(nsids.len());
+        let mut active = Vec::with_capacity(nsids.len());
         for nsid in nsids {
             self.admin_with_data(
                 Identify::new(Cns::Namespace).nsid(nsid).build(),
                 "Identify Namespace",
                 &mut page,
             )?;
-            let idns = IdentifyNamespace::parse(&page)
+            let ns = IdentifyNamespace::parse(&page)
+                .and_then(|id| ActiveNamespace::from_identify(nsid, id))
                 .map_err(|source| ControllerError::Decode { what: "Identify Namespace", source })?;
-            let block_size = idns
-                .block_size()
-                .map_err(|source| ControllerError::Decode { what: "Identify Namespace", source })?;
-            let lbaf = idns
-                .formatted_lba_format()
-                .map_err(|source| ControllerError::Decode { what: "Identify Namespace", source })?;
-            if lbaf.ms() != 0 {
-                tracing::warn!(nsid, ms = lbaf.ms(), "namespace formatted with metadata: skipped");
-                continue;
+            if ns.format.has_metadata() {
+                tracing::warn!(
+                    nsid,
+                    metadata_bytes = ns.format.metadata_size,
+                    layout = ns.format.metadata_layout(),
+                    lbaf = ns.format.lbaf_index,
+                    "namespace formatted with metadata: listed, but not usable by tutti"
+                );
             }
-            namespaces.push(NamespaceInfo { nsid, block_size, blocks: idns.nsze() });
+            active.push(ns);
         }
-        self.namespaces = namespaces;
+        self.namespaces = active.iter().filter_map(|ns| ns.usable().ok()).collect();
+        self.active = active;
         Ok(())
     }
 
@@ -363,14 +369,40 @@ impl Controller {
         &self.info
     }
 
-    /// Active namespaces without metadata, in NSID order.
+    /// The usable active namespaces (formatted without metadata), in NSID
+    /// order. [`Controller::active_namespaces`] lists all of them.
     pub fn namespaces(&self) -> &[NamespaceInfo] {
         &self.namespaces
     }
 
-    /// Namespace `nsid`, if active.
+    /// Namespace `nsid`, if active and usable (formatted without metadata);
+    /// [`Controller::usable_namespace`] says why not.
     pub fn namespace(&self, nsid: u32) -> Option<&NamespaceInfo> {
         self.namespaces.iter().find(|n| n.nsid == nsid)
+    }
+
+    /// Every active namespace (Identify CNS 02h), usable or not, with its
+    /// formatted LBA format and the formats it supports, in NSID order.
+    pub fn active_namespaces(&self) -> &[ActiveNamespace] {
+        &self.active
+    }
+
+    /// Active namespace `nsid`, usable or not; `None` if it is not active.
+    pub fn namespace_status(&self, nsid: u32) -> Option<&ActiveNamespace> {
+        self.active.iter().find(|n| n.nsid == nsid)
+    }
+
+    /// Namespace `nsid` for I/O, or why it cannot be used:
+    /// [`NamespaceError::NotActive`] (with the active NSIDs) or
+    /// [`NamespaceError::Metadata`] (formatted with metadata, with what to
+    /// do about it).
+    pub fn usable_namespace(&self, nsid: u32) -> Result<NamespaceInfo, NamespaceError> {
+        self.namespace_status(nsid)
+            .ok_or_else(|| NamespaceError::NotActive {
+                nsid,
+                active: self.active.iter().map(|n| n.nsid).collect(),
+            })?
+            .usable()
     }
 
     /// Changes the bound on each later admin command.

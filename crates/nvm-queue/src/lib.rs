@@ -4,7 +4,8 @@
 //! DMA memory and device addresses ([`dma`], [`device`]), the one MMIO module
 //! ([`mmio`]), the PRP builder ([`prp`]), submission/completion rings and
 //! command-ID allocation ([`queue`]), controller bring-up and admin commands
-//! ([`controller`]), and the byte-to-block I/O planner ([`io`]).
+//! ([`controller`]), active namespaces and their LBA formats ([`namespace`]),
+//! and the byte-to-block I/O planner ([`io`]).
 //!
 //! Unsafe code is allowed here because this crate touches device registers
 //! and memory a device writes; every block states the invariant that makes
@@ -52,10 +53,12 @@ pub use mmio::{Doorbell, Mmio, MmioError};
 pub use prp::{Prp, PrpBuilder, PrpError};
 pub mod controller;
 pub mod io;
+pub mod namespace;
 pub mod queue;
 #[cfg(test)]
 mod test_device;
 
 pub use controller::{Controller, ControllerError, ControllerInfo, ControllerOptions};
 pub use io::{plan_io, IoChunk, IoError, IoOp, IoPlan, NamespaceInfo};
+pub use namespace::{ActiveNamespace, NamespaceError, NamespaceFormat};
 pub use queue::{Completion, DataRef, QueueError, QueuePair, QueuePairConfig, QueueStats, SubmitError};

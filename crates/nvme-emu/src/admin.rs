@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use nvme_regs::features::feature_id;
+use nvme_regs::identify::metadata_bits;
 use nvme_regs::identify::oncs_bits;
 use nvme_regs::log::log_id;
 use nvme_regs::opcode::admin_opcode;
@@ -14,7 +15,7 @@ use nvme_regs::{
 };
 use zerocopy::IntoBytes;
 
-use crate::config::EmulatorConfig;
+use crate::config::{EmulatorConfig, NamespaceSpec};
 use crate::controller::{Controller, Outcome, Shared};
 use crate::dma::DmaView;
 use crate::queues::{CompQueue, Completion, CqeQuirk, SubQueue};
@@ -71,16 +72,31 @@ pub(crate) fn identify_controller(config: &EmulatorConfig) -> Vec<u8> {
     id.as_bytes().to_vec()
 }
 
-/// The Identify Namespace data structure (CNS 00h) of namespace `index`.
-fn identify_namespace(blocks: u64, lbads: u8) -> IdentifyNamespace {
+/// The Identify Namespace data structure (CNS 00h) of namespace `ns`: one
+/// LBA format without metadata, or (with `ns.metadata_size` > 0) LBAF0
+/// without and LBAF1 with metadata, formatted with LBAF1.
+fn identify_namespace(ns: &NamespaceSpec) -> IdentifyNamespace {
     let mut id = IdentifyNamespace::new_zeroed();
-    id.set_nsze(blocks);
-    id.set_ncap(blocks);
-    id.set_nuse(blocks);
-    id.set_nlbaf(0);
-    id.set_flbas(0);
-    // Cannot fail for index 0.
+    id.set_nsze(ns.blocks);
+    id.set_ncap(ns.blocks);
+    id.set_nuse(ns.blocks);
+    let lbads = ns.lbads().unwrap_or(12);
+    // Cannot fail for indices 0 and 1.
     let _ = id.set_lbaf(0, LbaFormat::new(0, lbads, 0));
+    if ns.metadata_size == 0 {
+        id.set_nlbaf(0);
+        id.set_flbas(0);
+    } else {
+        let _ = id.set_lbaf(1, LbaFormat::new(ns.metadata_size, lbads, 0));
+        id.set_nlbaf(1);
+        let (flbas, mc) = if ns.extended_lba {
+            (1 | metadata_bits::FLBAS_EXTENDED, metadata_bits::MC_EXTENDED)
+        } else {
+            (1, metadata_bits::MC_SEPARATE)
+        };
+        id.set_flbas(flbas);
+        id.set_mc(mc);
+    }
     // DLFEAT: deallocated blocks read as zeroes (bits 2:0 = 001b), Write
     // Zeroes supports DEAC (bit 3).
     id.dlfeat = 0b1001;
@@ -126,7 +142,7 @@ impl Controller {
                 let Some((_, ns)) = self.namespace(sqe.nsid) else {
                     return invalid_ns();
                 };
-                data = identify_namespace(ns.blocks, ns.lbads().unwrap_or(12)).as_bytes().to_vec();
+                data = identify_namespace(&ns).as_bytes().to_vec();
                 &data
             }
             0x01 => {

@@ -15,18 +15,41 @@ pub const MAX_NAMESPACES: usize = 1024;
 
 /// One namespace (NVM Command Set 1.0, 4.1.5.1): `blocks` logical blocks of
 /// `block_size` bytes; NSZE = NCAP = NUSE = `blocks`.
+///
+/// Identify Namespace serves, without metadata, one LBA format (NLBAF = 0,
+/// FLBAS = 0, LBAF0 = `block_size`, MS = 0). With `metadata_size` > 0 it
+/// serves two, LBAF0 = `block_size` without metadata and LBAF1 =
+/// `block_size` + `metadata_size` bytes of metadata, formatted with LBAF1
+/// (FLBAS = 1, bit 4 = `extended_lba`; MC names that one layout). Only the
+/// format is served: no metadata is stored, and Read and Write on such a
+/// namespace fail with Invalid Namespace or Format (SCT 0h, SC 0Bh, DNR),
+/// so that drivers that refuse metadata formats can be tested.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NamespaceSpec {
     /// Size in logical blocks (NSZE), at least 1.
     pub blocks: u64,
     /// Logical block size in bytes: 512 (LBADS 9) or 4096 (LBADS 12).
     pub block_size: u32,
+    /// MS of the formatted LBA format: metadata bytes per logical block;
+    /// 0 (the default) = none.
+    pub metadata_size: u16,
+    /// FLBAS bit 4 when `metadata_size` > 0: metadata at the end of each
+    /// block's data (extended LBA) rather than in a separate buffer (MPTR).
+    /// Ignored without metadata. Default `false`.
+    pub extended_lba: bool,
 }
 
 impl NamespaceSpec {
-    /// A namespace of `blocks` blocks of `block_size` bytes.
+    /// A namespace of `blocks` blocks of `block_size` bytes, without
+    /// metadata.
     pub fn new(blocks: u64, block_size: u32) -> Self {
-        Self { blocks, block_size }
+        Self { blocks, block_size, metadata_size: 0, extended_lba: false }
+    }
+
+    /// The same namespace formatted with `metadata_size` bytes of metadata
+    /// per block, extended LBA (`extended_lba`) or separate buffer.
+    pub fn with_metadata(self, metadata_size: u16, extended_lba: bool) -> Self {
+        Self { metadata_size, extended_lba, ..self }
     }
 
     /// Size in bytes, or `None` on overflow.

@@ -40,7 +40,9 @@
 //! * Interrupts: no MSI-X, MSI or pin interrupts; IEN/IV of Create I/O CQ
 //!   are ignored. Drivers poll.
 //! * SGLs (PSDT != 0 is Invalid Field), metadata and protection
-//!   information (MPTR is ignored, LBA formats have MS = 0), fused
+//!   information (MPTR is ignored; [`NamespaceSpec::with_metadata`] only
+//!   serves a metadata format in Identify Namespace, and Read and Write on
+//!   that namespace fail with Invalid Namespace or Format), fused
 //!   operations (FUSE != 0 is Invalid Field).
 //! * CMB, PMR, boot partitions, NVM subsystem reset (NSSR writes are
 //!   ignored), reservations, namespace management and attachment, Format

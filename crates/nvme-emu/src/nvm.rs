@@ -6,6 +6,12 @@
 //! Flush), SLBA + NLB within NSZE (LBA Out of Range), transfer length
 //! within MDTS (Invalid Field), then the PRPs (PRP Offset Invalid, Data
 //! Transfer Error).
+//!
+//! A namespace formatted with metadata ([`NamespaceSpec::metadata_size`])
+//! only has its format served: Read and Write on it fail with Invalid
+//! Namespace or Format after the NSID check (no metadata is stored or
+//! transferred); Flush, Write Zeroes and Dataset Management, which move no
+//! block data, work as on any namespace.
 
 use nvme_regs::opcode::nvm_opcode;
 use nvme_regs::status::generic;
@@ -53,6 +59,9 @@ impl Controller {
         let Some((ns_index, ns)) = self.namespace(sqe.nsid) else {
             return fail(generic::INVALID_NAMESPACE_OR_FORMAT);
         };
+        if ns.metadata_size != 0 && matches!(op, nvm_opcode::READ | nvm_opcode::WRITE) {
+            return fail(generic::INVALID_NAMESPACE_OR_FORMAT);
+        }
         match op {
             nvm_opcode::FLUSH => success(0),
             nvm_opcode::READ | nvm_opcode::WRITE => self.read_write(sh, dma, sqe, ns_index, ns),

@@ -435,6 +435,17 @@ impl IdentifyController {
     }
 }
 
+/// Bits of Identify Namespace FLBAS and MC (NVM Command Set 1.0, 4.1.5.1).
+pub mod metadata_bits {
+    /// FLBAS bit 4: metadata is transferred at the end of the data of each
+    /// logical block (extended LBA); 0 = in a separate buffer (MPTR).
+    pub const FLBAS_EXTENDED: u8 = 1 << 4;
+    /// MC bit 0: the namespace supports metadata as part of an extended LBA.
+    pub const MC_EXTENDED: u8 = 1 << 0;
+    /// MC bit 1: the namespace supports metadata in a separate buffer.
+    pub const MC_SEPARATE: u8 = 1 << 1;
+}
+
 /// LBA Format data structure, LBAF (NVM Command Set 1.0, 4.1.5.1): 4
 /// bytes.
 #[repr(C)]
@@ -660,7 +671,17 @@ impl IdentifyNamespace {
     /// FLBAS bit 4: metadata is transferred at the end of each logical
     /// block (extended LBA) rather than in a separate buffer.
     pub fn extended_metadata(&self) -> bool {
-        self.flbas & (1 << 4) != 0
+        self.flbas & metadata_bits::FLBAS_EXTENDED != 0
+    }
+
+    /// MC, Metadata Capabilities, raw (see [`metadata_bits`]).
+    pub fn mc(&self) -> u8 {
+        self.mc
+    }
+
+    /// The LBA formats `0..=NLBAF`, in index order (at most 64).
+    pub fn lba_formats(&self) -> impl Iterator<Item = LbaFormat> + '_ {
+        self.lbaf.iter().take(usize::from(self.nlbaf) + 1).copied()
     }
 
     /// LBA format `i`, or `None` if `i` is beyond NLBAF or beyond the 64
@@ -717,6 +738,11 @@ impl IdentifyNamespace {
     /// Sets FLBAS (raw).
     pub fn set_flbas(&mut self, flbas: u8) {
         self.flbas = flbas;
+    }
+
+    /// Sets MC (raw, see [`metadata_bits`]).
+    pub fn set_mc(&mut self, mc: u8) {
+        self.mc = mc;
     }
 
     /// Sets LBA format `i` (0..64); [`DecodeError::InvalidValue`] for an
@@ -890,6 +916,9 @@ mod tests {
         assert_eq!(p.size_bytes(), Ok(8 << 30));
         assert_eq!(p.lbaf(0), Some(LbaFormat::new(0, 9, 2)));
         assert_eq!(p.lbaf(2), None);
+        let all: Vec<LbaFormat> = p.lba_formats().collect();
+        assert_eq!(all, [LbaFormat::new(0, 9, 2), LbaFormat::new(8, 12, 0)]);
+        assert_eq!(p.mc(), 0);
         assert_eq!(p.lbaf(64), None);
         let _ = std::format!("{p:?}");
     }
@@ -915,6 +944,7 @@ mod tests {
         // NLBAF larger than the 64 entries does not panic.
         n.set_nlbaf(255);
         assert_eq!(n.lbaf(100), None);
+        assert_eq!(n.lba_formats().count(), 64);
     }
 
     #[test]

@@ -64,7 +64,8 @@ pub struct Args {
     /// Confirm that the data in the range may be destroyed. Required.
     #[arg(long)]
     yes: bool,
-    /// Namespace (default: the first active one).
+    /// Namespace (default: the first active one tutti can use, i.e.
+    /// formatted without metadata).
     #[arg(long)]
     nsid: Option<u32>,
     /// Seed of the data pattern.
@@ -103,18 +104,12 @@ pub fn run(ctx: &Ctx, args: Args) -> Outcome {
         )));
     }
     let mut ctrl = bring_up(ctx, &args.addr, 1)?;
-    let ns = match args.nsid {
-        Some(n) => ctrl.namespace(n).copied(),
-        None => ctrl.namespaces().first().copied(),
-    };
-    let Some(ns) = ns else {
-        let _ = ctrl.shutdown();
-        return Err(Failure::Reported(format!(
-            "{}: namespace {} is not active (or has metadata); `tutti-probe identify {}` lists them",
-            args.addr,
-            args.nsid.map_or("(any)".to_owned(), |n| n.to_string()),
-            args.addr
-        )));
+    let ns = match pick_namespace(&ctrl, args.nsid, &args.addr.to_string()) {
+        Ok(ns) => ns,
+        Err(e) => {
+            let _ = ctrl.shutdown();
+            return Err(e);
+        }
     };
     if range.end > ns.blocks {
         let _ = ctrl.shutdown();
@@ -160,6 +155,31 @@ pub fn run(ctx: &Ctx, args: Args) -> Outcome {
     );
     println!("throughput: {mbps:.1} MB/s (write + read, queue depth 1, {secs:.3} s)");
     shut.map_err(|e| context("controller shutdown (CC.SHN) failed", e))
+}
+
+/// The namespace to test: `nsid` if given, else the first one tutti can
+/// use. A namespace not active or formatted with metadata is a usage error
+/// (exit 2) whose message says why and what to do; a controller without
+/// any active namespace is a failure (exit 1).
+pub fn pick_namespace(ctrl: &Controller, nsid: Option<u32>, addr: &str) -> Result<NamespaceInfo, Failure> {
+    if let Some(n) = nsid {
+        return ctrl.usable_namespace(n).map_err(|e| Failure::Usage(format!("{addr}: {e}")));
+    }
+    if let Some(ns) = ctrl.namespaces().first() {
+        return Ok(*ns);
+    }
+    // None usable: every active namespace has a reason.
+    let reasons: Vec<String> =
+        ctrl.active_namespaces().iter().filter_map(|n| n.usable().err()).map(|e| e.to_string()).collect();
+    Err(match reasons.as_slice() {
+        [] => Failure::Reported(format!("{addr}: the controller has no active namespace")),
+        [one] => Failure::Usage(format!("{addr}: {one}")),
+        [first, ..] => Failure::Usage(format!(
+            "{addr}: none of its {} active namespaces can be used (`tutti-probe identify {addr}` says why for \
+             each); the first: {first}",
+            reasons.len()
+        )),
+    })
 }
 
 /// What [`exercise`] did.
@@ -318,6 +338,65 @@ mod tests {
         assert!("8..8".parse::<LbaRange>().is_err());
         assert!("9..8".parse::<LbaRange>().is_err());
         assert!("8".parse::<LbaRange>().is_err());
+    }
+
+    /// An emulated controller brought up by the driver.
+    fn controller(namespaces: Vec<nvme_emu::NamespaceSpec>) -> Controller {
+        let emu = nvme_emu::Emulator::start(nvme_emu::EmulatorConfig::new("probe", namespaces)).unwrap();
+        Controller::init(emu, nvm_queue::ControllerOptions::default()).unwrap()
+    }
+
+    fn usage(r: Result<NamespaceInfo, Failure>) -> String {
+        match r {
+            Err(Failure::Usage(m)) => m,
+            other => panic!("expected a usage error (exit 2), got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_namespace_with_metadata_is_refused_as_a_usage_error_that_says_why() {
+        use nvme_emu::NamespaceSpec;
+        let mut ctrl = controller(vec![
+            NamespaceSpec::new(2048, 512).with_metadata(8, true),
+            NamespaceSpec::new(1024, 4096),
+        ]);
+        let a = "0000:00:10.0";
+        assert_eq!(
+            usage(pick_namespace(&ctrl, Some(1), a)),
+            "0000:00:10.0: namespace 1 is formatted with 8 bytes of metadata per block (extended LBA, LBAF 1); \
+             tutti supports only formats without metadata: reformat with `nvme format /dev/nvmeX -n 1 \
+             --lbaf=0` (512-byte blocks, no metadata; erases the namespace) or pick another namespace"
+        );
+        assert_eq!(
+            usage(pick_namespace(&ctrl, Some(7), a)),
+            "0000:00:10.0: namespace 7 is not active (active: [1, 2])"
+        );
+        // Named or by default, the namespace without metadata is taken.
+        assert_eq!(pick_namespace(&ctrl, Some(2), a).unwrap().nsid, 2);
+        assert_eq!(pick_namespace(&ctrl, None, a).unwrap().nsid, 2);
+        ctrl.shutdown().unwrap();
+    }
+
+    #[test]
+    fn no_usable_namespace_at_all_says_why() {
+        use nvme_emu::NamespaceSpec;
+        let mut ctrl = controller(vec![NamespaceSpec::new(64, 4096).with_metadata(8, false)]);
+        let m = usage(pick_namespace(&ctrl, None, "x"));
+        assert!(
+            m.starts_with(
+                "x: namespace 1 is formatted with 8 bytes of metadata per block (separate buffer, LBAF 1)"
+            ),
+            "{m}"
+        );
+        ctrl.shutdown().unwrap();
+        let mut ctrl = controller(vec![
+            NamespaceSpec::new(64, 4096).with_metadata(8, false),
+            NamespaceSpec::new(64, 512).with_metadata(16, true),
+        ]);
+        let m = usage(pick_namespace(&ctrl, None, "x"));
+        assert!(m.starts_with("x: none of its 2 active namespaces can be used"), "{m}");
+        assert!(m.contains("the first: namespace 1 is formatted with 8 bytes"), "{m}");
+        ctrl.shutdown().unwrap();
     }
 
     #[test]

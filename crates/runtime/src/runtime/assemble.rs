@@ -144,7 +144,9 @@ fn build_datapaths(config: &Config, drives: &[Arc<Drive>]) -> Result<DataPaths, 
                     .collect::<Result<Vec<Arc<Drive>>, Error>>()?;
                 // PCI drives' LBA sizes are known only now (config
                 // validation checked the emulated ones).
-                if let Some(d) = ds.iter().find(|d| !s.stripe_unit.0.is_multiple_of(u64::from(d.ns.block_size))) {
+                if let Some(d) =
+                    ds.iter().find(|d| !s.stripe_unit.0.is_multiple_of(u64::from(d.ns.block_size)))
+                {
                     return Err(ConfigError::new(
                         config.datapath_key(name, "stripe_unit"),
                         ConfigErrorKind::StripeUnitVsLbaSize {
