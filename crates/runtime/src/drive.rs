@@ -196,16 +196,16 @@ impl Drive {
         )
         .map_err(ctrl_err)?;
         let nsid = usage.as_ref().map_or(1, |u| u.nsid);
-        let ns = *controller.namespace(nsid).ok_or_else(|| {
+        let ns = controller.usable_namespace(nsid).map_err(|reason| {
             let path = usage.as_ref().map_or_else(|| format!("drives.{name}"), |u| u.nsid_key.clone());
-            ConfigError::new(
-                path,
-                ConfigErrorKind::NamespaceMissing {
-                    drive: name.to_owned(),
-                    nsid,
-                    active: controller.namespaces().iter().map(|n| n.nsid).collect(),
-                },
-            )
+            let drive = name.to_owned();
+            let kind = match reason {
+                nvm_queue::NamespaceError::NotActive { nsid, active } => {
+                    ConfigErrorKind::NamespaceMissing { drive, nsid, active }
+                }
+                reason => ConfigErrorKind::NamespaceUnsupported { drive, reason },
+            };
+            ConfigError::new(path, kind)
         })?;
         let mut queues = Vec::new();
         let mut gpu_queues = None;

@@ -319,6 +319,16 @@ pub enum ConfigErrorKind {
         /// The drive's `io_queues`.
         io_queues: u16,
     },
+    /// A namespace the drive has but tutti cannot use (checked when the
+    /// drive is opened), e.g. one formatted with metadata: the reason says
+    /// how to reformat it or which namespace to pick instead.
+    #[error("drive {drive:?}: {reason}")]
+    NamespaceUnsupported {
+        /// The drive.
+        drive: String,
+        /// Why, from the driver.
+        reason: nvm_queue::NamespaceError,
+    },
 }
 
 /// ` (line L, column C)`, ` (line L)` or nothing, for

@@ -672,6 +672,13 @@ fn every_kind() -> Vec<(ConfigErrorKind, &'static str)> {
             K::QueuesExceedIoQueues { queues: 3, drive: "d0".into(), io_queues: 2 },
             "3 queues exceed drive \"d0\"'s 2 I/O queues",
         ),
+        (
+            K::NamespaceUnsupported {
+                drive: "q0".into(),
+                reason: nvm_queue::NamespaceError::NotActive { nsid: 9, active: vec![1] },
+            },
+            "drive \"q0\": namespace 9 is not active (active: [1])",
+        ),
     ]
 }
 
@@ -703,6 +710,7 @@ fn kind_index(kind: &ConfigErrorKind) -> usize {
         K::StripeUnitVsLbaSize { .. } => 21,
         K::QueueDepthExceedsMqes { .. } => 22,
         K::QueuesExceedIoQueues { .. } => 23,
+        K::NamespaceUnsupported { .. } => 24,
     }
 }
 
@@ -710,7 +718,7 @@ fn kind_index(kind: &ConfigErrorKind) -> usize {
 fn every_kind_displays_its_path_first() {
     let kinds = every_kind();
     let indices: Vec<usize> = kinds.iter().map(|(k, _)| kind_index(k)).collect();
-    assert_eq!(indices, (0..24).collect::<Vec<_>>(), "every kind listed once, in order");
+    assert_eq!(indices, (0..25).collect::<Vec<_>>(), "every kind listed once, in order");
     for (kind, message) in kinds {
         assert_eq!(kind.to_string(), message);
         let path = "datapaths.dp.striped_local_nvme.drives[1]";
