@@ -55,6 +55,9 @@ pub(crate) struct Shared {
     /// [`EmulatorConfig::registers_all_ones`]): the thread only keeps the
     /// register page all ones.
     pub gone: AtomicBool,
+    /// What the register page of a gone device reads: `u32::MAX` (gone) or
+    /// 0 (memory space disabled, [`crate::Emulator::disable_memory_space`]).
+    pub gone_fill: std::sync::atomic::AtomicU32,
     /// Set by the thread once it has seen `gone` and stopped working.
     pub gone_ack: AtomicBool,
 }
@@ -737,8 +740,8 @@ pub(crate) fn run(shared: Arc<Shared>, mut ctrl: Controller) {
     while !shared.stop.load(Ordering::Acquire) {
         if shared.gone.load(Ordering::Acquire) {
             // The device is gone: no more work; keep the register page all
-            // ones (host writes land in the page, undo them).
-            shared.regs.fill_ones();
+            // ones, or all zeros (host writes land in the page, undo them).
+            shared.regs.fill(shared.gone_fill.load(Ordering::Acquire));
             shared.gone_ack.store(true, Ordering::Release);
             std::thread::park_timeout(GONE_REFILL);
             continue;

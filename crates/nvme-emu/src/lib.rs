@@ -310,6 +310,7 @@ impl Emulator {
             stop: AtomicBool::new(false),
             faults: fault::Faults::new(config.faults.clone()),
             gone: AtomicBool::new(config.registers_all_ones),
+            gone_fill: std::sync::atomic::AtomicU32::new(u32::MAX),
             gone_ack: AtomicBool::new(false),
         });
         if config.registers_all_ones {
@@ -373,8 +374,23 @@ impl Emulator {
     /// Returns once the controller thread has stopped working (it finishes
     /// the poll iteration in progress first).
     pub fn set_gone(&self) {
+        self.stop_answering(u32::MAX);
+    }
+
+    /// Fault injection: the function's memory space is disabled (PCI
+    /// Command register bit 1 cleared under the driver, e.g. with
+    /// `setpci`): as [`Emulator::set_gone`], except that the register page
+    /// reads all zeros, which is what QEMU's guest sees for a BAR that no
+    /// longer decodes. CSTS then reads RDY = 0 and CFS = 0: only a host
+    /// that checks RDY notices. There is no way back: start a new emulator.
+    pub fn disable_memory_space(&self) {
+        self.stop_answering(0);
+    }
+
+    fn stop_answering(&self, fill: u32) {
+        self.shared.gone_fill.store(fill, Ordering::SeqCst);
         self.shared.gone.store(true, Ordering::SeqCst);
-        self.shared.regs.fill_ones();
+        self.shared.regs.fill(fill);
         if let Some(t) = &self.thread {
             t.thread().unpark();
             while !self.shared.gone_ack.load(Ordering::Acquire) && !t.is_finished() {

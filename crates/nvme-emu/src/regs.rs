@@ -125,9 +125,16 @@ impl RegisterPage {
     /// Sets every register of the page, doorbells included, to all ones:
     /// what a host reads from a device that is gone.
     pub(crate) fn fill_ones(&self) {
+        self.fill(u32::MAX);
+    }
+
+    /// Sets every register in the page to `value` (what a host reads from
+    /// a device that is gone, `u32::MAX`, or whose memory space is
+    /// disabled, 0 on QEMU).
+    pub(crate) fn fill(&self, value: u32) {
         let mut off = 0;
         while off + 4 <= self.mmio.len() {
-            self.write32(off, u32::MAX);
+            self.write32(off, value);
             off += 4;
         }
     }

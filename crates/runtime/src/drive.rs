@@ -170,6 +170,79 @@ fn open_pci(name: &str, p: &PciDriveConfig) -> Result<Arc<dyn NvmeDevice>, Error
     nvme_pci::open(&addr, &opts).map_err(|source| Error::Pci { drive: name.to_owned(), source })
 }
 
+/// The config error for a namespace the drive cannot serve, at the key of
+/// the datapath's `nsid`.
+fn namespace_error(name: &str, usage: Option<&DriveUse>, reason: nvm_queue::NamespaceError) -> Error {
+    let path = usage.map_or_else(|| format!("drives.{name}"), |u| u.nsid_key.clone());
+    let drive = name.to_owned();
+    let kind = match reason {
+        nvm_queue::NamespaceError::NotActive { nsid, active } => {
+            ConfigErrorKind::NamespaceMissing { drive, nsid, active }
+        }
+        reason => ConfigErrorKind::NamespaceUnsupported { drive, reason },
+    };
+    ConfigError::new(path, kind).into()
+}
+
+/// A drive's I/O queue pairs: CPU-driven ones, or GPU-driven ones.
+type Queues = (Vec<Mutex<QueuePair>>, Option<GpuQueues>);
+
+/// Creates the I/O queue pairs `u` asks for (lowered to what the
+/// controller grants and clamped to CAP.MQES + 1, with a warning) and hands
+/// them to CPU or GPU threads.
+fn create_queues(
+    name: &str,
+    controller: &mut Controller,
+    device: &Arc<dyn NvmeDevice>,
+    mut u: DriveUse,
+    gpu: Option<&Gpu>,
+) -> Result<Queues, Error> {
+    let ctrl_err = |source| Error::Controller { drive: name.to_owned(), source };
+    // A real controller may grant fewer queue pairs than asked (Set
+    // Features, Number of Queues) and support shallower queues
+    // (CAP.MQES): use what it offers. Emulated drives were checked
+    // against their config already, so this only fires for PCI.
+    let granted = controller.io_queues_granted();
+    if u.queues > granted {
+        tracing::warn!(drive = name, asked = u.queues, granted, "controller granted fewer I/O queue pairs");
+        u.queues = granted;
+    }
+    let max_entries = controller.cap().max_queue_entries();
+    if u.queue_depth > max_entries {
+        tracing::warn!(
+            drive = name,
+            asked = u.queue_depth,
+            max_entries,
+            "queue depth clamped to CAP.MQES + 1"
+        );
+        u.queue_depth = max_entries;
+    }
+    let depth = u.queue_depth;
+    // One CQ slot always stays empty: never have more commands
+    // outstanding than the CQ can hold.
+    let outstanding = (depth - 1).clamp(1, 32768) as u16;
+    let mut pairs = Vec::new();
+    for qid in 1..=u.queues {
+        pairs.push(controller.create_io_queue_pair(qid, depth, outstanding).map_err(ctrl_err)?);
+    }
+    match (u.execution, gpu) {
+        (Execution::Cpu, _) => Ok((pairs.into_iter().map(Mutex::new).collect(), None)),
+        (Execution::Gpu, Some(g)) => {
+            let gpu_err = |source| Error::Gpu { context: format!("drive {name:?}"), source };
+            let gd = GpuDrive::map(g, device.clone()).map_err(gpu_err)?;
+            let qs = pairs
+                .into_iter()
+                .map(|qp| GpuQueue::new(g, &gd, qp))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(gpu_err)?;
+            Ok((Vec::new(), Some(GpuQueues { queues: qs, _drive: gd })))
+        }
+        (Execution::Gpu, None) => {
+            Err(Error::Gpu { context: format!("drive {name:?}"), source: gpu_io::GpuError::NoDriver })
+        }
+    }
+}
+
 impl Drive {
     /// Starts the drive's device, brings its controller up and creates the
     /// I/O queue pairs `usage` asks for.
@@ -196,72 +269,13 @@ impl Drive {
         )
         .map_err(ctrl_err)?;
         let nsid = usage.as_ref().map_or(1, |u| u.nsid);
-        let ns = controller.usable_namespace(nsid).map_err(|reason| {
-            let path = usage.as_ref().map_or_else(|| format!("drives.{name}"), |u| u.nsid_key.clone());
-            let drive = name.to_owned();
-            let kind = match reason {
-                nvm_queue::NamespaceError::NotActive { nsid, active } => {
-                    ConfigErrorKind::NamespaceMissing { drive, nsid, active }
-                }
-                reason => ConfigErrorKind::NamespaceUnsupported { drive, reason },
-            };
-            ConfigError::new(path, kind)
-        })?;
-        let mut queues = Vec::new();
-        let mut gpu_queues = None;
-        if let Some(mut u) = usage {
-            // A real controller may grant fewer queue pairs than asked (Set
-            // Features, Number of Queues) and support shallower queues
-            // (CAP.MQES): use what it offers. Emulated drives were checked
-            // against their config already, so this only fires for PCI.
-            let granted = controller.io_queues_granted();
-            if u.queues > granted {
-                tracing::warn!(
-                    drive = name,
-                    asked = u.queues,
-                    granted,
-                    "controller granted fewer I/O queue pairs"
-                );
-                u.queues = granted;
-            }
-            let max_entries = controller.cap().max_queue_entries();
-            if u.queue_depth > max_entries {
-                tracing::warn!(
-                    drive = name,
-                    asked = u.queue_depth,
-                    max_entries,
-                    "queue depth clamped to CAP.MQES + 1"
-                );
-                u.queue_depth = max_entries;
-            }
-            let depth = u.queue_depth;
-            // One CQ slot always stays empty: never have more commands
-            // outstanding than the CQ can hold.
-            let outstanding = (depth - 1).clamp(1, 32768) as u16;
-            let mut pairs = Vec::new();
-            for qid in 1..=u.queues {
-                pairs.push(controller.create_io_queue_pair(qid, depth, outstanding).map_err(ctrl_err)?);
-            }
-            match (u.execution, gpu) {
-                (Execution::Cpu, _) => queues = pairs.into_iter().map(Mutex::new).collect(),
-                (Execution::Gpu, Some(g)) => {
-                    let gpu_err = |source| Error::Gpu { context: format!("drive {name:?}"), source };
-                    let gd = GpuDrive::map(g, device.clone()).map_err(gpu_err)?;
-                    let qs = pairs
-                        .into_iter()
-                        .map(|qp| GpuQueue::new(g, &gd, qp))
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(gpu_err)?;
-                    gpu_queues = Some(GpuQueues { queues: qs, _drive: gd });
-                }
-                (Execution::Gpu, None) => {
-                    return Err(Error::Gpu {
-                        context: format!("drive {name:?}"),
-                        source: gpu_io::GpuError::NoDriver,
-                    })
-                }
-            }
-        }
+        let ns = controller
+            .usable_namespace(nsid)
+            .map_err(|reason| namespace_error(name, usage.as_ref(), reason))?;
+        let (queues, gpu_queues) = match usage {
+            Some(u) => create_queues(name, &mut controller, &device, u, gpu)?,
+            None => (Vec::new(), None),
+        };
         let max_transfer = controller.max_transfer();
         Ok(Self {
             name: name.to_owned(),

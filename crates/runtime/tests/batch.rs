@@ -47,7 +47,7 @@ fn a_64_request_batch_on_one_queue_writes_the_sq_tail_doorbell_once() {
         (0..64 * 512).map(|i| (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 7).collect();
     let mut dst = vec![0u64; 64 * 512];
     let (ms, md) = (register(&rt, &mut src), register(&rt, &mut dst));
-    let emu_before = rt.emulator_stats("d0").unwrap().sq_tail_updates;
+    let emu_before = rt.emulator("d0").unwrap().stats().sq_tail_updates;
 
     let before = rt.stats();
     let op = rt.submit(&requests(&rt, ms, true)).op().unwrap();
@@ -60,7 +60,7 @@ fn a_64_request_batch_on_one_queue_writes_the_sq_tail_doorbell_once() {
         "one doorbell write for 64 SQEs"
     );
     // The controller saw one new tail, covering all 64 entries.
-    assert_eq!(rt.emulator_stats("d0").unwrap().sq_tail_updates - emu_before, 1);
+    assert_eq!(rt.emulator("d0").unwrap().stats().sq_tail_updates - emu_before, 1);
 
     let op = rt.submit(&requests(&rt, md, false)).op().unwrap();
     assert!(rt.wait(op, T).unwrap().iter().all(|s| s.is_success()));

@@ -116,3 +116,51 @@ fn a_fatal_controller_fails_its_requests_and_reset_drive_brings_it_back() {
     assert!(a == &b[..1 << 17], "data read back after the reset");
     assert!(rt.reset_drive("zz").is_err());
 }
+
+/// Drive c stops answering while a read waits on it, in the way `stop`
+/// makes it; the wait must name drive c as failed long before its 30 s
+/// deadline, and the request on the other drives alone succeeds.
+fn vanished_drive_is_named_quickly(stop: impl FnOnce(&nvme_emu::Emulator)) {
+    // c holds its reads (never completes them), so only the controller
+    // check can end the request.
+    let rt = stripe("c", "[{ lba: [0, 256], op: read, action: never_complete }]");
+    let mut buf = vec![0u64; (1 << 20) / 8];
+    let m = memory(&rt, &mut buf);
+    let op = rt.submit(&two_requests(&rt, m)).op().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    stop(rt.emulator("c").unwrap());
+    let t0 = std::time::Instant::now();
+    let st = rt.wait(op, Duration::from_secs(30)).unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(2), "noticed after {:?}", t0.elapsed());
+    assert_eq!(st, [RequestStatus::ControllerFatal { drive: "c".into() }, RequestStatus::Success]);
+    // The drive may still write the memory until reset: it stays pinned.
+    assert!(matches!(rt.unregister_memory(m), Err(tutti::Error::MemoryBusy { .. })));
+    // New work on c is refused, not lost; the report names it.
+    let t = rt.open("tutti://kv/0").unwrap();
+    let st =
+        rt.wait(rt.submit(&[Request::read(t, 256 << 10, 4096, m, 0)]).op().unwrap(), Duration::from_secs(5));
+    assert!(matches!(&st.unwrap()[0], RequestStatus::SubmitFailed { reason } if reason.contains("\"c\"")));
+    // Shutdown sends no CC.SHN to a controller that no longer answers (it
+    // would wait out CAP.TO) and says so; the others shut down normally.
+    let t0 = std::time::Instant::now();
+    let r = rt.shutdown(Duration::from_secs(1));
+    assert!(t0.elapsed() < Duration::from_secs(3), "shutdown took {:?}", t0.elapsed());
+    for (name, res) in &r.drives {
+        match name.as_str() {
+            "c" => assert!(res.as_ref().is_err_and(|e| e.contains("no CC.SHN")), "{res:?}"),
+            _ => assert!(res.is_ok(), "{name}: {res:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_drive_whose_memory_space_is_disabled_is_failed_by_csts_rdy() {
+    // QEMU's guest reads zeros from a BAR that no longer decodes: CSTS.RDY
+    // = 0 and CFS = 0, so only the RDY check catches it.
+    vanished_drive_is_named_quickly(|e| e.disable_memory_space());
+}
+
+#[test]
+fn a_drive_that_vanishes_is_failed_by_all_ones_csts() {
+    vanished_drive_is_named_quickly(|e| e.set_gone());
+}

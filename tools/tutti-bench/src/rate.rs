@@ -304,7 +304,7 @@ fn rate_runtime(a: &RateArgs, stop: &Stop) -> Result<RateResult, String> {
     let mem = unsafe { rt.register_memory(buf.as_mut_ptr().cast(), buf.len() * 8) }.map_err(err)?;
     let reqs: Vec<Request> =
         targets.iter().enumerate().map(|(i, &t)| Request::read(t, 0, 4096, mem, i as u64 * 4096)).collect();
-    let emu = || rt.emulator_stats("d0").map_or(0, |s| s.commands);
+    let emu = || rt.emulator("d0").map_or(0, |e| e.stats().commands);
     let base = emu();
     // Operations in flight: as many batches as the queue holds.
     let window = if a.settle { 1 } else { ((a.queue_depth as usize - 1) / batch).max(1) };

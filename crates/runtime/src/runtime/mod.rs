@@ -174,11 +174,12 @@ impl Runtime {
         s
     }
 
-    /// The software controller's counters of emulated drive `drive`
-    /// (commands, doorbell values seen, injected faults...); `None` for a
-    /// PCI drive or an unknown name.
-    pub fn emulator_stats(&self, drive: &str) -> Option<nvme_emu::EmuStats> {
-        self.drives.iter().find(|d| d.name == drive)?.emulator.as_ref().map(|e| e.stats())
+    /// The software controller behind emulated drive `drive`, for its
+    /// counters (`stats`: commands, doorbell values seen...) and fault
+    /// injection (`add_fault`, `set_gone`, `disable_memory_space`) in tests
+    /// and benchmarks; `None` for a PCI drive or an unknown name.
+    pub fn emulator(&self, drive: &str) -> Option<&Arc<nvme_emu::Emulator>> {
+        self.drives.iter().find(|d| d.name == drive)?.emulator.as_ref()
     }
 
     /// Names of the drives, in configuration order.

@@ -23,15 +23,28 @@ use super::{lock, Runtime};
 use crate::drive::{Drive, DriveState};
 use crate::error::{Error, RequestStatus};
 
-/// Why a controller is judged dead, from one read of CSTS.
+/// Why a controller is judged dead, from one read of CSTS: gone (see
+/// [`controller_gone`]) or CSTS.CFS = 1.
 pub(crate) fn controller_dead(c: &Controller) -> Option<String> {
+    match c.csts() {
+        Ok(csts) if csts.0 != u32::MAX && csts.cfs() => Some("CSTS.CFS = 1: controller fatal status".into()),
+        _ => controller_gone(c),
+    }
+}
+
+/// Why a controller no longer answers at all, from one read of CSTS: it
+/// cannot be read, reads all ones (the device vanished), or reads RDY = 0
+/// while the runtime has it enabled (reset or disabled under us, or a BAR
+/// that no longer decodes and reads zeros). Such a controller is not sent
+/// CC.SHN at shutdown.
+pub(crate) fn controller_gone(c: &Controller) -> Option<String> {
     match c.csts() {
         Err(e) => Some(format!("CSTS cannot be read ({e}): the device is gone")),
         Ok(csts) if csts.0 == u32::MAX => Some("CSTS reads all ones: the device is gone".into()),
-        Ok(csts) if csts.cfs() => Some("CSTS.CFS = 1: controller fatal status".into()),
-        Ok(csts) if !csts.rdy() => {
-            Some(format!("CSTS.RDY = 0 ({:#x}) while enabled: the controller was reset or disabled", csts.0))
-        }
+        Ok(csts) if !csts.rdy() => Some(format!(
+            "CSTS.RDY = 0 ({:#x}) while enabled: the controller was reset or disabled, or its BAR no longer decodes",
+            csts.0
+        )),
         Ok(_) => None,
     }
 }

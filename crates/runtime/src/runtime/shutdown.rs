@@ -11,6 +11,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::recovery::controller_gone;
 use super::{error_chain, lock, Runtime, ABORT_REAP_BOUND, GPU_COMMAND_BUDGET};
 use crate::drive::{Drive, DriveState};
 use crate::handle::{OpHandle, RawHandle};
@@ -67,7 +68,7 @@ impl Runtime {
             d.quiesce_queues();
             let (reaped, r) = self.shutdown_drive(d, was);
             report.commands_reaped_at_deletion += reaped;
-            report.drives.push((d.name.clone(), r.map_err(|e| error_chain(&e))));
+            report.drives.push((d.name.clone(), r));
         }
         report.commands_lost = lock(&self.ops).iter().map(|(_, st)| st.outstanding()).sum();
         report
@@ -113,10 +114,17 @@ impl Runtime {
     /// state before): each CPU queue's SQ deleted, its CQ reaped (bounded)
     /// and deleted, then the controller's CC.SHN shutdown (which also
     /// deletes GPU-driven queues). A failed controller's queues were
-    /// emptied already and are not touched. Returns the completions reaped
-    /// after SQ deletion and the first error.
-    fn shutdown_drive(&self, d: &Drive, was: DriveState) -> (u64, Result<(), nvm_queue::ControllerError>) {
+    /// emptied already and are not touched, and one that no longer answers
+    /// ([`controller_gone`]) is not sent CC.SHN (it would only wait out
+    /// CAP.TO). Returns the completions reaped after SQ deletion and the
+    /// first error.
+    fn shutdown_drive(&self, d: &Drive, was: DriveState) -> (u64, Result<(), String>) {
         let mut c = lock(&d.controller);
+        if was == DriveState::Failed {
+            if let Some(why) = controller_gone(&c) {
+                return (0, Err(format!("{why}; no CC.SHN sent")));
+            }
+        }
         let mut reaped = 0u64;
         let mut first_err = None;
         let mut buf = Vec::new();
@@ -151,6 +159,6 @@ impl Runtime {
         if let Err(e) = c.shutdown() {
             first_err.get_or_insert(e);
         }
-        (reaped, first_err.map_or(Ok(()), Err))
+        (reaped, first_err.map_or(Ok(()), |e| Err(error_chain(&e))))
     }
 }
