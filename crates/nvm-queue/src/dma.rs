@@ -166,6 +166,20 @@ impl DmaBuffer {
         Ok(unsafe { AtomicU32::from_ptr(p.cast()) }.load(order))
     }
 
+    /// `N` consecutive 32-bit words at a 4-byte-aligned `offset`, checked
+    /// once, as atomics: the only way to touch them is an atomic load or
+    /// store (the device may write them at any time). For reading a CQE
+    /// with one bounds check.
+    pub(crate) fn atomic_words<const N: usize>(&self, offset: usize) -> Result<&[AtomicU32; N], DmaError> {
+        let p = self.check(offset, 4 * N, 4)?;
+        // SAFETY: `4 * N` bytes from `p` are in bounds and 4-byte aligned
+        // (page-aligned base, aligned offset); `AtomicU32` has the layout of
+        // `u32`, and the memory is only ever accessed atomically while this
+        // buffer lives (its contract), so a shared reference to atomics
+        // over it is sound for the lifetime of `&self`.
+        Ok(unsafe { &*p.cast::<[AtomicU32; N]>() })
+    }
+
     /// Atomic 32-bit store at a 4-byte-aligned `offset`.
     pub fn store_u32(&self, offset: usize, value: u32, order: Ordering) -> Result<(), DmaError> {
         let p = self.check(offset, 4, 4)?;

@@ -86,12 +86,14 @@ pub struct IoPlan {
     done_bytes: usize,
     block_size: u32,
     max_blocks: u64,
+    /// Commands left to yield (computed once, not divided for again).
+    commands: u32,
 }
 
 impl IoPlan {
-    /// Number of commands the plan yields.
+    /// Number of commands the plan (still) yields.
     pub fn commands(&self) -> usize {
-        self.remaining_blocks.div_ceil(self.max_blocks) as usize
+        self.commands as usize
     }
 }
 
@@ -109,7 +111,20 @@ impl Iterator for IoPlan {
         self.next_lba += blocks;
         self.remaining_blocks -= blocks;
         self.done_bytes += len;
+        self.commands -= 1;
         Some(chunk)
+    }
+}
+
+/// `a / b` and `a % b`, with a shift and a mask when `b` is a power of two
+/// (every LBA size is, 2^LBADS; most transfer limits are, 2^MDTS pages):
+/// this runs for every request, and a 64-bit division costs tens of cycles.
+#[inline]
+fn div_rem(a: u64, b: u64) -> (u64, u64) {
+    if b.is_power_of_two() {
+        (a >> b.trailing_zeros(), a & (b - 1))
+    } else {
+        (a / b, a % b)
     }
 }
 
@@ -120,7 +135,11 @@ pub fn plan_io(ns: &NamespaceInfo, offset: u64, len: u64, max_transfer: usize) -
         return Err(IoError::ZeroLength);
     }
     let bs = u64::from(ns.block_size);
-    if bs == 0 || !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
+    if bs == 0 {
+        return Err(IoError::Unaligned { offset, len, block_size: ns.block_size });
+    }
+    let ((first_lba, offset_rem), (blocks, len_rem)) = (div_rem(offset, bs), div_rem(len, bs));
+    if offset_rem != 0 || len_rem != 0 {
         return Err(IoError::Unaligned { offset, len, block_size: ns.block_size });
     }
     let capacity = ns.capacity_bytes();
@@ -128,16 +147,25 @@ pub fn plan_io(ns: &NamespaceInfo, offset: u64, len: u64, max_transfer: usize) -
         Some(end) if end <= capacity && len <= usize::MAX as u64 => {}
         _ => return Err(IoError::OutOfRange { offset, len, capacity }),
     }
-    let max_blocks = (max_transfer as u64 / bs).min(65536);
+    let max_blocks = div_rem(max_transfer as u64, bs).0.min(65536);
     if max_blocks == 0 {
         return Err(IoError::TransferLimit { max_transfer, block_size: ns.block_size });
     }
+    let (whole, rest) = div_rem(blocks, max_blocks);
+    // At most `len / 512` commands; a request that needs more than 2^32 is
+    // refused as out of range rather than miscounted.
+    let commands = u32::try_from(whole + u64::from(rest != 0)).map_err(|_| IoError::OutOfRange {
+        offset,
+        len,
+        capacity,
+    })?;
     Ok(IoPlan {
-        next_lba: offset / bs,
-        remaining_blocks: len / bs,
+        next_lba: first_lba,
+        remaining_blocks: blocks,
         done_bytes: 0,
         block_size: ns.block_size,
         max_blocks,
+        commands,
     })
 }
 

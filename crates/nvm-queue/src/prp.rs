@@ -192,7 +192,10 @@ impl PrpBuilder {
             return 0;
         }
         let in_first = self.page_size - (first_addr as usize & (self.page_size - 1));
-        len.saturating_sub(in_first).div_ceil(self.page_size)
+        // page_size is a power of two (`new`): a shift, not a division, on
+        // every command.
+        let shift = self.page_size.trailing_zeros();
+        (len.saturating_sub(in_first) + self.page_size - 1) >> shift
     }
 
     /// Describes `len` bytes at byte `offset` of the mapped buffer

@@ -71,14 +71,14 @@ impl CompletionQueue {
     /// read after it.
     #[inline]
     pub fn peek(&self) -> Option<Cqe> {
-        let base = self.head as usize * CQE_SIZE;
-        let dw3 = self.mem.load_u32(base + 12, Ordering::Acquire).ok()?;
+        let [w0, w1, w2, w3] = self.mem.atomic_words::<4>(self.head as usize * CQE_SIZE).ok()?;
+        // DW3 (phase tag) first, with Acquire: the body loads below cannot
+        // be satisfied before it, so a new entry is never read half old.
+        let dw3 = w3.load(Ordering::Acquire);
         if (dw3 >> 16) & 1 != u32::from(self.phase) {
             return None;
         }
-        let dw0 = self.mem.load_u32(base, Ordering::Relaxed).ok()?;
-        let dw1 = self.mem.load_u32(base + 4, Ordering::Relaxed).ok()?;
-        let dw2 = self.mem.load_u32(base + 8, Ordering::Relaxed).ok()?;
+        let [dw0, dw1, dw2] = [w0, w1, w2].map(|w| w.load(Ordering::Relaxed));
         Some(Cqe::from_dwords([dw0, dw1, dw2, dw3]))
     }
 

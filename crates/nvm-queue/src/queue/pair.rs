@@ -311,7 +311,10 @@ impl QueuePair {
         // Transfers of one or two memory pages (the common 4 KiB case) need
         // no list: skip taking a list window.
         let first = d.mapping.addr(d.offset).unwrap_or(0);
-        let needs_list = self.prp.list_pages_needed(first, d.len) > 0;
+        // PRP1 and PRP2 cover the rest of PRP1's page and one more page
+        // (list_pages_needed(first, len) == 0), computed without a division.
+        let in_first = page - (first as usize & (page - 1));
+        let needs_list = d.len > in_first.saturating_add(page);
         let prp = match &self.lists {
             Some(buf) if needs_list => {
                 let slot = self.cids.slot_of(cid).unwrap_or(0);

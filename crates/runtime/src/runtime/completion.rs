@@ -54,9 +54,9 @@ impl Runtime {
         let dps = self.live_op_datapaths(op)?;
         // GPU-executed commands: the kernel bounds each by its budget.
         self.finish_gpu(op)?;
-        let mut buf = Vec::new();
-        let mut idle = 0u32;
+        let mut buf = Vec::with_capacity(64);
         let mut last_progress = Instant::now();
+        let mut last_check = last_progress;
         let mut polled = false;
         loop {
             {
@@ -82,17 +82,17 @@ impl Runtime {
             }
             polled = true;
             if self.poll_datapaths(&dps, &mut buf) > 0 {
-                idle = 0;
                 last_progress = Instant::now();
+                last_check = last_progress;
                 continue;
             }
-            idle += 1;
-            if last_progress.elapsed() >= HEALTH_CHECK_INTERVAL {
+            let now = Instant::now();
+            if now.duration_since(last_check) >= HEALTH_CHECK_INTERVAL {
                 // Nothing completes: is a controller dead or gone?
                 self.check_drives(&dps);
-                last_progress = Instant::now();
+                last_check = now;
             }
-            backoff(idle);
+            backoff(now.duration_since(last_progress));
         }
     }
 
@@ -182,36 +182,47 @@ impl Runtime {
         };
         if !buf.is_empty() {
             let mut ops = lock(&self.ops);
-            for &c in buf.iter() {
-                self.route(&mut ops, d, c);
+            // Completions of one operation usually come in a run: route
+            // each run with one table lookup.
+            for run in buf.chunk_by(|a, b| split_tag(a.tag).0 == split_tag(b.tag).0) {
+                self.route_run(&mut ops, d, run);
             }
         }
         n
     }
 
-    /// Delivers one completion from drive `d` to its request.
-    pub(super) fn route(&self, ops: &mut HandleTable<OpState>, d: &Drive, c: Completion) {
-        let (slot, gen16, index) = split_tag(c.tag);
-        let Some((h, st)) = ops.get_mut_by_slot(slot) else {
-            self.count_late();
+    /// Delivers completions from drive `d` whose tags all name the same
+    /// operation slot.
+    fn route_run(&self, ops: &mut HandleTable<OpState>, d: &Drive, run: &[Completion]) {
+        let Some(first) = run.first() else { return };
+        let Some((h, st)) = ops.get_mut_by_slot(split_tag(first.tag).0) else {
+            self.count_late(run.len());
             return;
         };
-        if h.generation & 0xFFFF != gen16 {
-            self.count_late();
-            return;
-        }
-        let failure =
-            (!c.status.is_success()).then(|| RequestStatus::Nvme { drive: d.name.clone(), status: c.status });
-        if st.complete(index, failure) == Settle::Refused {
-            self.count_late();
+        for c in run {
+            let (_, gen16, index) = split_tag(c.tag);
+            if h.generation & 0xFFFF != gen16 {
+                self.count_late(1);
+                continue;
+            }
+            let failure = (!c.status.is_success())
+                .then(|| RequestStatus::Nvme { drive: d.name.clone(), status: c.status });
+            if st.complete(index, failure) == Settle::Refused {
+                self.count_late(1);
+            }
         }
         if st.can_drop() {
             let _ = ops.remove(h);
         }
     }
 
-    fn count_late(&self) {
-        self.late_completions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    /// Delivers one completion from drive `d` to its request.
+    pub(super) fn route(&self, ops: &mut HandleTable<OpState>, d: &Drive, c: Completion) {
+        self.route_run(ops, d, std::slice::from_ref(&c));
+    }
+
+    fn count_late(&self, n: usize) {
+        self.late_completions.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Names the drives of `dps` that still hold commands of timed-out
@@ -254,11 +265,17 @@ fn finalize(ops: &mut HandleTable<OpState>, op: OpHandle) -> Result<Vec<RequestS
     Ok(statuses)
 }
 
-/// Idle back-off of a polling waiter: spin briefly (completions usually
-/// follow within microseconds), then sleep in short naps so that a waiter
-/// on a slow drive does not take a core from the drives and other threads.
-fn backoff(idle_polls: u32) {
-    if idle_polls < 256 {
+/// How long a waiter that sees nothing complete keeps spinning before it
+/// naps: about one NVMe flash read, so a waiter keeping a queue busy does
+/// not sleep through the completions it needs to refill it.
+pub(crate) const SPIN_BEFORE_NAP: Duration = Duration::from_micros(100);
+
+/// Idle back-off of a polling waiter idle for `idle`: spin first
+/// (completions usually follow within microseconds), then sleep in short
+/// naps so that a waiter on a slow drive does not take a core from the
+/// drives and other threads.
+fn backoff(idle: Duration) {
+    if idle < SPIN_BEFORE_NAP {
         std::hint::spin_loop();
     } else {
         std::thread::sleep(Duration::from_micros(20));

@@ -94,7 +94,7 @@ impl Runtime {
     fn add_request<'a>(
         &'a self,
         l: &mut Launch<'a>,
-        plan: &BatchPlan,
+        plan: &'a BatchPlan,
         i: usize,
         r: &'a PlannedRequest,
     ) -> Result<(), String> {
@@ -105,7 +105,8 @@ impl Runtime {
         let start = l.cmds.len();
         for p in &plan.pieces[r.pieces.clone()] {
             let d = &self.drives[p.drive];
-            let (Some(gq), Some(Some(greg))) = (&d.gpu, r.region.gpu_regions.get(d.index)) else {
+            let (Some(gq), Some(Some(greg))) = (&d.gpu, plan.regions[r.region].gpu_regions.get(d.index))
+            else {
                 l.truncate(start);
                 return Err(format!("drive {:?} has no GPU queues or page table", d.name));
             };

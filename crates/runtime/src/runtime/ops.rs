@@ -61,13 +61,14 @@ pub(crate) enum Settle {
     Refused,
 }
 
-/// One request's accounting.
+/// One request's accounting: 16 bytes, so that registering a batch and
+/// taking its statuses move little memory (a failure is rare and boxed).
 #[derive(Debug)]
 struct ReqState {
     /// Commands that have not left yet.
     left: u32,
     /// First failure seen, or the refusal of a request not accepted.
-    status: Option<RequestStatus>,
+    status: Option<Box<RequestStatus>>,
 }
 
 /// One operation (one batch).
@@ -103,7 +104,7 @@ impl OpState {
             .into_iter()
             .map(|r| match r {
                 Ok(n) => ReqState { left: n, status: None },
-                Err(e) => ReqState { left: 0, status: Some(RequestStatus::NotAccepted(e)) },
+                Err(e) => ReqState { left: 0, status: Some(Box::new(RequestStatus::NotAccepted(e))) },
             })
             .collect();
         let unfinished = reqs.iter().filter(|r| r.left > 0).count();
@@ -119,7 +120,7 @@ impl OpState {
             return Settle::Refused;
         }
         if let Some(f) = failure {
-            r.status.get_or_insert(f);
+            r.status.get_or_insert_with(|| Box::new(f));
         }
         r.left -= n;
         self.outstanding -= u64::from(n);
@@ -176,12 +177,10 @@ impl OpState {
         self.reqs
             .iter_mut()
             .map(|r| match (r.left, r.status.take()) {
-                (0, s) => s.unwrap_or(RequestStatus::Success),
-                (_, s) => {
-                    // Keep the first failure for nobody: the handle is dead.
-                    drop(s);
-                    RequestStatus::Timeout
-                }
+                (0, Some(s)) => *s,
+                (0, None) => RequestStatus::Success,
+                // A failure seen so far goes nowhere: the handle is dead.
+                (_, _) => RequestStatus::Timeout,
             })
             .collect()
     }

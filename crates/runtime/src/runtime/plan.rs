@@ -45,7 +45,8 @@ pub(crate) struct PlannedPiece {
 pub(crate) struct PlannedRequest {
     pub datapath: usize,
     pub direction: Direction,
-    pub region: Arc<Region>,
+    /// Its memory: an index into [`BatchPlan::regions`].
+    pub region: usize,
     /// Executed by GPU threads (`execution: gpu`).
     pub gpu: bool,
     /// Its pieces in [`BatchPlan::pieces`].
@@ -60,6 +61,9 @@ pub(crate) struct BatchPlan {
     /// One entry per request, in order.
     pub requests: Vec<Result<PlannedRequest, RequestError>>,
     pub pieces: Vec<PlannedPiece>,
+    /// The memory regions the batch uses, each once (one reference per
+    /// region, not per request).
+    pub regions: Vec<Arc<Region>>,
 }
 
 impl BatchPlan {
@@ -82,12 +86,13 @@ impl Runtime {
         let mut plan = BatchPlan {
             requests: Vec::with_capacity(requests.len()),
             pieces: Vec::with_capacity(requests.len()),
+            regions: Vec::new(),
         };
         {
             let targets = self.targets.read().unwrap_or_else(|p| p.into_inner());
             let memory = self.memory.read().unwrap_or_else(|p| p.into_inner());
             for (i, r) in requests.iter().enumerate() {
-                let p = self.plan_request(&targets, &memory, i, r, &mut plan.pieces);
+                let p = self.plan_request(&targets, &memory, i, r, &mut plan);
                 plan.requests.push(p);
             }
         }
@@ -103,25 +108,25 @@ impl Runtime {
         memory: &HandleTable<Arc<Region>>,
         index: usize,
         r: &Request,
-        pieces: &mut Vec<PlannedPiece>,
+        plan: &mut BatchPlan,
     ) -> Result<PlannedRequest, RequestError> {
         let t = *targets.get(r.target.0).map_err(RequestError::Target)?;
-        let region = memory.get(r.memory.0).map_err(RequestError::Memory)?.clone();
+        let region = memory.get(r.memory.0).map_err(RequestError::Memory)?;
         let datapath = self.stores[t.store].datapath;
         let block_size = self.datapaths[datapath].block_size();
-        check_request(r, t.extent.len, block_size, &region)?;
-        let start = pieces.len();
-        match self.plan_pieces(datapath, t.extent.offset + r.offset, index, r, &region, pieces) {
+        check_request(r, t.extent.len, block_size, region)?;
+        let start = plan.pieces.len();
+        match self.plan_pieces(datapath, t.extent.offset + r.offset, index, r, region, &mut plan.pieces) {
             Ok(commands) => Ok(PlannedRequest {
                 datapath,
                 direction: r.direction,
-                region,
+                region: region_index(&mut plan.regions, region),
                 gpu: self.is_gpu(datapath),
-                pieces: start..pieces.len(),
+                pieces: start..plan.pieces.len(),
                 commands,
             }),
             Err(e) => {
-                pieces.truncate(start);
+                plan.pieces.truncate(start);
                 Err(e)
             }
         }
@@ -173,6 +178,16 @@ impl Runtime {
     }
 }
 
+/// The index of `region` in `regions`, added if new (a batch usually
+/// names one region, so the last entry is checked first).
+fn region_index(regions: &mut Vec<Arc<Region>>, region: &Arc<Region>) -> usize {
+    if let Some(i) = regions.iter().rposition(|r| Arc::ptr_eq(r, region)) {
+        return i;
+    }
+    regions.push(region.clone());
+    regions.len() - 1
+}
+
 /// The request-level rules, on a request whose handles resolved.
 fn check_request(r: &Request, target_len: u64, block_size: u32, region: &Region) -> Result<(), RequestError> {
     if r.len == 0 {
@@ -181,10 +196,14 @@ fn check_request(r: &Request, target_len: u64, block_size: u32, region: &Region)
     if r.offset.checked_add(r.len).is_none_or(|end| end > target_len) {
         return Err(RequestError::OutOfRange { offset: r.offset, len: r.len, target_len });
     }
-    let bs = u64::from(block_size);
-    let rule = if !r.offset.is_multiple_of(bs) {
+    // LBA sizes are powers of two (2^LBADS): a mask, not a division.
+    let aligned = |x: u64| match u64::from(block_size) {
+        bs if bs.is_power_of_two() => x & (bs - 1) == 0,
+        bs => bs != 0 && x.is_multiple_of(bs),
+    };
+    let rule = if !aligned(r.offset) {
         Some(Alignment::Offset)
-    } else if !r.len.is_multiple_of(bs) {
+    } else if !aligned(r.len) {
         Some(Alignment::Length)
     } else {
         None
@@ -206,15 +225,15 @@ fn check_request(r: &Request, target_len: u64, block_size: u32, region: &Region)
 /// uses the region of its first GPU request; other GPU requests naming
 /// another region are refused.
 fn one_gpu_region(plan: &mut BatchPlan) {
-    let mut first: Option<Arc<Region>> = None;
+    let mut first: Option<usize> = None;
     for p in plan.requests.iter_mut() {
         let Ok(r) = p else { continue };
         if !r.gpu {
             continue;
         }
-        match &first {
-            None => first = Some(r.region.clone()),
-            Some(f) if Arc::ptr_eq(f, &r.region) => {}
+        match first {
+            None => first = Some(r.region),
+            Some(f) if f == r.region => {}
             Some(_) => *p = Err(RequestError::GpuBatchMemory),
         }
     }

@@ -81,15 +81,15 @@ impl Runtime {
     /// Registers the batch as an operation; `None` when its slot would not
     /// fit in a command tag.
     fn register_op(&self, plan: &BatchPlan) -> Option<RawHandle> {
-        let mut datapaths: Vec<usize> = plan.accepted().map(|(_, r)| r.datapath).collect();
-        datapaths.sort_unstable();
-        datapaths.dedup();
-        let mut regions = Vec::new();
+        let mut datapaths: Vec<usize> = Vec::with_capacity(1);
         for (_, r) in plan.accepted() {
-            if !regions.iter().any(|x| std::sync::Arc::ptr_eq(x, &r.region)) {
-                regions.push(r.region.clone());
+            if !datapaths.contains(&r.datapath) {
+                datapaths.push(r.datapath);
             }
         }
+        // Regions of refused requests (the GPU one-region rule) are kept
+        // too: harmless, and they are released with the operation.
+        let regions = plan.regions.clone();
         let counts = plan.requests.iter().map(|r| r.as_ref().map(|r| r.commands).map_err(Clone::clone));
         let mut ops = lock(&self.ops);
         let op = ops.insert(OpState::new(counts, datapaths, regions));
@@ -103,13 +103,16 @@ impl Runtime {
     /// Writes every CPU-executed command of the batch, grouped per drive,
     /// one doorbell write per queue.
     fn issue_cpu(&self, op: RawHandle, plan: &BatchPlan) {
-        let mut order: Vec<usize> =
-            plan.accepted().filter(|(_, r)| !r.gpu).flat_map(|(_, r)| r.pieces.clone()).collect();
+        let mut order: Vec<usize> = Vec::with_capacity(plan.pieces.len());
+        order.extend(plan.accepted().filter(|(_, r)| !r.gpu).flat_map(|(_, r)| r.pieces.clone()));
         if order.is_empty() {
             return;
         }
-        // Stable: within a drive, pieces keep request order.
-        order.sort_by_key(|&i| plan.pieces[i].drive);
+        // Stable: within a drive, pieces keep request order (and a batch on
+        // one drive is sorted already).
+        if !order.is_sorted_by_key(|&i| plan.pieces[i].drive) {
+            order.sort_by_key(|&i| plan.pieces[i].drive);
+        }
         let mut unsent = Unsent::new();
         let mut reaped = Reaped::new();
         for group in order.chunk_by(|&a, &b| plan.pieces[a].drive == plan.pieces[b].drive) {
@@ -179,7 +182,7 @@ impl Runtime {
                 Direction::Write => IoOp::Write,
             };
             let tag = make_tag(op, p.request);
-            let mapping = &r.region.mappings[d.index];
+            let mapping = &plan.regions[r.region].mappings[d.index];
             let mut left = p.io.commands() as u32;
             for chunk in p.io {
                 let data = DataRef { mapping, offset: p.mem_offset + chunk.offset, len: chunk.len };
