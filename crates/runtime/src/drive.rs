@@ -113,7 +113,13 @@ fn emulator_config(name: &str, cfg: &EmulatedDriveConfig) -> EmulatorConfig {
     let namespaces = cfg
         .namespaces
         .iter()
-        .map(|n| NamespaceSpec::new(n.capacity.0 / u64::from(n.block_size), n.block_size))
+        .map(|n| {
+            let spec = NamespaceSpec::new(n.capacity.0 / u64::from(n.block_size), n.block_size);
+            match n.metadata {
+                Some(m) => spec.with_metadata(m.bytes, m.extended),
+                None => spec,
+            }
+        })
         .collect();
     let mut e = EmulatorConfig::new(name, namespaces);
     e.backing = match &cfg.backing {

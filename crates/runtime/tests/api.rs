@@ -291,3 +291,28 @@ fn timed_out_request_keeps_its_memory_until_the_drive_completes() {
     let r = rt.shutdown(T);
     assert_eq!(r.commands_in_flight, 0);
 }
+
+#[test]
+fn a_namespace_with_metadata_is_refused_at_its_nsid_key_with_the_reason() {
+    let yaml = "drives:\n  d0:\n    emulated:\n      namespaces:\n        - { capacity: 16MiB, block_size: 512, metadata: { bytes: 8, extended: true } }\n        - { capacity: 16MiB, block_size: 4096 }\n\
+                resolvers: { kv: { slab: { slot_size: 1MiB } } }\n\
+                datapaths: { one: { local_nvme: { drive: d0, nsid: 1 } } }\n\
+                stores: { kv: { resolver: kv, datapath: one } }\n";
+    let e = Runtime::from_config(Config::from_yaml_str(yaml).unwrap()).unwrap_err();
+    let Error::Config(c) = &e else { panic!("{e:?}") };
+    assert_eq!(c.path(), "datapaths.one.local_nvme.nsid");
+    assert!(
+        matches!(c.kind(), tutti::config::ConfigErrorKind::NamespaceUnsupported { drive, .. } if drive == "d0")
+    );
+    let msg = c.to_string();
+    assert!(msg.contains("8 bytes of metadata") && msg.contains("nvme format"), "{msg}");
+    // The namespace without metadata beside it works.
+    let rt =
+        Runtime::from_config(Config::from_yaml_str(&yaml.replace("nsid: 1", "nsid: 2")).unwrap()).unwrap();
+    let mut buf = Buf::new(1 << 20);
+    let m = buf.register(&rt);
+    let t = rt.open("tutti://kv/3").unwrap();
+    let st = rt.wait(rt.submit(&[Request::write(t, 0, 1 << 20, m, 0)]).op().unwrap(), T).unwrap();
+    assert_eq!(st, [RequestStatus::Success]);
+    rt.unregister_memory(m).unwrap();
+}

@@ -62,8 +62,8 @@ pub use error::{ConfigError, ConfigErrorKind, RefKind};
 use schema::{default_nsid, default_queue_depth, default_queues, default_stripe_unit};
 pub use schema::{
     Backing, DataPathConfig, DriveConfig, EmulatedDriveConfig, Execution, FaultActionConfig, FaultConfig,
-    FaultOp, LocalNvmeConfig, NamespaceConfig, PciDriveConfig, ResolverConfig, SlabConfig, StoreConfig,
-    StripedConfig, TimingConfig,
+    FaultOp, LocalNvmeConfig, MetadataConfig, NamespaceConfig, PciDriveConfig, ResolverConfig, SlabConfig,
+    StoreConfig, StripedConfig, TimingConfig,
 };
 pub use size::{ByteSize, ByteSizeParseError};
 pub use validate::{normalize_pci_addr, MAX_STRIPE_DRIVES, MIN_STRIPE_DRIVES};
@@ -182,6 +182,7 @@ impl Config {
         let drive = DriveConfig::Emulated(EmulatedDriveConfig::with_namespaces(vec![NamespaceConfig {
             capacity: ByteSize(capacity_per_drive),
             block_size: 4096,
+            metadata: None,
         }]));
         let (dp_name, datapath) = if drives == 1 {
             (

@@ -184,6 +184,24 @@ pub struct NamespaceConfig {
     pub capacity: ByteSize,
     /// Logical block size in bytes: 512 or 4096.
     pub block_size: u32,
+    /// Format the namespace with metadata per block (the emulator serves the
+    /// format in Identify Namespace but moves no metadata): for trying how
+    /// the runtime and tutti-probe refuse such a namespace. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<MetadataConfig>,
+}
+
+/// Metadata per logical block of an emulated namespace (LBA format MS, and
+/// FLBAS bit 4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetadataConfig {
+    /// Metadata bytes per block (MS), e.g. 8.
+    pub bytes: u16,
+    /// `true`: extended LBA (metadata at the end of each block's data);
+    /// `false`: a separate buffer (MPTR).
+    #[serde(default)]
+    pub extended: bool,
 }
 
 /// Where an emulated drive keeps its data.

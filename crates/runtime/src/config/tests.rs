@@ -131,7 +131,8 @@ fn defaults_applied() {
         *d,
         EmulatedDriveConfig::with_namespaces(vec![NamespaceConfig {
             capacity: ByteSize::gib(1),
-            block_size: 4096
+            block_size: 4096,
+            metadata: None
         }])
     );
     assert_eq!(d.backing, Backing::Ram);
@@ -459,7 +460,10 @@ fn builtin_striped_ram_validates() {
     for d in c.drives.values() {
         let DriveConfig::Emulated(e) = d else { panic!("not an emulated drive") };
         assert_eq!(e.backing, Backing::Ram);
-        assert_eq!(e.namespaces, [NamespaceConfig { capacity: ByteSize::gib(1), block_size: 4096 }]);
+        assert_eq!(
+            e.namespaces,
+            [NamespaceConfig { capacity: ByteSize::gib(1), block_size: 4096, metadata: None }]
+        );
     }
     Config::builtin_striped_ram(2, 1 << 20, 4096).validate().unwrap();
     let one = Config::builtin_striped_ram(1, 1 << 20, 4096);

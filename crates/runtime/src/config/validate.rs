@@ -267,7 +267,7 @@ impl EmulatedDriveConfig {
             return Err(ConfigError::new(format!("{base}.namespaces"), ConfigErrorKind::NoNamespaces));
         }
         for (i, ns) in self.namespaces.iter().enumerate() {
-            let NamespaceConfig { capacity, block_size } = *ns;
+            let NamespaceConfig { capacity, block_size, .. } = *ns;
             if block_size != 512 && block_size != 4096 {
                 return Err(ConfigError::new(
                     format!("{base}.namespaces[{i}].block_size"),
