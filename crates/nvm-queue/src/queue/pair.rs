@@ -267,7 +267,8 @@ impl QueuePair {
         self.sq_deleted = true;
     }
 
-    /// `true` after [`QueuePair::sq_was_deleted`].
+    /// `true` once [`crate::Controller::delete_io_sq`] deleted this SQ (until
+    /// the queue is created again).
     pub fn is_sq_deleted(&self) -> bool {
         self.sq_deleted
     }
