@@ -11,7 +11,7 @@
 //! (class code 010802h, BAR0 layout).
 //!
 //! Layout: [`addr`] (PCI addresses), [`sysfs`] (a rooted view of sysfs and
-//! procfs, so tests run on a fake tree), [`enumerate`] (what is there and
+//! procfs, so tests run on a fake tree), [`enumerate`](mod@enumerate) (what is there and
 //! who uses it), [`bind`] (vfio-pci and back), [`iova`] (the IOVA
 //! allocator), [`phys`] (pagemap decoding), [`vfio`] ([`VfioNvme`]).
 //!
