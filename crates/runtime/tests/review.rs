@@ -456,3 +456,78 @@ fn a_vanished_drive_is_noticed_while_other_drives_keep_completing() {
     assert_eq!(st, [RequestStatus::ControllerFatal { drive: "c".into() }], "after {took:?}");
     assert!(took < Duration::from_secs(1), "noticed after {took:?}");
 }
+
+/// Two waits on one GPU-executed operation: the first waits for the
+/// kernel, the second (zero timeout) takes the statuses (Timeout) and
+/// retires the operation. When the kernel's statuses then arrive, nothing
+/// is left outstanding: the retired operation must go, and its memory
+/// with it. Needs a CUDA GPU (skips otherwise).
+#[test]
+fn a_retired_gpu_operation_is_dropped_when_its_kernel_finishes() {
+    use tutti::config::{DataPathConfig, DriveConfig, Execution, FaultActionConfig, FaultConfig};
+    let mut cfg = Config::builtin_striped_ram(1, 64 << 20, 1 << 20);
+    for dp in cfg.datapaths.values_mut() {
+        match dp {
+            DataPathConfig::LocalNvme(l) => l.execution = Execution::Gpu,
+            DataPathConfig::StripedLocalNvme(s) => s.execution = Execution::Gpu,
+            _ => {}
+        }
+    }
+    for d in cfg.drives.values_mut() {
+        let DriveConfig::Emulated(e) = d else { continue };
+        e.faults.push(FaultConfig {
+            lba: None,
+            nsid: None,
+            op: None,
+            action: FaultActionConfig::DelayUs(300_000),
+            times: Some(1),
+        });
+    }
+    let rt = match Runtime::from_config(cfg) {
+        Ok(rt) => Arc::new(rt),
+        Err(e @ Error::Gpu { .. }) => {
+            eprintln!("skipped: {}", tutti::error_chain(&e));
+            return;
+        }
+        Err(e) => panic!("{}", tutti::error_chain(&e)),
+    };
+    let mut b = Buf::new(1 << 20);
+    let m = b.register(&rt);
+    let t = rt.open("tutti://kv/0").unwrap();
+    let op = rt.submit(&[Request::write(t, 0, 4096, m, 0)]).op().unwrap();
+    let long = {
+        let rt = rt.clone();
+        std::thread::spawn(move || rt.wait(op, Duration::from_secs(10)))
+    };
+    // The long wait has taken the kernel by now; this one polls once.
+    std::thread::sleep(Duration::from_millis(100));
+    let short = rt.wait(op, Duration::ZERO);
+    let long = long.join().unwrap();
+    assert_eq!(short.unwrap(), [RequestStatus::Timeout]);
+    assert!(matches!(long, Err(Error::Handle(HandleError::Stale { .. }))), "{long:?}");
+    // The kernel finished (the long wait returned after it): nothing may
+    // still pin the memory.
+    rt.unregister_memory(m).unwrap();
+}
+
+/// An event loop that polls with `try_wait` only must also learn that a
+/// drive vanished: the request ends ControllerFatal, not "not yet" forever.
+#[test]
+fn try_wait_alone_notices_a_vanished_drive() {
+    let rt = stripe_with(2, 256, "c", "[{ op: read, action: never_complete }]");
+    let mut buf = Buf::new(1 << 20);
+    let m = buf.register(&rt);
+    let t = rt.open("tutti://kv/0").unwrap();
+    let op = rt.submit(&[Request::read(t, 256 << 10, 4096, m, 0)]).op().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    rt.emulator("c").unwrap().set_gone();
+    let t0 = Instant::now();
+    let st = loop {
+        if let Some(st) = rt.try_wait(op).unwrap() {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(2), "try_wait never noticed drive c is gone");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(st, [RequestStatus::ControllerFatal { drive: "c".into() }]);
+}

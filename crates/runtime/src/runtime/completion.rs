@@ -113,7 +113,11 @@ impl Runtime {
 
     /// Non-blocking wait: reaps the operation's completions once and returns
     /// its statuses if every request is final (consuming the handle, as
-    /// [`Runtime::wait`] does), or `None` (the handle stays valid).
+    /// [`Runtime::wait`] does), or `None` (the handle stays valid). While
+    /// the operation is not final, calls at least [`HEALTH_CHECK_INTERVAL`]
+    /// apart read its drives' controller status, as [`Runtime::wait`]
+    /// does, so a dead drive's requests end as
+    /// [`RequestStatus::ControllerFatal`] for a caller that only polls.
     ///
     /// # Errors
     ///
@@ -126,6 +130,32 @@ impl Runtime {
         }
         self.finish_gpu(op)?;
         self.poll_datapaths(&dps, &mut Vec::new());
+        let mut ops = lock(&self.ops);
+        let st = ops.get_mut(op.0)?;
+        if st.is_retired() {
+            return Err(stale_op(op));
+        }
+        if st.is_final() {
+            return finalize(&mut ops, op).map(Some);
+        }
+        // A caller that only polls must learn of a dead drive too: at most
+        // once per HEALTH_CHECK_INTERVAL per operation, read the
+        // controllers' status of its drives (the first call only starts
+        // the clock).
+        let now = Instant::now();
+        let check = match st.health_checked {
+            None => {
+                st.health_checked = Some(now);
+                false
+            }
+            Some(t) => now.duration_since(t) >= HEALTH_CHECK_INTERVAL,
+        };
+        if !check {
+            return Ok(None);
+        }
+        st.health_checked = Some(now);
+        drop(ops);
+        self.check_drives(&dps);
         let mut ops = lock(&self.ops);
         let st = ops.get(op.0)?;
         if st.is_retired() {
