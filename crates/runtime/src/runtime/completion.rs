@@ -5,7 +5,8 @@
 //! A queue pair is polled under its own lock into a local buffer; the lock
 //! is let go before the operations table is taken to route what was
 //! reaped. A thread that finds a queue locked skips it (its holder reaps
-//! it). While nothing completes, the controllers of the operation's drives
+//! it). While nothing of the waited operation completes (other
+//! operations' completions do not count), the controllers of its drives
 //! are checked for a fatal or vanished state (`recovery.rs`) every
 //! [`HEALTH_CHECK_INTERVAL`].
 //!
@@ -23,8 +24,9 @@ use crate::drive::Drive;
 use crate::error::{Error, RequestStatus};
 use crate::handle::{HandleError, HandleKind, HandleTable, OpHandle};
 
-/// How long a waiter sees no completion before it reads the controllers'
-/// status (CSTS) of the drives it waits on.
+/// How long a waiter sees no completion of its operation before it reads
+/// the controllers' status (CSTS) of the drives it waits on (and then at
+/// most once per interval).
 pub const HEALTH_CHECK_INTERVAL: Duration = Duration::from_millis(20);
 
 impl Runtime {
@@ -40,8 +42,9 @@ impl Runtime {
     /// [`Runtime::reap`] or [`Runtime::unregister_memory`]) or the runtime
     /// shuts down.
     ///
-    /// While nothing completes, the controllers of the operation's drives
-    /// are checked every [`HEALTH_CHECK_INTERVAL`]: one that reports a
+    /// While none of the operation's commands completes (whether or not
+    /// other operations' commands do), the controllers of the operation's
+    /// drives are checked every [`HEALTH_CHECK_INTERVAL`]: one that reports a
     /// fatal status (CSTS.CFS), is no longer ready, or reads all ones fails
     /// the requests it holds with [`RequestStatus::ControllerFatal`] naming
     /// it.
@@ -57,6 +60,11 @@ impl Runtime {
         let mut buf = Vec::with_capacity(64);
         let mut last_progress = Instant::now();
         let mut last_check = last_progress;
+        // Progress of this operation (not of others whose completions this
+        // thread happens to reap): what the controller check keys on, so
+        // that a busy datapath cannot hide a dead drive.
+        let mut op_progress = last_progress;
+        let mut op_left = u64::MAX;
         let mut polled = false;
         loop {
             {
@@ -66,6 +74,10 @@ impl Runtime {
                     // Another thread's wait on the same handle took the
                     // statuses first.
                     return Err(stale_op(op));
+                }
+                if st.outstanding() != op_left {
+                    op_left = st.outstanding();
+                    op_progress = Instant::now();
                 }
                 // Reaped at least once before a deadline is honoured, so a
                 // zero timeout still sees work the drives have finished.
@@ -81,16 +93,19 @@ impl Runtime {
                 }
             }
             polled = true;
-            if self.poll_datapaths(&dps, &mut buf) > 0 {
-                last_progress = Instant::now();
-                last_check = last_progress;
-                continue;
-            }
+            let reaped = self.poll_datapaths(&dps, &mut buf);
             let now = Instant::now();
-            if now.duration_since(last_check) >= HEALTH_CHECK_INTERVAL {
-                // Nothing completes: is a controller dead or gone?
+            if now.duration_since(op_progress) >= HEALTH_CHECK_INTERVAL
+                && now.duration_since(last_check) >= HEALTH_CHECK_INTERVAL
+            {
+                // Nothing of this operation completes (whatever else does):
+                // is a controller dead or gone?
                 self.check_drives(&dps);
                 last_check = now;
+            }
+            if reaped > 0 {
+                last_progress = now;
+                continue;
             }
             backoff(now.duration_since(last_progress));
         }
@@ -98,7 +113,11 @@ impl Runtime {
 
     /// Non-blocking wait: reaps the operation's completions once and returns
     /// its statuses if every request is final (consuming the handle, as
-    /// [`Runtime::wait`] does), or `None` (the handle stays valid).
+    /// [`Runtime::wait`] does), or `None` (the handle stays valid). While
+    /// the operation is not final, calls at least [`HEALTH_CHECK_INTERVAL`]
+    /// apart read its drives' controller status, as [`Runtime::wait`]
+    /// does, so a dead drive's requests end as
+    /// [`RequestStatus::ControllerFatal`] for a caller that only polls.
     ///
     /// # Errors
     ///
@@ -111,6 +130,32 @@ impl Runtime {
         }
         self.finish_gpu(op)?;
         self.poll_datapaths(&dps, &mut Vec::new());
+        let mut ops = lock(&self.ops);
+        let st = ops.get_mut(op.0)?;
+        if st.is_retired() {
+            return Err(stale_op(op));
+        }
+        if st.is_final() {
+            return finalize(&mut ops, op).map(Some);
+        }
+        // A caller that only polls must learn of a dead drive too: at most
+        // once per HEALTH_CHECK_INTERVAL per operation, read the
+        // controllers' status of its drives (the first call only starts
+        // the clock).
+        let now = Instant::now();
+        let check = match st.health_checked {
+            None => {
+                st.health_checked = Some(now);
+                false
+            }
+            Some(t) => now.duration_since(t) >= HEALTH_CHECK_INTERVAL,
+        };
+        if !check {
+            return Ok(None);
+        }
+        st.health_checked = Some(now);
+        drop(ops);
+        self.check_drives(&dps);
         let mut ops = lock(&self.ops);
         let st = ops.get(op.0)?;
         if st.is_retired() {

@@ -158,6 +158,7 @@ impl Runtime {
                 for (i, n, reason) in per_request(&g.cmd_req, &error_chain(&e)) {
                     let _ = st.unsent(i, n, RequestStatus::SubmitFailed { reason });
                 }
+                drop_if_done(&mut ops, op);
                 return Ok(());
             }
         };
@@ -183,7 +184,17 @@ impl Runtime {
                 other => st.unsent(i, 1, RequestStatus::SubmitFailed { reason: format!("GPU: {other:?}") }),
             };
         }
+        drop_if_done(&mut ops, op);
         Ok(())
+    }
+}
+
+/// Removes operation `op` if a wait on another thread retired it while
+/// this one waited for its kernel and nothing is left: no later
+/// completion will come to drop it, and it holds its memory.
+fn drop_if_done(ops: &mut crate::handle::HandleTable<super::ops::OpState>, op: OpHandle) {
+    if ops.get(op.0).is_ok_and(|st| st.can_drop()) {
+        let _ = ops.remove(op.0);
     }
 }
 

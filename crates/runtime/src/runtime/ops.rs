@@ -90,6 +90,10 @@ pub(crate) struct OpState {
     pub regions: Vec<Arc<Region>>,
     /// The kernel launch carrying its GPU-executed commands.
     pub gpu: Option<GpuOp>,
+    /// When a `try_wait` that found it not final last read its drives'
+    /// controller status (`None`: not yet): `try_wait` callers keep no
+    /// state of their own, so the operation rate-limits their checks.
+    pub health_checked: Option<std::time::Instant>,
 }
 
 impl OpState {
@@ -109,7 +113,16 @@ impl OpState {
             .collect();
         let unfinished = reqs.iter().filter(|r| r.left > 0).count();
         let outstanding = reqs.iter().map(|r| u64::from(r.left)).sum();
-        Self { reqs, unfinished, outstanding, retired: false, datapaths, regions, gpu: None }
+        Self {
+            reqs,
+            unfinished,
+            outstanding,
+            retired: false,
+            datapaths,
+            regions,
+            gpu: None,
+            health_checked: None,
+        }
     }
 
     /// The one place counts change: `n` commands of request `index` leave,
