@@ -164,3 +164,28 @@ fn a_drive_whose_memory_space_is_disabled_is_failed_by_csts_rdy() {
 fn a_drive_that_vanishes_is_failed_by_all_ones_csts() {
     vanished_drive_is_named_quickly(|e| e.set_gone());
 }
+
+#[test]
+fn after_shutdown_a_wait_on_lost_commands_returns_at_once() {
+    // Drive c holds its reads and then stops answering with nobody waiting:
+    // shutdown cannot delete its queues, so its commands are lost, and a
+    // later wait, even unbounded, must not spin until a deadline.
+    let rt = stripe("c", "[{ lba: [0, 256], op: read, action: never_complete }]");
+    let mut buf = vec![0u64; (1 << 20) / 8];
+    let m = memory(&rt, &mut buf);
+    let op = rt.submit(&two_requests(&rt, m)).op().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    rt.emulator("c").unwrap().disable_memory_space();
+    let t0 = std::time::Instant::now();
+    let r = rt.shutdown(Duration::ZERO);
+    assert!(t0.elapsed() < Duration::from_secs(3), "shutdown took {:?}", t0.elapsed());
+    assert!(r.commands_lost > 0, "{r:?}");
+    let c = r.drives.iter().find(|(n, _)| n == "c").unwrap();
+    assert!(c.1.as_ref().is_err_and(|e| e.contains("no CC.SHN")), "{c:?}");
+    let t0 = std::time::Instant::now();
+    let st = rt.wait(op, Duration::MAX).unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(1), "wait took {:?}", t0.elapsed());
+    assert_eq!(st[0], RequestStatus::Timeout);
+    // Its memory stays registered: the device may still write it.
+    assert!(rt.unregister_memory(m).is_err());
+}

@@ -73,6 +73,7 @@ impl Runtime {
             ops: Mutex::new(HandleTable::new(id, HandleKind::Operation)),
             shutting_down: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
+            queues_gone: AtomicBool::new(false),
             submitters: AtomicUsize::new(0),
             gpu,
             late_completions: AtomicU64::new(0),

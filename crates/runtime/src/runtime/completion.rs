@@ -81,7 +81,11 @@ impl Runtime {
                 }
                 // Reaped at least once before a deadline is honoured, so a
                 // zero timeout still sees work the drives have finished.
-                let expired = polled && deadline.is_some_and(|d| Instant::now() >= d);
+                // After shutdown deleted the queues nothing more can come:
+                // what is not final is final as it is.
+                let expired = polled
+                    && (deadline.is_some_and(|d| Instant::now() >= d)
+                        || self.queues_gone.load(std::sync::atomic::Ordering::Acquire));
                 if st.is_final() || expired {
                     let timed_out = !st.is_final();
                     let statuses = finalize(&mut ops, op)?;

@@ -130,6 +130,9 @@ pub struct Runtime {
     ops: Mutex<HandleTable<OpState>>,
     shutting_down: AtomicBool,
     shut_down: AtomicBool,
+    /// Set when `shutdown` has deleted every queue: no completion can come
+    /// any more, so a wait returns at once instead of at its deadline.
+    queues_gone: AtomicBool,
     /// Threads inside `submit`.
     submitters: AtomicUsize,
     /// The GPU, when a datapath uses GPU execution.

@@ -58,12 +58,16 @@ impl Runtime {
                 if !d.is_ready() || d.queues.is_empty() {
                     continue;
                 }
-                let dead = match d.controller.try_lock() {
-                    Ok(c) => controller_dead(&c),
-                    Err(_) => None,
-                };
-                if let Some(why) = dead {
-                    self.fail_drive(d, &why);
+                // The drive is marked failed while the controller lock is
+                // still held: a reset (which needs that lock) cannot slip
+                // in between the CSTS read and the verdict and be undone by
+                // a stale reading.
+                let Ok(c) = d.controller.try_lock() else { continue };
+                let Some(why) = controller_dead(&c) else { continue };
+                let failed = d.mark_failed();
+                drop(c);
+                if failed {
+                    self.abandon_failed(d, &why);
                 }
             }
         }
@@ -83,14 +87,11 @@ impl Runtime {
         dead.is_some()
     }
 
-    /// Marks `d` failed and ends every command outstanding on its queues
-    /// with [`RequestStatus::ControllerFatal`]. Their memory is released
-    /// only by the controller reset ([`Runtime::reset_drive`]), because a
-    /// controller in this state may still be writing it.
-    pub(super) fn fail_drive(&self, d: &Drive, why: &str) {
-        if !d.mark_failed() {
-            return;
-        }
+    /// Ends every command outstanding on the queues of `d`, which was just
+    /// marked failed, with [`RequestStatus::ControllerFatal`]. Their memory
+    /// is released only by the controller reset ([`Runtime::reset_drive`]),
+    /// because a controller in this state may still be writing it.
+    fn abandon_failed(&self, d: &Drive, why: &str) {
         tracing::error!(drive = %d.name, reason = %why, "controller failed: failing its outstanding commands");
         self.abandon_queues(d);
     }

@@ -71,6 +71,7 @@ impl Runtime {
             report.drives.push((d.name.clone(), r));
         }
         report.commands_lost = lock(&self.ops).iter().map(|(_, st)| st.outstanding()).sum();
+        self.queues_gone.store(true, Ordering::Release);
         report
     }
 
@@ -115,15 +116,15 @@ impl Runtime {
     /// and deleted, then the controller's CC.SHN shutdown (which also
     /// deletes GPU-driven queues). A failed controller's queues were
     /// emptied already and are not touched, and one that no longer answers
-    /// ([`controller_gone`]) is not sent CC.SHN (it would only wait out
-    /// CAP.TO). Returns the completions reaped after SQ deletion and the
+    /// ([`controller_gone`]) is sent neither Delete I/O SQ/CQ nor CC.SHN
+    /// (each would only wait out its timeout). Returns the completions reaped after SQ deletion and the
     /// first error.
     fn shutdown_drive(&self, d: &Drive, was: DriveState) -> (u64, Result<(), String>) {
         let mut c = lock(&d.controller);
-        if was == DriveState::Failed {
-            if let Some(why) = controller_gone(&c) {
-                return (0, Err(format!("{why}; no CC.SHN sent")));
-            }
+        if let Some(why) = controller_gone(&c) {
+            // Admin commands and CC.SHN would each wait out their timeout;
+            // the commands its queues still hold are counted as lost.
+            return (0, Err(format!("{why}; no queue deletion, no CC.SHN sent")));
         }
         let mut reaped = 0u64;
         let mut first_err = None;
