@@ -478,7 +478,8 @@ fn a_retired_gpu_operation_is_dropped_when_its_kernel_finishes() {
         e.faults.push(FaultConfig {
             lba: None,
             nsid: None,
-            op: None,
+            // The write below, not a command of the bring-up.
+            op: Some(tutti::config::FaultOp::Write),
             action: FaultActionConfig::DelayUs(300_000),
             times: Some(1),
         });

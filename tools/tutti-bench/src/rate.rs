@@ -9,7 +9,8 @@
 //! writes `batch` SQEs per doorbell and reaps between batches; the runtime
 //! keeps `(depth - 1) / batch` operations of `batch` requests in flight and
 //! waits for the oldest. `--compare` measures both in one run and prints
-//! their ratio. `--settle` waits, outside the measured functions, until the
+//! their ratio; `--repeat N` alternates N runs of each and compares their
+//! medians and best runs (the machines this runs on are noisy). `--settle` waits, outside the measured functions, until the
 //! emulator has completed each batch before reaping it (one batch in
 //! flight), so that the work counted inside the `measured_*` functions is
 //! the same on every run: count it with
@@ -63,6 +64,11 @@ pub struct RateArgs {
     /// runtime's rate as a fraction of the queue pair's.
     #[arg(long)]
     pub compare: bool,
+    /// With `--compare`: measure each path this many times, alternating
+    /// (queue pair, runtime, queue pair, ...), and compare their medians and
+    /// their best runs (1..=50).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub repeat: u32,
     /// Wait until the emulator has completed each batch before reaping it
     /// (one batch in flight), so instruction counts are repeatable.
     #[arg(long)]
@@ -99,32 +105,67 @@ impl RateResult {
 
 #[derive(Debug, Serialize)]
 struct Comparison {
-    queue_pair: RateResult,
-    runtime: RateResult,
-    runtime_over_queue_pair: f64,
+    /// Each run of each path, in the order measured (alternating).
+    queue_pair: Vec<RateResult>,
+    runtime: Vec<RateResult>,
+    /// Median runtime rate / median queue-pair rate.
+    median_ratio: f64,
+    /// Best runtime rate / best queue-pair rate.
+    best_ratio: f64,
+}
+
+/// Median and best commands per second of some runs.
+fn median_best(runs: &[RateResult]) -> (f64, f64) {
+    let mut r: Vec<f64> = runs.iter().map(|x| x.commands_per_second).collect();
+    r.sort_by(f64::total_cmp);
+    let n = r.len();
+    let median = if n % 2 == 1 { r[n / 2] } else { (r[n / 2 - 1] + r[n / 2]) / 2.0 };
+    (median, r.last().copied().unwrap_or(0.0))
+}
+
+/// Measures both paths `a.repeat` times, alternating, and prints every run
+/// and the ratios of their medians and bests.
+fn compare(a: &RateArgs, stop: &Stop) -> Result<Ended, String> {
+    let (mut qp, mut rt) = (Vec::new(), Vec::new());
+    for _ in 0..a.repeat {
+        let q = rate_queue_pair(a, stop)?;
+        if let Some(ended) = q.ended(a.commands) {
+            return Ok(ended);
+        }
+        qp.push(q);
+        let r = rate_runtime(a, stop)?;
+        if let Some(ended) = r.ended(a.commands) {
+            return Ok(ended);
+        }
+        rt.push(r);
+    }
+    let ((qm, qb), (rm, rb)) = (median_best(&qp), median_best(&rt));
+    let c = Comparison { median_ratio: rm / qm, best_ratio: rb / qb, queue_pair: qp, runtime: rt };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&c).unwrap_or_default());
+        return Ok(Ended::Complete);
+    }
+    for (q, r) in c.queue_pair.iter().zip(&c.runtime) {
+        print_rate(a, q);
+        print_rate(a, r);
+    }
+    println!(
+        "runtime API / queue pair: {:.3} (medians {:.2} / {:.2} M commands/s), best runs {:.3} ({:.2} / {:.2}), {} run(s) each",
+        c.median_ratio,
+        rm / 1e6,
+        qm / 1e6,
+        c.best_ratio,
+        rb / 1e6,
+        qb / 1e6,
+        a.repeat
+    );
+    Ok(Ended::Complete)
 }
 
 /// Runs `rate` as asked and prints the result(s).
 pub fn rate(a: &RateArgs, stop: &Stop) -> Result<Ended, String> {
     if a.compare {
-        let queue_pair = rate_queue_pair(a, stop)?;
-        if let Some(ended) = queue_pair.ended(a.commands) {
-            return Ok(ended);
-        }
-        let runtime = rate_runtime(a, stop)?;
-        if let Some(ended) = runtime.ended(a.commands) {
-            return Ok(ended);
-        }
-        let ratio = runtime.commands_per_second / queue_pair.commands_per_second;
-        if a.json {
-            let c = Comparison { queue_pair, runtime, runtime_over_queue_pair: ratio };
-            println!("{}", serde_json::to_string_pretty(&c).unwrap_or_default());
-        } else {
-            print_rate(a, &queue_pair);
-            print_rate(a, &runtime);
-            println!("runtime API / queue pair: {ratio:.3}");
-        }
-        return Ok(Ended::Complete);
+        return compare(a, stop);
     }
     let r = if a.runtime { rate_runtime(a, stop)? } else { rate_queue_pair(a, stop)? };
     if let Some(ended) = r.ended(a.commands) {
@@ -203,8 +244,16 @@ pub fn queue_pair_rate(
     batch: u32,
     stop: &Stop,
 ) -> Result<Result<f64, Ended>, String> {
-    let a =
-        RateArgs { commands, queue_depth, batch, runtime: false, compare: false, settle: false, json: false };
+    let a = RateArgs {
+        commands,
+        queue_depth,
+        batch,
+        runtime: false,
+        compare: false,
+        repeat: 1,
+        settle: false,
+        json: false,
+    };
     let r = rate_queue_pair(&a, stop)?;
     Ok(r.ended(commands).map_or(Ok(r.commands_per_second), Err))
 }

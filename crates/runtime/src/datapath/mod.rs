@@ -29,6 +29,12 @@ pub(crate) trait DataPath: Send + Sync + fmt::Debug {
     fn drives(&self) -> &[Arc<Drive>];
     /// Calls `f` for each per-drive piece of `len` bytes at `offset`.
     fn for_each_piece(&self, offset: u64, len: u64, f: &mut dyn FnMut(Piece));
+    /// The drive when the layout is the identity on one drive (every
+    /// request is one piece at the same offset): lets planning skip
+    /// [`DataPath::for_each_piece`].
+    fn single_drive(&self) -> Option<&Arc<Drive>> {
+        None
+    }
 }
 
 /// `local_nvme`: one namespace of one drive.
@@ -62,6 +68,9 @@ impl DataPath for LocalNvme {
     }
     fn for_each_piece(&self, offset: u64, len: u64, f: &mut dyn FnMut(Piece)) {
         f(Piece { drive: 0, drive_offset: offset, len, request_offset: 0 })
+    }
+    fn single_drive(&self) -> Option<&Arc<Drive>> {
+        Some(&self.drive[0])
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use gpu_io::Gpu;
 
-use super::{Runtime, Store};
+use super::{DataPathFacts, Runtime, Store};
 use crate::binding::Resolver;
 use crate::config::{
     Config, ConfigError, ConfigErrorKind, DataPathConfig, Execution, RefKind, ResolverConfig,
@@ -209,7 +209,13 @@ fn build_stores(
             .ok_or_else(|| unknown(format!("stores.{name}.datapath"), RefKind::DataPath, &sc.datapath))?;
         check_binding(name, &sc.resolver, &*resolver, &*datapaths[datapath])?;
         store_index.insert(name.clone(), stores.len());
-        stores.push(Store { name: name.clone(), resolver, datapath, slot_size });
+        let dp = &datapaths[datapath];
+        let facts = DataPathFacts {
+            block_size: dp.block_size(),
+            gpu: dp.drives().first().is_some_and(|d| d.gpu.is_some()),
+            single_drive: dp.single_drive().map(|d| d.index),
+        };
+        stores.push(Store { name: name.clone(), resolver, datapath, slot_size, facts });
     }
     Ok((stores, store_index))
 }

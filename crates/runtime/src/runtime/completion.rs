@@ -13,7 +13,8 @@
 //! Locks, never two at once: one queue pair at a time, then the
 //! operations table.
 
-use std::sync::Mutex;
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nvm_queue::{Completion, QueuePair};
@@ -57,7 +58,7 @@ impl Runtime {
         let dps = self.live_op_datapaths(op)?;
         // GPU-executed commands: the kernel bounds each by its budget.
         self.finish_gpu(op)?;
-        let mut buf = Vec::with_capacity(64);
+        let mut buf = ReapBuffer::take();
         let mut last_progress = Instant::now();
         let mut last_check = last_progress;
         // Progress of this operation (not of others whose completions this
@@ -180,7 +181,7 @@ impl Runtime {
         self.poll_datapaths(&all, &mut Vec::new())
     }
 
-    fn live_op_datapaths(&self, op: OpHandle) -> Result<Vec<usize>, Error> {
+    fn live_op_datapaths(&self, op: OpHandle) -> Result<Arc<[usize]>, Error> {
         let ops = lock(&self.ops);
         let st = ops.get(op.0)?;
         if st.is_retired() {
@@ -294,6 +295,43 @@ impl Runtime {
                 }
             }
         }
+    }
+}
+
+thread_local! {
+    /// Each waiting thread's buffer of reaped completions, kept between
+    /// waits so a wait allocates nothing for it.
+    static REAPED: RefCell<Vec<Completion>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The calling thread's reap buffer, taken for one wait and given back when
+/// dropped.
+struct ReapBuffer(Vec<Completion>);
+
+impl ReapBuffer {
+    fn take() -> Self {
+        Self(REAPED.with(|b| std::mem::take(&mut *b.borrow_mut())))
+    }
+}
+
+impl std::ops::Deref for ReapBuffer {
+    type Target = Vec<Completion>;
+    fn deref(&self) -> &Vec<Completion> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ReapBuffer {
+    fn deref_mut(&mut self) -> &mut Vec<Completion> {
+        &mut self.0
+    }
+}
+
+impl Drop for ReapBuffer {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.0);
+        // `try_with`: the thread may be exiting.
+        let _ = REAPED.try_with(|b| *b.borrow_mut() = buf);
     }
 }
 

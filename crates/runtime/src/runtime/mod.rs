@@ -76,6 +76,21 @@ struct Store {
     resolver: Box<dyn Resolver>,
     datapath: usize,
     slot_size: Option<u64>,
+    /// Facts of its datapath that planning reads for every request, kept
+    /// here so it makes no dynamic call for them.
+    facts: DataPathFacts,
+}
+
+/// What planning needs of a datapath, per request.
+#[derive(Debug, Clone, Copy)]
+struct DataPathFacts {
+    /// Logical block size requests must be aligned to, bytes.
+    block_size: u32,
+    /// Its drives are driven by GPU threads.
+    gpu: bool,
+    /// Runtime index of its drive when the layout is the identity on one
+    /// drive (`local_nvme`).
+    single_drive: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy)]

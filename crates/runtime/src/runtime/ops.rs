@@ -84,8 +84,9 @@ pub(crate) struct OpState {
     /// The statuses were taken by a wait: the handle is dead and the entry
     /// lives on only until its outstanding commands leave.
     retired: bool,
-    /// Datapaths the operation's commands went to (what `wait` polls).
-    pub datapaths: Vec<usize>,
+    /// Datapaths the operation's commands went to (what `wait` polls);
+    /// shared, so a waiter takes it without copying.
+    pub datapaths: Arc<[usize]>,
     /// Memory the operation's commands move; kept registered while it lives.
     pub regions: Vec<Arc<Region>>,
     /// The kernel launch carrying its GPU-executed commands.
@@ -101,7 +102,7 @@ impl OpState {
     /// refused (`Err`, final at once as [`RequestStatus::NotAccepted`]).
     pub fn new(
         requests: impl IntoIterator<Item = Result<u32, RequestError>>,
-        datapaths: Vec<usize>,
+        datapaths: Arc<[usize]>,
         regions: Vec<Arc<Region>>,
     ) -> Self {
         let reqs: Vec<ReqState> = requests
@@ -212,7 +213,7 @@ mod tests {
     use nvme_regs::Status;
 
     fn op(counts: &[Result<u32, RequestError>]) -> OpState {
-        OpState::new(counts.iter().cloned(), vec![0], Vec::new())
+        OpState::new(counts.iter().cloned(), Arc::from([0usize]), Vec::new())
     }
 
     fn nvme(sc: u8) -> RequestStatus {

@@ -112,16 +112,21 @@ impl Runtime {
     ) -> Result<PlannedRequest, RequestError> {
         let t = *targets.get(r.target.0).map_err(RequestError::Target)?;
         let region = memory.get(r.memory.0).map_err(RequestError::Memory)?;
-        let datapath = self.stores[t.store].datapath;
-        let block_size = self.datapaths[datapath].block_size();
-        check_request(r, t.extent.len, block_size, region)?;
+        let store = &self.stores[t.store];
+        let facts = store.facts;
+        check_request(r, t.extent.len, facts.block_size, region)?;
         let start = plan.pieces.len();
-        match self.plan_pieces(datapath, t.extent.offset + r.offset, index, r, region, &mut plan.pieces) {
+        let offset = t.extent.offset + r.offset;
+        let planned = match facts.single_drive {
+            Some(d) => self.plan_one_piece(d, offset, index, r, region, &mut plan.pieces),
+            None => self.plan_pieces(store.datapath, offset, index, r, region, &mut plan.pieces),
+        };
+        match planned {
             Ok(commands) => Ok(PlannedRequest {
-                datapath,
+                datapath: store.datapath,
                 direction: r.direction,
                 region: region_index(&mut plan.regions, region),
-                gpu: self.is_gpu(datapath),
+                gpu: facts.gpu,
                 pieces: start..plan.pieces.len(),
                 commands,
             }),
@@ -130,6 +135,25 @@ impl Runtime {
                 Err(e)
             }
         }
+    }
+
+    /// A checked request at byte `offset` of drive `d`'s namespace (a
+    /// `local_nvme` datapath: one piece); returns its command count.
+    fn plan_one_piece(
+        &self,
+        d: usize,
+        offset: u64,
+        index: usize,
+        r: &Request,
+        region: &Region,
+        pieces: &mut Vec<PlannedPiece>,
+    ) -> Result<u32, RequestError> {
+        let d = &self.drives[d];
+        let io = plan_io(&d.ns, offset, r.len, d.max_transfer)
+            .map_err(|source| RequestError::DrivePlan { drive: d.name.clone(), source })?;
+        let mem_offset = region.lead + r.memory_offset as usize;
+        pieces.push(PlannedPiece { drive: d.index, request: index, mem_offset, io });
+        Ok(io.commands() as u32)
     }
 
     /// Splits a checked request at byte `offset` of datapath `dpi` into
@@ -170,11 +194,6 @@ impl Runtime {
         }
         u32::try_from(commands)
             .map_err(|_| RequestError::TooManyCommands { commands, max: u64::from(u32::MAX) })
-    }
-
-    /// `true` when datapath `dpi`'s drives are driven by GPU threads.
-    pub(super) fn is_gpu(&self, dpi: usize) -> bool {
-        self.datapaths[dpi].drives().first().is_some_and(|d| d.gpu.is_some())
     }
 }
 

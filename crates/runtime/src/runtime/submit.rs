@@ -92,7 +92,7 @@ impl Runtime {
         let regions = plan.regions.clone();
         let counts = plan.requests.iter().map(|r| r.as_ref().map(|r| r.commands).map_err(Clone::clone));
         let mut ops = lock(&self.ops);
-        let op = ops.insert(OpState::new(counts, datapaths, regions));
+        let op = ops.insert(OpState::new(counts, datapaths.into(), regions));
         if op.slot > TAG_SLOT_MAX {
             let _ = ops.remove(op);
             return None;
