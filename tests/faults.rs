@@ -204,7 +204,13 @@ fn faults_added_at_run_time_apply_until_cleared() {
 
     // Every read from SQ 1 fails; writes are untouched.
     let read_fails = FaultRule {
-        matches: FaultMatch { qid: Some(1), opcode: Some(nvm_opcode::READ), nsid: Some(1), lba: None },
+        matches: FaultMatch {
+            qid: Some(1),
+            opcode: Some(nvm_opcode::READ),
+            nsid: Some(1),
+            lba: None,
+            io_only: true,
+        },
         action: FaultAction::Fail(media_error()),
         times: None,
     };

@@ -18,7 +18,8 @@ use nvme_regs::opcode::nvm_opcode;
 use nvme_regs::{Sqe, Status};
 
 /// Which commands a [`FaultRule`] matches. Every condition that is `Some`
-/// must hold; the default (all `None`) matches every command.
+/// must hold; the default (all `None`, `io_only` false) matches every
+/// command.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct FaultMatch {
     /// The SQ the command was fetched from (0 = admin).
@@ -33,6 +34,10 @@ pub struct FaultMatch {
     /// commands or I/O commands without an LBA range (Flush, Dataset
     /// Management); an empty range matches nothing.
     pub lba: Option<Range<u64>>,
+    /// Match only commands of I/O SQs (qid != 0). Admin and NVM opcodes
+    /// share numbers (01h is both Write and Create I/O SQ), so a rule meant
+    /// for I/O that names only an opcode should set this.
+    pub io_only: bool,
 }
 
 /// What happens to a command a [`FaultRule`] matched.
@@ -101,6 +106,7 @@ impl FaultMatch {
     /// Whether the command `sqe` fetched from SQ `qid` matches.
     pub(crate) fn matches(&self, qid: u16, sqe: &Sqe) -> bool {
         if self.qid.is_some_and(|q| q != qid)
+            || (self.io_only && qid == 0)
             || self.opcode.is_some_and(|o| o != sqe.opcode())
             || self.nsid.is_some_and(|n| n != sqe.nsid)
         {
@@ -237,9 +243,26 @@ mod tests {
         assert!(!m.matches(0, &read(10, 1)), "admin SQ has no LBAs");
         let empty = FaultMatch { lba: Some(10..10), ..Default::default() };
         assert!(!empty.matches(1, &read(0, 64)));
-        let q = FaultMatch { qid: Some(2), nsid: Some(1), opcode: Some(nvm_opcode::READ), lba: None };
+        let q = FaultMatch {
+            qid: Some(2),
+            nsid: Some(1),
+            opcode: Some(nvm_opcode::READ),
+            lba: None,
+            io_only: false,
+        };
         assert!(q.matches(2, &read(0, 1)));
         assert!(!q.matches(1, &read(0, 1)));
+    }
+
+    #[test]
+    fn io_only_keeps_an_nvm_opcode_off_the_admin_queue() {
+        // 01h is Write on an I/O SQ and Create I/O SQ on the admin SQ.
+        let create_sq = Sqe::new(nvm_opcode::WRITE, 0);
+        let any = FaultMatch { opcode: Some(nvm_opcode::WRITE), ..Default::default() };
+        assert!(any.matches(0, &create_sq), "without io_only an opcode matches both sets");
+        let io = FaultMatch { io_only: true, ..any };
+        assert!(!io.matches(0, &create_sq));
+        assert!(io.matches(1, &Sqe::new(nvm_opcode::WRITE, 1)));
     }
 
     #[test]

@@ -151,6 +151,9 @@ fn fault_rule(f: &FaultConfig) -> FaultRule {
             }),
             nsid: f.nsid,
             lba: f.lba.map(|[a, b]| a..b),
+            // A drive's YAML faults are for its I/O: `op: write` (01h) must
+            // not match Create I/O SQ (also 01h) during bring-up.
+            io_only: true,
         },
         action: match f.action {
             FaultActionConfig::Fail { sct, sc, dnr } => {

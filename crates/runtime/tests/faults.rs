@@ -189,3 +189,20 @@ fn after_shutdown_a_wait_on_lost_commands_returns_at_once() {
     // Its memory stays registered: the device may still write it.
     assert!(rt.unregister_memory(m).is_err());
 }
+
+#[test]
+fn a_yaml_fault_on_writes_does_not_touch_the_admin_queue() {
+    // `op: write` is NVM opcode 01h, which is also Create I/O SQ on the
+    // admin queue: the rule must hit the drive's writes, not its bring-up.
+    let rt = stripe("b", "[{ op: write, action: never_complete }]");
+    let mut buf = vec![0u64; (1 << 20) / 8];
+    let m = memory(&rt, &mut buf);
+    let t = rt.open("tutti://kv/0").unwrap();
+    // 512 KiB at 0: drives a, b, c, d; b never completes its write.
+    let st = rt
+        .wait(rt.submit(&[Request::write(t, 0, 512 << 10, m, 0)]).op().unwrap(), Duration::from_millis(300));
+    assert_eq!(st.unwrap(), [RequestStatus::Timeout]);
+    let st =
+        rt.wait(rt.submit(&[Request::read(t, 0, 128 << 10, m, 0)]).op().unwrap(), Duration::from_secs(5));
+    assert_eq!(st.unwrap(), [RequestStatus::Success], "reads of drive a are untouched");
+}

@@ -459,9 +459,12 @@ fn a_vanished_drive_is_noticed_while_other_drives_keep_completing() {
 
 /// Two waits on one GPU-executed operation: the first waits for the
 /// kernel, the second (zero timeout) takes the statuses (Timeout) and
-/// retires the operation. When the kernel's statuses then arrive, nothing
-/// is left outstanding: the retired operation must go, and its memory
-/// with it. Needs a CUDA GPU (skips otherwise).
+/// retires the operation. When the kernel's statuses then arrive (its
+/// command never completes: the kernel gives up after GPU_COMMAND_BUDGET),
+/// nothing is left outstanding: the retired operation must go. Its memory
+/// stays pinned to the drive (which may still write it) until a reset, and
+/// only until then. Needs a CUDA GPU (skips otherwise); takes about
+/// GPU_COMMAND_BUDGET.
 #[test]
 fn a_retired_gpu_operation_is_dropped_when_its_kernel_finishes() {
     use tutti::config::{DataPathConfig, DriveConfig, Execution, FaultActionConfig, FaultConfig};
@@ -480,7 +483,7 @@ fn a_retired_gpu_operation_is_dropped_when_its_kernel_finishes() {
             nsid: None,
             // The write below, not a command of the bring-up.
             op: Some(tutti::config::FaultOp::Write),
-            action: FaultActionConfig::DelayUs(300_000),
+            action: FaultActionConfig::NeverComplete,
             times: Some(1),
         });
     }
@@ -498,7 +501,7 @@ fn a_retired_gpu_operation_is_dropped_when_its_kernel_finishes() {
     let op = rt.submit(&[Request::write(t, 0, 4096, m, 0)]).op().unwrap();
     let long = {
         let rt = rt.clone();
-        std::thread::spawn(move || rt.wait(op, Duration::from_secs(10)))
+        std::thread::spawn(move || rt.wait(op, Duration::from_secs(60)))
     };
     // The long wait has taken the kernel by now; this one polls once.
     std::thread::sleep(Duration::from_millis(100));
@@ -506,8 +509,11 @@ fn a_retired_gpu_operation_is_dropped_when_its_kernel_finishes() {
     let long = long.join().unwrap();
     assert_eq!(short.unwrap(), [RequestStatus::Timeout]);
     assert!(matches!(long, Err(Error::Handle(HandleError::Stale { .. }))), "{long:?}");
-    // The kernel finished (the long wait returned after it): nothing may
-    // still pin the memory.
+    // The kernel finished (the long wait returned after it). The drive may
+    // still write the memory: pinned until its reset; the operation itself
+    // must not hold it any more (it would stay busy after the reset).
+    assert!(matches!(rt.unregister_memory(m), Err(Error::MemoryBusy { .. })));
+    rt.reset_drive("d0").unwrap();
     rt.unregister_memory(m).unwrap();
 }
 
