@@ -202,7 +202,9 @@ fn a_yaml_fault_on_writes_does_not_touch_the_admin_queue() {
     let st = rt
         .wait(rt.submit(&[Request::write(t, 0, 512 << 10, m, 0)]).op().unwrap(), Duration::from_millis(300));
     assert_eq!(st.unwrap(), [RequestStatus::Timeout]);
-    let st =
-        rt.wait(rt.submit(&[Request::read(t, 0, 128 << 10, m, 0)]).op().unwrap(), Duration::from_secs(5));
+    let st = rt.wait(
+        rt.submit(&[Request::read(t, 0, 128 << 10, m, 512 << 10)]).op().unwrap(),
+        Duration::from_secs(5),
+    );
     assert_eq!(st.unwrap(), [RequestStatus::Success], "reads of drive a are untouched");
 }
