@@ -21,6 +21,8 @@ use nvm_queue::{plan_io, IoPlan};
 
 use super::memory::Region;
 use super::{Runtime, Target};
+use crate::datapath::Piece;
+use crate::drive::Drive;
 use crate::error::{Alignment, RequestError};
 use crate::handle::HandleTable;
 use crate::request::{Direction, Request};
@@ -148,12 +150,10 @@ impl Runtime {
         region: &Region,
         pieces: &mut Vec<PlannedPiece>,
     ) -> Result<u32, RequestError> {
-        let d = &self.drives[d];
-        let io = plan_io(&d.ns, offset, r.len, d.max_transfer)
-            .map_err(|source| RequestError::DrivePlan { drive: d.name.clone(), source })?;
-        let mem_offset = region.lead + r.memory_offset as usize;
-        pieces.push(PlannedPiece { drive: d.index, request: index, mem_offset, io });
-        Ok(io.commands() as u32)
+        let piece = Piece { drive: 0, drive_offset: offset, len: r.len, request_offset: 0 };
+        let p = plan_piece(&self.drives[d], piece, index, r, region)?;
+        pieces.push(p);
+        Ok(p.io.commands() as u32)
     }
 
     /// Splits a checked request at byte `offset` of datapath `dpi` into
@@ -175,18 +175,12 @@ impl Runtime {
             if err.is_some() {
                 return;
             }
-            let d = &dp.drives()[p.drive];
-            match plan_io(&d.ns, p.drive_offset, p.len, d.max_transfer) {
-                Ok(io) => {
-                    commands += io.commands() as u64;
-                    pieces.push(PlannedPiece {
-                        drive: d.index,
-                        request: index,
-                        mem_offset: region.lead + r.memory_offset as usize + p.request_offset as usize,
-                        io,
-                    });
+            match plan_piece(&dp.drives()[p.drive], p, index, r, region) {
+                Ok(p) => {
+                    commands += p.io.commands() as u64;
+                    pieces.push(p);
                 }
-                Err(source) => err = Some(RequestError::DrivePlan { drive: d.name.clone(), source }),
+                Err(e) => err = Some(e),
             }
         });
         if let Some(e) = err {
@@ -195,6 +189,21 @@ impl Runtime {
         u32::try_from(commands)
             .map_err(|_| RequestError::TooManyCommands { commands, max: u64::from(u32::MAX) })
     }
+}
+
+/// Piece `p` (on drive `d`) of request `index`: its commands, and where
+/// its bytes start in the region's mapping.
+fn plan_piece(
+    d: &Drive,
+    p: Piece,
+    index: usize,
+    r: &Request,
+    region: &Region,
+) -> Result<PlannedPiece, RequestError> {
+    let io = plan_io(&d.ns, p.drive_offset, p.len, d.max_transfer)
+        .map_err(|source| RequestError::DrivePlan { drive: d.name.clone(), source })?;
+    let mem_offset = region.lead + r.memory_offset as usize + p.request_offset as usize;
+    Ok(PlannedPiece { drive: d.index, request: index, mem_offset, io })
 }
 
 /// The index of `region` in `regions`, added if new (a batch usually
