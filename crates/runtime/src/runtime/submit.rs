@@ -10,9 +10,10 @@
 //! full (to make room), and those are routed after the queue's lock is let
 //! go.
 //!
-//! Locks, in order and never two at once: the targets and memory tables
-//! (read, planning), the operations table (registering), one queue pair at
-//! a time (writing SQEs), the operations table again (routing completions
+//! Locks, in this order and one step at a time (only the two tables'
+//! read locks are held together, while planning): the targets and memory
+//! tables (read), the operations table (registering), one queue pair at a
+//! time (writing SQEs), the operations table again (routing completions
 //! reaped from a full queue and failing commands that were not sent).
 
 use std::sync::atomic::Ordering;
