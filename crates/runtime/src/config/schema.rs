@@ -81,12 +81,14 @@ pub struct EmulatedDriveConfig {
 /// One fault-injection rule of an emulated drive (the emulator's
 /// `FaultRule`). YAML: `{ lba: [400, 401], op: read, action: never_complete }`,
 /// `action: { fail: { sct: 2, sc: 0x81, dnr: true } }`,
-/// `action: { delay_us: 5000 }`.
+/// `action: { delay_us: 5000 }`. Rules match I/O commands only, never the
+/// admin queue (whose opcodes reuse the NVM numbers: 01h is Write and
+/// Create I/O SQ).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FaultConfig {
     /// Logical blocks `[start, end)`: I/O commands touching any of them
-    /// match. Absent: every command (admin included) matches.
+    /// match. Absent: every I/O command matches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lba: Option<[u64; 2]>,
     /// Namespace to match. Absent: any.
