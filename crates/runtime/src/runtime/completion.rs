@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use nvm_queue::{Completion, QueuePair};
 
-use super::ops::{split_tag, OpState, Settle};
+use super::ops::{drop_if_done, split_tag, OpState, Settle};
 use super::{lock, Runtime};
 use crate::drive::Drive;
 use crate::error::{Error, RequestStatus};
@@ -261,9 +261,7 @@ impl Runtime {
                 self.count_late(1);
             }
         }
-        if st.can_drop() {
-            let _ = ops.remove(h);
-        }
+        drop_if_done(ops, h);
     }
 
     /// Delivers one completion from drive `d` to its request.
@@ -344,11 +342,8 @@ fn stale_op(op: OpHandle) -> Error {
 /// [`RequestStatus::Timeout`]) and consumes its handle: the entry goes
 /// away, or stays retired until its outstanding commands leave.
 fn finalize(ops: &mut HandleTable<OpState>, op: OpHandle) -> Result<Vec<RequestStatus>, Error> {
-    let st = ops.get_mut(op.0)?;
-    let statuses = st.retire();
-    if st.can_drop() {
-        ops.remove(op.0)?;
-    }
+    let statuses = ops.get_mut(op.0)?.retire();
+    drop_if_done(ops, op.0);
     Ok(statuses)
 }
 

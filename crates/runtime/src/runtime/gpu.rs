@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use gpu_io::abi::TuttiRequest;
 use gpu_io::{GpuLaunch, GpuQueue, GpuRegion, GpuStatus};
 
+use super::ops::drop_if_done;
 use super::plan::{BatchPlan, PlannedRequest};
 use super::{error_chain, lock, Runtime, GPU_COMMAND_BUDGET};
 use crate::drive::KernelsRunning;
@@ -158,7 +159,9 @@ impl Runtime {
                 for (i, n, reason) in per_request(&g.cmd_req, &error_chain(&e)) {
                     let _ = st.unsent(i, n, RequestStatus::SubmitFailed { reason });
                 }
-                drop_if_done(&mut ops, op);
+                // A wait on another thread may have retired it meanwhile: then
+                // nothing else will drop it.
+                drop_if_done(&mut ops, op.0);
                 return Ok(());
             }
         };
@@ -184,17 +187,10 @@ impl Runtime {
                 other => st.unsent(i, 1, RequestStatus::SubmitFailed { reason: format!("GPU: {other:?}") }),
             };
         }
-        drop_if_done(&mut ops, op);
+        // A wait on another thread may have retired it meanwhile: then
+        // nothing else will drop it.
+        drop_if_done(&mut ops, op.0);
         Ok(())
-    }
-}
-
-/// Removes operation `op` if a wait on another thread retired it while
-/// this one waited for its kernel and nothing is left: no later
-/// completion will come to drop it, and it holds its memory.
-fn drop_if_done(ops: &mut crate::handle::HandleTable<super::ops::OpState>, op: OpHandle) {
-    if ops.get(op.0).is_ok_and(|st| st.can_drop()) {
-        let _ = ops.remove(op.0);
     }
 }
 

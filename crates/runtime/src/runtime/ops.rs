@@ -30,7 +30,7 @@ use std::sync::Arc;
 use super::gpu::GpuOp;
 use super::memory::Region;
 use crate::error::{RequestError, RequestStatus};
-use crate::handle::RawHandle;
+use crate::handle::{HandleTable, RawHandle};
 
 /// Largest operation slot a command tag can carry (24 bits).
 pub(crate) const TAG_SLOT_MAX: u32 = 0xFF_FFFF;
@@ -46,6 +46,15 @@ pub(crate) fn make_tag(op: RawHandle, req: usize) -> u64 {
 /// `(op slot, op generation low 16 bits, request index)` of a tag.
 pub(crate) fn split_tag(tag: u64) -> (u32, u32, usize) {
     ((tag >> 40) as u32, ((tag >> 24) & 0xFFFF) as u32, (tag & 0xFF_FFFF) as usize)
+}
+
+/// Removes operation `h` from the table once it is retired and nothing of
+/// it is left ([`OpState::can_drop`]): whoever settles its last command or
+/// retires it calls this, so an entry never outlives its commands.
+pub(crate) fn drop_if_done(ops: &mut HandleTable<OpState>, h: RawHandle) {
+    if ops.get(h).is_ok_and(OpState::can_drop) {
+        let _ = ops.remove(h);
+    }
 }
 
 /// What happened to a command handed to [`OpState`].
@@ -158,7 +167,8 @@ impl OpState {
     }
 
     /// One command of request `index` will get no completion: its drive
-    /// failed or was reset (`why`, a [`RequestStatus::ControllerFatal`]).
+    /// failed or was reset (`why`: [`RequestStatus::ControllerFatal`]), or
+    /// the GPU kernel gave up on it (`why`: [`RequestStatus::Timeout`]).
     /// The caller pins the operation's memory until the drive is reset.
     pub fn abandon(&mut self, index: usize, why: RequestStatus) -> Settle {
         self.settle(index, 1, Some(why))

@@ -18,7 +18,7 @@
 
 use nvm_queue::Controller;
 
-use super::ops::split_tag;
+use super::ops::{drop_if_done, split_tag};
 use super::{lock, Runtime};
 use crate::drive::{Drive, DriveState};
 use crate::error::{Error, RequestStatus};
@@ -116,9 +116,7 @@ impl Runtime {
                 }
                 let _ = st.abandon(index, RequestStatus::ControllerFatal { drive: d.name.clone() });
                 d.pin_until_reset(&st.regions);
-                if st.can_drop() {
-                    let _ = ops.remove(h);
-                }
+                drop_if_done(&mut ops, h);
             }
         }
     }
