@@ -91,6 +91,12 @@ pub struct IoPlan {
 }
 
 impl IoPlan {
+    /// A plan that yields no command (for a command that moves no data,
+    /// such as Flush, planned beside data commands).
+    pub fn empty() -> Self {
+        Self { next_lba: 0, remaining_blocks: 0, done_bytes: 0, block_size: 0, max_blocks: 0, commands: 0 }
+    }
+
     /// Number of commands the plan (still) yields.
     pub fn commands(&self) -> usize {
         self.commands as usize

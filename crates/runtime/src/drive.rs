@@ -226,12 +226,20 @@ fn create_queues(
         );
         u.queue_depth = max_entries;
     }
+    // GPU execution hands every pair to the GPU but one, kept for the
+    // commands CPU threads issue on its behalf (Flush); with a single
+    // pair granted the GPU gets it and a flush is refused.
+    let on_gpu = u.execution == Execution::Gpu;
+    let cpu_pairs = u16::from(on_gpu && granted >= 2);
+    if on_gpu {
+        u.queues = u.queues.min(granted - cpu_pairs).max(1);
+    }
     let depth = u.queue_depth;
     // One CQ slot always stays empty: never have more commands
     // outstanding than the CQ can hold.
     let outstanding = (depth - 1).clamp(1, 32768) as u16;
     let mut pairs = Vec::new();
-    for qid in 1..=u.queues {
+    for qid in 1..=u.queues + cpu_pairs {
         pairs.push(controller.create_io_queue_pair(qid, depth, outstanding).map_err(ctrl_err)?);
     }
     match (u.execution, gpu) {
@@ -239,12 +247,14 @@ fn create_queues(
         (Execution::Gpu, Some(g)) => {
             let gpu_err = |source| Error::Gpu { context: format!("drive {name:?}"), source };
             let gd = GpuDrive::map(g, device.clone()).map_err(gpu_err)?;
+            let cpu: Vec<Mutex<QueuePair>> =
+                pairs.split_off(usize::from(u.queues)).into_iter().map(Mutex::new).collect();
             let qs = pairs
                 .into_iter()
                 .map(|qp| GpuQueue::new(g, &gd, qp))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(gpu_err)?;
-            Ok((Vec::new(), Some(GpuQueues { queues: qs, _drive: gd })))
+            Ok((cpu, Some(GpuQueues { queues: qs, _drive: gd })))
         }
         (Execution::Gpu, None) => {
             Err(Error::Gpu { context: format!("drive {name:?}"), source: gpu_io::GpuError::NoDriver })
@@ -271,7 +281,10 @@ impl Drive {
             DriveConfig::Pci(p) => (open_pci(name, p)?, None),
         };
         let ctrl_err = |source| Error::Controller { drive: name.to_owned(), source };
-        let queues_wanted = usage.as_ref().map_or(1, |u| u.queues.max(1));
+        // GPU execution: one more pair, kept by CPU threads for Flush.
+        let queues_wanted = usage
+            .as_ref()
+            .map_or(1, |u| u.queues.max(1).saturating_add(u16::from(u.execution == Execution::Gpu)));
         let mut controller = Controller::init(
             device.clone(),
             ControllerOptions { io_queues: queues_wanted, ..ControllerOptions::default() },

@@ -10,10 +10,19 @@ pub enum Direction {
     Read,
     /// Memory to drive (save).
     Write,
+    /// Flush (NVM 00h; NVMe Base 2.0 §7.1): one Flush to the namespace on
+    /// every drive of the target's store. Writes that completed before the
+    /// flush was submitted are on non-volatile media when it completes
+    /// (with a volatile write cache, VWC = 1; without one it is a no-op
+    /// the drive completes at once). `offset`, `len`, `memory` and
+    /// `memory_offset` are not used. Commands in flight are not ordered
+    /// against it: wait for the writes first (NVMe Base 2.0 §7.1).
+    Flush,
 }
 
 /// One I/O request: `len` bytes at byte `offset` of a target, to or from
-/// byte `memory_offset` of a registered memory region. All units are bytes.
+/// byte `memory_offset` of a registered memory region, or a flush of the
+/// target's drives ([`Request::flush`]). All units are bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
     /// Read or write.
@@ -53,6 +62,27 @@ impl Request {
         memory_offset: u64,
     ) -> Self {
         Self { direction: Direction::Write, target, offset, len, memory, memory_offset }
+    }
+
+    /// A durability barrier on every drive of `target`'s store
+    /// ([`Direction::Flush`]): it completes when everything written (and
+    /// completed) before it was submitted is durable. Counts as one NVMe
+    /// command per drive. Its `memory` is a handle that names nothing and
+    /// is never looked up.
+    pub fn flush(target: TargetHandle) -> Self {
+        Self {
+            direction: Direction::Flush,
+            target,
+            offset: 0,
+            len: 0,
+            memory: MemoryHandle::from_raw_parts(0, 0, 0),
+            memory_offset: 0,
+        }
+    }
+
+    /// `true` for a flush ([`Request::flush`]).
+    pub fn is_flush(&self) -> bool {
+        self.direction == Direction::Flush
     }
 }
 

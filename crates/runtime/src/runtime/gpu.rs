@@ -102,12 +102,14 @@ impl Runtime {
         let opcode = match r.direction {
             Direction::Read => nvme_regs::opcode::nvm_opcode::READ,
             Direction::Write => nvme_regs::opcode::nvm_opcode::WRITE,
+            // Planned as CPU-executed (`plan_flush`); never reaches here.
+            Direction::Flush => return Err("a flush is executed by CPU threads".to_owned()),
         };
+        let Some(region) = r.region else { return Err("a GPU request without memory".to_owned()) };
         let start = l.cmds.len();
         for p in &plan.pieces[r.pieces.clone()] {
             let d = &self.drives[p.drive];
-            let (Some(gq), Some(Some(greg))) = (&d.gpu, plan.regions[r.region].gpu_regions.get(d.index))
-            else {
+            let (Some(gq), Some(Some(greg))) = (&d.gpu, plan.regions[region].gpu_regions.get(d.index)) else {
                 l.truncate(start);
                 return Err(format!("drive {:?} has no GPU queues or page table", d.name));
             };

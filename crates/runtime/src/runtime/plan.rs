@@ -38,8 +38,22 @@ pub(crate) struct PlannedPiece {
     /// the piece's first byte.
     pub mem_offset: usize,
     /// The piece's commands: SLBA, NLB (MDTS split) and each command's byte
-    /// offset within the piece. Iterating allocates nothing.
+    /// offset within the piece. Iterating allocates nothing. Empty for a
+    /// flush piece.
     pub io: IoPlan,
+    /// A Flush of the drive's namespace (one command, no data).
+    pub flush: bool,
+}
+
+impl PlannedPiece {
+    /// NVMe commands of the piece.
+    pub fn commands(&self) -> u32 {
+        if self.flush {
+            1
+        } else {
+            self.io.commands() as u32
+        }
+    }
 }
 
 /// An accepted request.
@@ -47,8 +61,9 @@ pub(crate) struct PlannedPiece {
 pub(crate) struct PlannedRequest {
     pub datapath: usize,
     pub direction: Direction,
-    /// Its memory: an index into [`BatchPlan::regions`].
-    pub region: usize,
+    /// Its memory: an index into [`BatchPlan::regions`]; `None` for a
+    /// flush, which moves no data.
+    pub region: Option<usize>,
     /// Executed by GPU threads (`execution: gpu`).
     pub gpu: bool,
     /// Its pieces in [`BatchPlan::pieces`].
@@ -113,6 +128,9 @@ impl Runtime {
         plan: &mut BatchPlan,
     ) -> Result<PlannedRequest, RequestError> {
         let t = *targets.get(r.target.0).map_err(RequestError::Target)?;
+        if r.direction == Direction::Flush {
+            return Ok(self.plan_flush(t.store, index, &mut plan.pieces));
+        }
         let region = memory.get(r.memory.0).map_err(RequestError::Memory)?;
         let store = &self.stores[t.store];
         let facts = store.facts;
@@ -127,7 +145,7 @@ impl Runtime {
             Ok(commands) => Ok(PlannedRequest {
                 datapath: store.datapath,
                 direction: r.direction,
-                region: region_index(&mut plan.regions, region),
+                region: Some(region_index(&mut plan.regions, region)),
                 gpu: facts.gpu,
                 pieces: start..plan.pieces.len(),
                 commands,
@@ -136,6 +154,31 @@ impl Runtime {
                 plan.pieces.truncate(start);
                 Err(e)
             }
+        }
+    }
+
+    /// A flush of store `store`: one piece (one Flush command) per drive of
+    /// its datapath. Always CPU-executed: a drive under GPU execution keeps
+    /// one CPU queue pair for it (`drive.rs`).
+    fn plan_flush(&self, store: usize, index: usize, pieces: &mut Vec<PlannedPiece>) -> PlannedRequest {
+        let dpi = self.stores[store].datapath;
+        let start = pieces.len();
+        for d in self.datapaths[dpi].drives() {
+            pieces.push(PlannedPiece {
+                drive: d.index,
+                request: index,
+                mem_offset: 0,
+                io: IoPlan::empty(),
+                flush: true,
+            });
+        }
+        PlannedRequest {
+            datapath: dpi,
+            direction: Direction::Flush,
+            region: None,
+            gpu: false,
+            pieces: start..pieces.len(),
+            commands: (pieces.len() - start) as u32,
         }
     }
 
@@ -203,7 +246,7 @@ fn plan_piece(
     let io = plan_io(&d.ns, p.drive_offset, p.len, d.max_transfer)
         .map_err(|source| RequestError::DrivePlan { drive: d.name.clone(), source })?;
     let mem_offset = region.lead + r.memory_offset as usize + p.request_offset as usize;
-    Ok(PlannedPiece { drive: d.index, request: index, mem_offset, io })
+    Ok(PlannedPiece { drive: d.index, request: index, mem_offset, io, flush: false })
 }
 
 /// The index of `region` in `regions`, added if new (a batch usually
@@ -256,12 +299,10 @@ fn one_gpu_region(plan: &mut BatchPlan) {
     let mut first: Option<usize> = None;
     for p in plan.requests.iter_mut() {
         let Ok(r) = p else { continue };
-        if !r.gpu {
-            continue;
-        }
+        let (true, Some(region)) = (r.gpu, r.region) else { continue };
         match first {
-            None => first = Some(r.region),
-            Some(f) if f == r.region => {}
+            None => first = Some(region),
+            Some(f) if f == region => {}
             Some(_) => *p = Err(RequestError::GpuBatchMemory),
         }
     }

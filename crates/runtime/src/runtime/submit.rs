@@ -20,6 +20,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use nvm_queue::{Completion, DataRef, IoOp, QueuePair, SubmitError};
+use nvme_regs::opcode::Flush;
 
 use super::ops::{make_tag, OpState, TAG_SLOT_MAX};
 use super::plan::BatchPlan;
@@ -177,31 +178,55 @@ impl Runtime {
                 unsent.push(unsent_piece(plan, i, "an earlier command of the request was refused"));
                 continue;
             }
-            let Ok(r) = &plan.requests[p.request] else { continue };
-            let io = match r.direction {
-                Direction::Read => IoOp::Read,
-                Direction::Write => IoOp::Write,
-            };
-            let tag = make_tag(op, p.request);
-            let mapping = &plan.regions[r.region].mappings[d.index];
-            let mut left = p.io.commands() as u32;
-            for chunk in p.io {
-                let data = DataRef { mapping, offset: p.mem_offset + chunk.offset, len: chunk.len };
-                match self.push_command(&mut qp, d, io.sqe(d.ns.nsid, &chunk), data, tag, reaped) {
-                    Ok(()) => left -= 1,
-                    Err(e) => {
-                        let why = format!("drive {:?}: {e}", d.name);
-                        if matches!(e, SubmitError::QueueFull { .. } | SubmitError::SqDeleted { .. }) {
-                            queue_dead = Some(why.clone());
-                        }
-                        failed_request = Some(p.request);
-                        unsent.push((p.request, left, why));
-                        break;
-                    }
+            if let Err(e) = self.push_piece(&mut qp, op, plan, d, i, reaped) {
+                let (left, e) = e;
+                let why = format!("drive {:?}: {e}", d.name);
+                if matches!(e, SubmitError::QueueFull { .. } | SubmitError::SqDeleted { .. }) {
+                    queue_dead = Some(why.clone());
                 }
+                failed_request = Some(p.request);
+                unsent.push((p.request, left, why));
             }
         }
         qp.ring();
+    }
+
+    /// Queues every command of piece `i` (on drive `d`); on failure, how
+    /// many of its commands were not queued, and why.
+    fn push_piece(
+        &self,
+        qp: &mut QueuePair,
+        op: RawHandle,
+        plan: &BatchPlan,
+        d: &Drive,
+        i: usize,
+        reaped: &mut Reaped,
+    ) -> Result<(), (u32, SubmitError)> {
+        let p = &plan.pieces[i];
+        let tag = make_tag(op, p.request);
+        let Ok(r) = &plan.requests[p.request] else { return Ok(()) };
+        let (io, Some(region)) = (
+            match r.direction {
+                Direction::Read => IoOp::Read,
+                Direction::Write => IoOp::Write,
+                Direction::Flush => {
+                    let sqe = Flush::new(d.ns.nsid).build();
+                    return self.push_command(qp, d, sqe, None, tag, reaped).map_err(|e| (1, e));
+                }
+            },
+            r.region,
+        ) else {
+            return Ok(());
+        };
+        let mapping = &plan.regions[region].mappings[d.index];
+        let mut left = p.io.commands() as u32;
+        for chunk in p.io {
+            let data = DataRef { mapping, offset: p.mem_offset + chunk.offset, len: chunk.len };
+            self.push_command(qp, d, io.sqe(d.ns.nsid, &chunk), Some(data), tag, reaped)
+                .map_err(|e| (left, e))?;
+            left -= 1;
+        }
+        Ok(())
     }
 
     /// Queues one command; while the queue is full, publishes what is
@@ -212,13 +237,13 @@ impl Runtime {
         qp: &mut QueuePair,
         d: &Drive,
         sqe: nvme_regs::Sqe,
-        data: DataRef<'_>,
+        data: Option<DataRef<'_>>,
         tag: u64,
         reaped: &mut Reaped,
     ) -> Result<(), SubmitError> {
         let mut deadline = None;
         loop {
-            match qp.submit(sqe, Some(data), tag) {
+            match qp.submit(sqe, data, tag) {
                 Ok(_) => return Ok(()),
                 Err(SubmitError::QueueFull { qid }) => {
                     qp.ring();
@@ -238,5 +263,5 @@ impl Runtime {
 /// Piece `i`'s commands as not sent, because of `why`.
 fn unsent_piece(plan: &BatchPlan, i: usize, why: &str) -> (usize, u32, String) {
     let p = &plan.pieces[i];
-    (p.request, p.io.commands() as u32, why.to_owned())
+    (p.request, p.commands(), why.to_owned())
 }
