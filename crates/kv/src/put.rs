@@ -1,0 +1,257 @@
+//! Put: reserve a slot per item, checksum the payload, write it; `wait`
+//! then joins the group commit (`commit.rs`) that writes the records.
+
+use std::time::Duration;
+
+use tutti::{OpHandle, Request, RequestStatus};
+
+use crate::commit::PendingPut;
+use crate::error::{ItemStatus, KvError};
+use crate::format::Record;
+use crate::key::Key;
+use crate::memory::{KvMemory, MemoryKind, Value};
+use crate::stats::Counters;
+use crate::store::KvStore;
+
+/// One item of [`KvStore::put`]: store `value` under `key`.
+#[derive(Debug, Clone, Copy)]
+pub struct Put<'a> {
+    /// The key (of the store's key size).
+    pub key: Key,
+    /// The payload.
+    pub value: Value<'a>,
+}
+
+/// Puts in flight: pass to [`KvStore::wait_put`].
+#[derive(Debug)]
+#[must_use = "a put is durable only once waited on"]
+pub struct PendingPuts {
+    op: Option<OpHandle>,
+    store_id: u64,
+    /// Per item: its final status already, or (slot, record, request
+    /// index in the submission).
+    items: Vec<Result<(u32, Record, usize), ItemStatus>>,
+}
+
+impl KvStore {
+    /// Starts a batch of puts: each item's payload is checksummed and
+    /// written to a free slot (evicting least recently used objects when
+    /// there is none). Nothing is visible, and nothing is durable, until
+    /// [`KvStore::wait_put`] returns `Ok` for the item; a put of a key that
+    /// exists replaces it then.
+    ///
+    /// # Errors
+    ///
+    /// [`KvError::BatchTooLarge`] past 65,536 items. Per-item problems are
+    /// item statuses: [`ItemStatus::TooLarge`], [`ItemStatus::BadValue`]
+    /// (memory range, zero length, key size), [`ItemStatus::Full`].
+    pub fn put(&self, items: &[Put<'_>]) -> Result<PendingPuts, KvError> {
+        const MAX: usize = 1 << 16;
+        if items.len() > MAX {
+            return Err(KvError::BatchTooLarge { items: items.len(), max: MAX });
+        }
+        let mut out: Vec<Result<(u32, Record, usize), ItemStatus>> = items
+            .iter()
+            .map(|p| self.check_value(&p.key, &p.value, p.value.len).map(|()| (0, rec0(p), 0)))
+            .collect();
+        let wanted = out.iter().filter(|r| r.is_ok()).count();
+        let mut slots = self.reserve(wanted).into_iter();
+        for r in out.iter_mut().filter(|r| r.is_ok()) {
+            match (slots.next(), r.as_mut()) {
+                (Some(s), Ok(x)) => x.0 = s,
+                _ => *r = Err(ItemStatus::Full),
+            }
+        }
+        let crcs = self.checksums(items, &out)?;
+        let mut reqs = Vec::with_capacity(items.len());
+        for ((p, r), crc) in items.iter().zip(out.iter_mut()).zip(crcs) {
+            let Ok((slot, rec, at)) = r else { continue };
+            rec.payload_crc = crc;
+            let target = self.targets.slot(self.meta_slots + u64::from(*slot)).map_err(KvError::Runtime)?;
+            *at = reqs.len();
+            let padded = self.layout.padded(p.value.len);
+            reqs.push(Request::write(target, 0, padded, p.value.memory.handle, p.value.offset));
+        }
+        let op = self.submit_items(&reqs, &mut out);
+        Ok(PendingPuts { op, store_id: self.id, items: out })
+    }
+
+    /// Waits for a batch of puts: their payload writes, then the group
+    /// commit of their records. One status per item, in order:
+    /// [`ItemStatus::Ok`] once the object is durable and visible.
+    ///
+    /// # Errors
+    ///
+    /// [`KvError::ForeignMemory`] when `pending` belongs to another store.
+    pub fn wait_put(&self, pending: PendingPuts, timeout: Duration) -> Result<Vec<ItemStatus>, KvError> {
+        if pending.store_id != self.id {
+            return Err(KvError::ForeignMemory);
+        }
+        let statuses = match pending.op {
+            Some(op) => self.targets.rt.wait(op, timeout)?,
+            None => Vec::new(),
+        };
+        let mut out = Vec::with_capacity(pending.items.len());
+        let mut commit: Vec<PendingPut> = Vec::new();
+        {
+            let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+            for item in pending.items {
+                out.push(match item {
+                    Err(s) => Err(s),
+                    Ok((slot, rec, at)) => match statuses.get(at) {
+                        Some(RequestStatus::Success) => {
+                            commit.push((slot, rec));
+                            Ok(())
+                        }
+                        other => {
+                            let quarantine = matches!(other, Some(RequestStatus::Timeout));
+                            ix.unreserve(slot, quarantine);
+                            Counters::add(&self.stats.device_errors, 1);
+                            Err(other.map_or(ItemStatus::Timeout, ItemStatus::from_request))
+                        }
+                    },
+                });
+            }
+        }
+        let committed = if commit.is_empty() { Ok(()) } else { self.commit(commit) };
+        Ok(out
+            .into_iter()
+            .map(|r| match r {
+                Ok(()) => committed.clone().map_or_else(|e| e, |()| ItemStatus::Ok),
+                Err(s) => s,
+            })
+            .collect())
+    }
+
+    /// `put` then `wait_put`.
+    ///
+    /// # Errors
+    ///
+    /// As [`KvStore::put`].
+    pub fn put_sync(&self, items: &[Put<'_>], timeout: Duration) -> Result<Vec<ItemStatus>, KvError> {
+        let p = self.put(items)?;
+        self.wait_put(p, timeout)
+    }
+
+    /// Checks a key and a memory range of `room` bytes for a value of the
+    /// store.
+    pub(crate) fn check_value(&self, key: &Key, v: &Value<'_>, room: u64) -> Result<(), ItemStatus> {
+        let bad = |reason: String| Err(ItemStatus::BadValue { reason });
+        if key.size() != self.sb.key_size {
+            return bad(format!(
+                "a {}-byte key for a store of {}-byte keys",
+                key.len(),
+                self.sb.key_size.bytes()
+            ));
+        }
+        if v.memory.store_id != self.id {
+            return bad("memory registered with another store".into());
+        }
+        if v.len == 0 || room == 0 {
+            return bad("zero length".into());
+        }
+        if v.len > self.layout.object_size {
+            return Err(ItemStatus::TooLarge { len: v.len, max: self.layout.object_size });
+        }
+        let padded = self.layout.padded(room.min(self.layout.object_size));
+        if v.offset.checked_add(padded).is_none_or(|end| end > v.memory.len as u64) {
+            return bad(format!(
+                "bytes {}..{} (the length rounded up to {}-byte blocks) are outside the {}-byte region",
+                v.offset,
+                v.offset.saturating_add(padded),
+                self.layout.block_size,
+                v.memory.len
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reserves up to `n` slots, evicting (and clearing, in a commit round)
+    /// least recently used objects when there are not enough free ones.
+    fn reserve(&self, n: usize) -> Vec<u32> {
+        let mut got = Vec::with_capacity(n);
+        for attempt in 0..2 {
+            {
+                let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+                while got.len() < n {
+                    match ix.reserve() {
+                        Some(s) => got.push(s),
+                        None => break,
+                    }
+                }
+                if got.len() == n || attempt == 1 {
+                    break;
+                }
+                // Evict a little more than needed, so that the next puts do
+                // not each pay for a round.
+                let want = (n - got.len()).max((self.layout.capacity / 64) as usize).max(1);
+                let evicted = ix.evict(want);
+                Counters::add(&self.stats.evictions, evicted as u64);
+            }
+            // Makes the evicted slots' records empty on the media, so they
+            // can be reused.
+            let _ = self.commit(Vec::new());
+        }
+        got
+    }
+
+    /// The payload CRC32C of each accepted item.
+    fn checksums(
+        &self,
+        items: &[Put<'_>],
+        out: &[Result<(u32, Record, usize), ItemStatus>],
+    ) -> Result<Vec<u32>, KvError> {
+        let ranges: Vec<Option<(&KvMemory, u64, u64)>> = items
+            .iter()
+            .zip(out)
+            .map(|(p, r)| r.is_ok().then_some((p.value.memory, p.value.offset, p.value.len)))
+            .collect();
+        self.crc_of(&ranges)
+    }
+
+    /// Submits `reqs` for the accepted `items` (whose third field is the
+    /// request index); a request the runtime refuses fails its item.
+    fn submit_items(
+        &self,
+        reqs: &[Request],
+        items: &mut [Result<(u32, Record, usize), ItemStatus>],
+    ) -> Option<OpHandle> {
+        if reqs.is_empty() {
+            return None;
+        }
+        let sub = self.targets.rt.submit(reqs);
+        let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        for r in items.iter_mut() {
+            let Ok((slot, _, at)) = r else { continue };
+            if let Err(e) = &sub.states()[*at] {
+                ix.unreserve(*slot, false);
+                *r = Err(ItemStatus::BadValue { reason: e.to_string() });
+            }
+        }
+        sub.op()
+    }
+
+    /// CRC32C of each present range (`None` gives 0).
+    pub(crate) fn crc_of(&self, ranges: &[Option<(&KvMemory, u64, u64)>]) -> Result<Vec<u32>, KvError> {
+        let mut out = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            out.push(match r {
+                None => 0,
+                Some((m, off, len)) => match m.kind {
+                    // SAFETY: the range was checked against the region, which
+                    // was registered valid for reads (`register_host`); the
+                    // caller does not let a device write it now (a put reads
+                    // it before submitting, a get after the load completed).
+                    #[allow(unsafe_code)]
+                    MemoryKind::Host => crc32c::crc32c(unsafe { m.host_bytes(*off, *len) }),
+                    MemoryKind::Gpu => self.gpu_crc(m, *off, *len)?,
+                },
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn rec0(p: &Put<'_>) -> Record {
+    Record { key: p.key, len: p.value.len, generation: 0, payload_crc: 0 }
+}

@@ -1,0 +1,73 @@
+//! Counters of a store.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// What a store has done since it was opened, and what it holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KvStats {
+    /// Object slots.
+    pub capacity: u64,
+    /// Largest object, bytes.
+    pub object_size: u64,
+    /// Live objects.
+    pub objects: u64,
+    /// Puts made durable.
+    pub puts: u64,
+    /// Gets that returned verified bytes.
+    pub hits: u64,
+    /// Gets of absent keys.
+    pub misses: u64,
+    /// Gets whose payload failed its checksum.
+    pub checksum_mismatches: u64,
+    /// Objects evicted to make room.
+    pub evictions: u64,
+    /// Group-commit rounds (each two Flushes when it commits puts).
+    pub commit_rounds: u64,
+    /// Records cleared (removed, evicted or superseded objects).
+    pub records_cleared: u64,
+    /// Items that failed on a device error or timeout.
+    pub device_errors: u64,
+    /// Objects found at open.
+    pub recovered: u64,
+    /// Records found invalid at open (treated as absent).
+    pub invalid_records: u64,
+    /// Time spent recovering at open, nanoseconds.
+    pub recovery_ns: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub puts: AtomicU64,
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub checksum_mismatches: AtomicU64,
+    pub evictions: AtomicU64,
+    pub commit_rounds: AtomicU64,
+    pub records_cleared: AtomicU64,
+    pub device_errors: AtomicU64,
+}
+
+impl Counters {
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Relaxed);
+    }
+
+    pub fn count_round(&self, puts: usize, clears: usize, ok: bool) {
+        Self::add(&self.commit_rounds, 1);
+        if ok {
+            Self::add(&self.puts, puts as u64);
+            Self::add(&self.records_cleared, clears as u64);
+        }
+    }
+
+    pub fn snapshot(&self, s: &mut KvStats) {
+        s.puts = self.puts.load(Relaxed);
+        s.hits = self.hits.load(Relaxed);
+        s.misses = self.misses.load(Relaxed);
+        s.checksum_mismatches = self.checksum_mismatches.load(Relaxed);
+        s.evictions = self.evictions.load(Relaxed);
+        s.commit_rounds = self.commit_rounds.load(Relaxed);
+        s.records_cleared = self.records_cleared.load(Relaxed);
+        s.device_errors = self.device_errors.load(Relaxed);
+    }
+}

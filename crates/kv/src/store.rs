@@ -1,0 +1,282 @@
+//! Opening a store: its geometry from the runtime, the superblock (format
+//! a blank store, refuse anything else that is not ours), and recovery of
+//! the index from the record table.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tutti::{Direction, Request, Runtime};
+
+use crate::commit::Committer;
+use crate::error::{ItemStatus, KvError};
+use crate::format::{Layout, Record, RecordDecode, Superblock, SuperblockError, RECORD_BYTES};
+use crate::index::Index;
+use crate::io::{run, Targets};
+use crate::key::KeySize;
+use crate::staging::Staging;
+use crate::stats::{Counters, KvStats};
+
+/// Bytes of the staging buffer: record-table reads at open go through it
+/// in pieces of this size.
+const STAGING_BYTES: usize = 4 << 20;
+
+/// What to do with a store that is not formatted yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Create {
+    /// Format it when its first block is all zero (a new drive); refuse
+    /// anything else that is not a tutti-kv superblock.
+    #[default]
+    IfBlank,
+    /// Never format: a blank store is an error.
+    Never,
+    /// Format it whatever it holds (destroys its contents).
+    Always,
+}
+
+/// How to open a store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Name of the runtime store (one with a `slab` resolver: one object
+    /// per slot, the slot size being the object size).
+    pub store: String,
+    /// Key size: checked against the superblock, used when formatting.
+    /// `None`: whatever the superblock says, 32 bytes when formatting.
+    pub key_size: Option<KeySize>,
+    /// Formatting policy.
+    pub create: Create,
+}
+
+impl OpenOptions {
+    /// Opens runtime store `store`, formatting it if blank.
+    pub fn new(store: &str) -> Self {
+        Self { store: store.to_owned(), key_size: None, create: Create::IfBlank }
+    }
+}
+
+static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A persistent, crash-consistent KV-cache block store over one runtime
+/// store. `Send + Sync`.
+#[derive(Debug)]
+pub struct KvStore {
+    pub(crate) targets: Targets,
+    pub(crate) layout: Layout,
+    pub(crate) sb: Superblock,
+    /// Runtime slots before object slot 0.
+    pub(crate) meta_slots: u64,
+    pub(crate) index: Mutex<Index>,
+    pub(crate) committer: Committer,
+    pub(crate) staging: Mutex<Option<Staging>>,
+    pub(crate) stats: Counters,
+    pub(crate) id: u64,
+    recovered: (u64, u64, u64),
+}
+
+impl KvStore {
+    /// Opens (and if asked, formats) the store `opts.store` of `rt`, and
+    /// rebuilds its index from the media.
+    ///
+    /// # Errors
+    ///
+    /// [`KvError::UnknownStore`], [`KvError::NotASlab`],
+    /// [`KvError::Geometry`]; [`KvError::Superblock`] when block 0 is not a
+    /// usable superblock (another format version, another geometry, not
+    /// ours, corrupt; nothing is written then); [`KvError::KeySize`];
+    /// [`KvError::Io`] when reading or formatting fails.
+    pub fn open(rt: Arc<Runtime>, opts: &OpenOptions) -> Result<Self, KvError> {
+        let name = opts.store.clone();
+        let info = rt.store_info(&name).ok_or_else(|| KvError::UnknownStore(name.clone()))?;
+        let (Some(slot_size), Some(slots)) = (info.slot_size, info.slots) else {
+            return Err(KvError::NotASlab(name));
+        };
+        let layout = Layout::new(info.block_size, slot_size, slots * slot_size).ok_or(KvError::Geometry {
+            store: name.clone(),
+            slots,
+            slot_size,
+            block_size: info.block_size,
+        })?;
+        let staging = Staging::new(&rt, STAGING_BYTES.max(info.block_size as usize))?;
+        let targets = Targets::new(rt, &name, slot_size, slots);
+        let mut store = Self {
+            targets,
+            layout,
+            sb: Superblock { key_size: KeySize::B32, uuid: [0; 16], layout },
+            meta_slots: layout.data_offset / slot_size,
+            index: Mutex::new(Index::new(layout.capacity as u32)),
+            committer: Committer::default(),
+            staging: Mutex::new(Some(staging)),
+            stats: Counters::default(),
+            id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
+            recovered: (0, 0, 0),
+        };
+        store.load_superblock(opts)?;
+        store.recover()?;
+        Ok(store)
+    }
+
+    fn io_error(&self, what: &'static str) -> impl Fn(ItemStatus) -> KvError + '_ {
+        move |s| KvError::Io { store: self.name(), what, status: format!("{s:?}") }
+    }
+
+    /// Reads block 0; formats when the policy says so.
+    fn load_superblock(&mut self, opts: &OpenOptions) -> Result<(), KvError> {
+        let bs = u64::from(self.layout.block_size);
+        let decoded = {
+            let st = self.staging.get_mut().unwrap_or_else(|p| p.into_inner()).as_mut().expect("open");
+            let mut reqs = Vec::new();
+            self.targets.span(Direction::Read, 0, bs, st.handle, 0, &mut reqs)?;
+            run(&self.targets.rt, &reqs).map_err(self.io_error("reading the superblock"))?;
+            let st = self.staging.get_mut().unwrap_or_else(|p| p.into_inner()).as_ref().expect("open");
+            Superblock::decode(&st.bytes()[..bs as usize], &self.layout)
+        };
+        let store = opts.store.clone();
+        match (decoded, opts.create) {
+            (Ok(sb), Create::IfBlank | Create::Never) => {
+                if let Some(k) = opts.key_size.filter(|k| *k != sb.key_size) {
+                    return Err(KvError::KeySize { store, found: sb.key_size.bytes(), asked: k.bytes() });
+                }
+                self.sb = sb;
+                Ok(())
+            }
+            (Err(SuperblockError::Blank), Create::IfBlank) | (_, Create::Always) => {
+                self.format(opts.key_size.unwrap_or_default())
+            }
+            (Err(source), _) => Err(KvError::Superblock { store, source }),
+        }
+    }
+
+    /// Writes an empty record table, then the superblock, each made
+    /// durable before the next step: a crash while formatting leaves no
+    /// superblock.
+    fn format(&mut self, key_size: KeySize) -> Result<(), KvError> {
+        let mut uuid = [0u8; 16];
+        getrandom::fill(&mut uuid).map_err(|e| KvError::Io {
+            store: self.name(),
+            what: "drawing a UUID",
+            status: e.to_string(),
+        })?;
+        self.sb = Superblock { key_size, uuid, layout: self.layout };
+        let flush = [Request::flush(self.targets.slot(0)?)];
+        let rt = self.targets.rt.clone();
+        let st = self.staging.get_mut().unwrap_or_else(|p| p.into_inner()).as_mut().expect("open");
+        st.bytes_mut().fill(0);
+        let (handle, chunk) = (st.handle, st.len() as u64);
+        let table = self.layout.record_table_bytes();
+        let mut at = 0;
+        while at < table {
+            let n = chunk.min(table - at);
+            let mut reqs = Vec::new();
+            self.targets.span(Direction::Write, self.layout.record_offset + at, n, handle, 0, &mut reqs)?;
+            run(&rt, &reqs).map_err(self.io_error("clearing the record table"))?;
+            at += n;
+        }
+        run(&rt, &flush).map_err(self.io_error("flushing the record table"))?;
+        let block = self.sb.encode();
+        let st = self.staging.get_mut().unwrap_or_else(|p| p.into_inner()).as_mut().expect("open");
+        st.bytes_mut()[..block.len()].copy_from_slice(&block);
+        let mut reqs = Vec::new();
+        self.targets.span(Direction::Write, 0, block.len() as u64, handle, 0, &mut reqs)?;
+        run(&rt, &reqs).map_err(self.io_error("writing the superblock"))?;
+        run(&rt, &flush).map_err(self.io_error("flushing the superblock"))?;
+        tracing::info!(store = %self.name(), capacity = self.layout.capacity, "tutti-kv: formatted");
+        Ok(())
+    }
+
+    /// Reads the whole record table and rebuilds the index.
+    fn recover(&mut self) -> Result<(), KvError> {
+        let t0 = Instant::now();
+        let l = self.layout;
+        let (uuid, key_len) = (self.sb.uuid, self.sb.key_size.bytes());
+        let rt = self.targets.rt.clone();
+        let name = self.name();
+        let mut ix = Index::new(l.capacity as u32);
+        let (mut found, mut invalid) = (0u64, 0u64);
+        let st = self.staging.get_mut().unwrap_or_else(|p| p.into_inner()).as_mut().expect("open");
+        let (handle, chunk) = (st.handle, st.len() as u64);
+        let table = l.record_table_bytes();
+        let mut at = 0;
+        while at < table {
+            let n = chunk.min(table - at);
+            let mut reqs = Vec::new();
+            self.targets.span(Direction::Read, l.record_offset + at, n, handle, 0, &mut reqs)?;
+            run(&rt, &reqs).map_err(|s| KvError::Io {
+                store: name.clone(),
+                what: "reading the record table",
+                status: format!("{s:?}"),
+            })?;
+            let bytes = &st.bytes()[..n as usize];
+            let first = at / RECORD_BYTES as u64;
+            for (j, r) in bytes.chunks_exact(RECORD_BYTES).enumerate() {
+                let slot = first + j as u64;
+                if slot >= l.capacity {
+                    break;
+                }
+                let r: &[u8; RECORD_BYTES] = r.try_into().unwrap_or(&[0; RECORD_BYTES]);
+                match Record::decode(r, &uuid, slot as u32, key_len, l.object_size) {
+                    RecordDecode::Empty => {}
+                    RecordDecode::Valid(rec) => {
+                        ix.recover(slot as u32, rec);
+                        found += 1;
+                    }
+                    RecordDecode::Invalid => invalid += 1,
+                }
+            }
+            at += n;
+        }
+        ix.finish_recovery();
+        let live = ix.live() as u64;
+        *self.index.get_mut().unwrap_or_else(|p| p.into_inner()) = ix;
+        self.recovered = (live, invalid, t0.elapsed().as_nanos() as u64);
+        tracing::debug!(records = found, live, invalid, "tutti-kv: recovered");
+        Ok(())
+    }
+
+    fn name(&self) -> String {
+        self.targets.store_name().to_owned()
+    }
+
+    /// Counters and occupancy.
+    pub fn stats(&self) -> KvStats {
+        let mut s = KvStats {
+            capacity: self.layout.capacity,
+            object_size: self.layout.object_size,
+            objects: self.index.lock().unwrap_or_else(|p| p.into_inner()).live() as u64,
+            recovered: self.recovered.0,
+            invalid_records: self.recovered.1,
+            recovery_ns: self.recovered.2,
+            ..KvStats::default()
+        };
+        self.stats.snapshot(&mut s);
+        s
+    }
+
+    /// The store's UUID (drawn when it was formatted).
+    pub fn uuid(&self) -> [u8; 16] {
+        self.sb.uuid
+    }
+
+    /// Its key size.
+    pub fn key_size(&self) -> KeySize {
+        self.sb.key_size
+    }
+
+    /// Its geometry.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The runtime it runs on.
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.targets.rt
+    }
+}
+
+impl Drop for KvStore {
+    fn drop(&mut self) {
+        if let Some(st) = self.staging.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
+            st.release(&self.targets.rt);
+        }
+        self.targets.close_all();
+    }
+}
