@@ -21,6 +21,7 @@ use interrupt::Ended;
 
 mod bench;
 mod interrupt;
+mod kv_bench;
 mod rate;
 mod replay;
 
@@ -55,6 +56,9 @@ enum Command {
     /// emulated controllers with no data movement, beside one CPU thread
     /// through the CPU queue pair. Needs a CUDA GPU.
     GpuRate(bench::GpuRateArgs),
+    /// tutti-kv against raw runtime I/O on the same drives (put/get GB/s),
+    /// and recovery time.
+    Kv(kv_bench::KvArgs),
 }
 
 /// Options of `replay`.
@@ -142,6 +146,7 @@ fn main() -> ExitCode {
         Command::Rate(a) => rate::rate(&a, &stop),
         Command::Stripe(a) => bench::stripe(&a, &stop),
         Command::GpuRate(a) => bench::gpu_rate(&a, &stop),
+        Command::Kv(a) => kv_bench::kv(&a, &stop),
     };
     match result {
         Ok(Ended::Complete) => ExitCode::SUCCESS,
