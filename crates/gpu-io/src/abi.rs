@@ -1,5 +1,6 @@
 //! The kernel ABI: `#[repr(C)]` mirrors of the structs in
-//! `kernels/tutti_io.cu`, with their sizes checked at compile time.
+//! `kernels/tutti_io.cu` and `kernels/tutti_crc32c.cu`, with their sizes
+//! checked at compile time.
 
 /// One queue pair as the kernel sees it (`struct TuttiQueue`, 88 bytes).
 #[repr(C)]
@@ -89,6 +90,19 @@ pub struct TuttiRequest {
     pub mem_offset: u64,
 }
 
+/// One range for the CRC32C kernel (`struct TuttiCrcItem` in
+/// `kernels/tutti_crc32c.cu`, 16 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TuttiCrcItem {
+    /// Device pointer of the first byte (any alignment).
+    pub ptr: u64,
+    /// Length in bytes (0: the pointer is not read).
+    pub len: u64,
+}
+
+const _: () = assert!(size_of::<TuttiCrcItem>() == 16);
+const _: () = assert!(core::mem::offset_of!(TuttiCrcItem, len) == 8);
 const _: () = assert!(size_of::<TuttiQueue>() == 88);
 const _: () = assert!(size_of::<TuttiQueueState>() == 56);
 const _: () = assert!(size_of::<TuttiRequest>() == 32);

@@ -1,6 +1,6 @@
 //! Context, module, host mappings, queue pairs and launches.
 
-use std::ffi::c_void;
+use std::ffi::{c_void, CStr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use crate::abi::{
     TuttiQueue, TuttiQueueState, TuttiRequest, DONE_ENTRIES, STATUS_BAD_REQUEST, STATUS_TIMEOUT,
     STATUS_UNSUPPORTED,
 };
-use crate::ptx::{TUTTI_IO_ENTRY_C, TUTTI_IO_PTX_C};
+use crate::ptx::{TUTTI_CRC32C_ENTRY_C, TUTTI_CRC32C_PTX_C, TUTTI_IO_ENTRY_C, TUTTI_IO_PTX_C};
 
 /// Errors of the GPU path.
 #[derive(Debug, thiserror::Error)]
@@ -158,6 +158,52 @@ pub enum GpuError {
         /// Size of the allocation.
         size: usize,
     },
+    /// A range given to [`Gpu::crc32c`] reaches past its buffer's end.
+    #[error(
+        "CRC32C item {item}: {len} bytes at offset {offset} are outside the {size}-byte GPU buffer: \
+         keep offset + length within GpuBuffer::len()"
+    )]
+    Crc32cOutOfBounds {
+        /// Index of the item in the batch.
+        item: usize,
+        /// Byte offset of the range.
+        offset: usize,
+        /// Bytes in the range.
+        len: usize,
+        /// Size of the buffer in bytes.
+        size: usize,
+    },
+    /// A range given to [`Gpu::crc32c`] lies in a [`GpuBuffer`] of another
+    /// [`Gpu`] (another CUDA context, whose memory this one cannot read).
+    #[error(
+        "CRC32C item {item} is in a GPU buffer of another Gpu: checksum it with the Gpu it was allocated on"
+    )]
+    Crc32cForeignBuffer {
+        /// Index of the item in the batch.
+        item: usize,
+    },
+    /// A raw range given to [`Gpu::crc32c_raw`] is longer than
+    /// [`crate::MAX_CRC32C_LEN`] or wraps past the end of the address space.
+    #[error(
+        "CRC32C item {item}: {len} bytes at device address {ptr:#x} wrap the address space or \
+         exceed MAX_CRC32C_LEN"
+    )]
+    Crc32cBadRange {
+        /// Index of the item in the batch.
+        item: usize,
+        /// Device pointer of the range.
+        ptr: u64,
+        /// Bytes in the range.
+        len: usize,
+    },
+    /// A CRC32C batch needs more chunks than one launch counts.
+    #[error("a CRC32C batch of {items} items needs more than {max_tasks} chunks of 8 KiB: split the batch")]
+    Crc32cBatchTooLarge {
+        /// Items in the batch.
+        items: usize,
+        /// Most chunks one launch takes ([`crate::MAX_CRC32C_TASKS`]).
+        max_tasks: u64,
+    },
     /// Re-creating a queue pair on the controller failed.
     #[error("re-creating I/O queue pair {qid}")]
     Recreate {
@@ -177,7 +223,7 @@ pub const MAX_QUEUES_PER_LAUNCH: usize = u16::MAX as usize;
 /// `u32`s).
 pub const MAX_REQUESTS_PER_LAUNCH: usize = u32::MAX as usize;
 
-fn drv(call: &'static str) -> impl FnOnce(DriverError) -> GpuError {
+pub(crate) fn drv(call: &'static str) -> impl FnOnce(DriverError) -> GpuError {
     move |source| GpuError::Driver { call, source }
 }
 
@@ -218,8 +264,8 @@ impl GpuStatus {
 
 /// Device memory from `cuMemAlloc`, freed on drop.
 #[derive(Debug)]
-struct DeviceMem {
-    ptr: sys::CUdeviceptr,
+pub(crate) struct DeviceMem {
+    pub(crate) ptr: sys::CUdeviceptr,
     len: usize,
     /// `false` for memory the caller owns (never freed here).
     owned: bool,
@@ -227,7 +273,7 @@ struct DeviceMem {
 }
 
 impl DeviceMem {
-    fn zeroed(ctx: &Arc<CudaContext>, len: usize) -> Result<Self, GpuError> {
+    pub(crate) fn zeroed(ctx: &Arc<CudaContext>, len: usize) -> Result<Self, GpuError> {
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         // SAFETY: plain allocation in the bound context; freed in Drop.
         let ptr = unsafe { result::malloc_sync(len.max(1)) }.map_err(drv("cuMemAlloc"))?;
@@ -237,7 +283,7 @@ impl DeviceMem {
         Ok(mem)
     }
 
-    fn from_slice<T: Copy>(ctx: &Arc<CudaContext>, data: &[T]) -> Result<Self, GpuError> {
+    pub(crate) fn from_slice<T: Copy>(ctx: &Arc<CudaContext>, data: &[T]) -> Result<Self, GpuError> {
         let mem = Self::zeroed(ctx, std::mem::size_of_val(data))?;
         if !data.is_empty() {
             // SAFETY: the allocation holds exactly `data`'s bytes; T is plain
@@ -247,7 +293,7 @@ impl DeviceMem {
         Ok(mem)
     }
 
-    fn read<T: Copy + Default>(&self, n: usize) -> Result<Vec<T>, GpuError> {
+    pub(crate) fn read<T: Copy + Default>(&self, n: usize) -> Result<Vec<T>, GpuError> {
         let bytes = n.saturating_mul(size_of::<T>());
         if bytes > self.len {
             return Err(GpuError::DeviceReadPastEnd { bytes, size: self.len });
@@ -276,8 +322,8 @@ impl Drop for DeviceMem {
 /// default stream, so a kernel that waits on the emulator and the
 /// emulator's CUDA copies into GPU memory can run at the same time.
 #[derive(Debug)]
-struct Stream {
-    raw: sys::CUstream,
+pub(crate) struct Stream {
+    pub(crate) raw: sys::CUstream,
     ctx: Arc<CudaContext>,
 }
 
@@ -294,7 +340,7 @@ impl Stream {
         Ok(Self { raw, ctx: ctx.clone() })
     }
 
-    fn sync(&self) -> Result<(), GpuError> {
+    pub(crate) fn sync(&self) -> Result<(), GpuError> {
         // SAFETY: `raw` is a live stream of this context.
         unsafe { result::stream::synchronize(self.raw) }.map_err(drv("cuStreamSynchronize"))
     }
@@ -375,7 +421,15 @@ pub struct Gpu {
     func: sys::CUfunction,
     stream: Arc<Stream>,
     _module: Module,
-    ctx: Arc<CudaContext>,
+    /// `tutti_crc32c` (see [`Gpu::crc32c`]) and its module.
+    pub(crate) crc_func: sys::CUfunction,
+    _crc_module: Module,
+    /// The checksum kernels' own stream, so that a checksum never waits
+    /// behind an I/O launch on `stream`.
+    pub(crate) crc_stream: Stream,
+    /// Multiprocessors of the device (sizes the checksum grid).
+    pub(crate) sm_count: u64,
+    pub(crate) ctx: Arc<CudaContext>,
 }
 
 #[derive(Debug)]
@@ -401,6 +455,23 @@ unsafe impl Send for Gpu {}
 // run in the order the driver receives them.
 unsafe impl Sync for Gpu {}
 
+/// Loads a PTX image into `ctx` and finds its entry point.
+fn load_module(
+    ctx: &Arc<CudaContext>,
+    ptx: &CStr,
+    entry: &CStr,
+) -> Result<(Module, sys::CUfunction), GpuError> {
+    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    // SAFETY: `ptx` is a NUL-terminated PTX image (the constants in
+    // crate::ptx are checked at compile time).
+    let raw = unsafe { result::module::load_data(ptx.as_ptr().cast()) }.map_err(drv("cuModuleLoadData"))?;
+    let module = Module { raw, ctx: ctx.clone() };
+    // SAFETY: `raw` is the module just loaded; `module` unloads it on drop.
+    let func =
+        unsafe { result::module::get_function(raw, entry.to_owned()) }.map_err(drv("cuModuleGetFunction"))?;
+    Ok((module, func))
+}
+
 impl Gpu {
     /// Opens GPU `ordinal` and loads the kernels. [`GpuError::NoDriver`]
     /// when the CUDA driver library is absent (checked first: nothing else
@@ -411,17 +482,23 @@ impl Gpu {
             return Err(GpuError::NoDriver);
         }
         let ctx = CudaContext::new(ordinal).map_err(drv("cuCtxCreate"))?;
-        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        // SAFETY: `TUTTI_IO_PTX_C` is a NUL-terminated PTX image (checked
-        // at compile time).
-        let raw = unsafe { result::module::load_data(TUTTI_IO_PTX_C.as_ptr().cast()) }
-            .map_err(drv("cuModuleLoadData"))?;
-        let module = Module { raw, ctx: ctx.clone() };
-        // SAFETY: `raw` is the module just loaded.
-        let func = unsafe { result::module::get_function(raw, TUTTI_IO_ENTRY_C.to_owned()) }
-            .map_err(drv("cuModuleGetFunction"))?;
+        let (module, func) = load_module(&ctx, TUTTI_IO_PTX_C, TUTTI_IO_ENTRY_C)?;
+        let (crc_module, crc_func) = load_module(&ctx, TUTTI_CRC32C_PTX_C, TUTTI_CRC32C_ENTRY_C)?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(drv("cuDeviceGetAttribute"))?;
         let stream = Arc::new(Stream::new(&ctx)?);
-        Ok(Self { func, stream, _module: module, ctx })
+        let crc_stream = Stream::new(&ctx)?;
+        Ok(Self {
+            func,
+            stream,
+            _module: module,
+            crc_func,
+            _crc_module: crc_module,
+            crc_stream,
+            sm_count: u64::try_from(sm_count).unwrap_or(1).max(1),
+            ctx,
+        })
     }
 
     /// The CUDA context.
@@ -810,6 +887,11 @@ impl GpuBuffer {
             copies: Stream::new(&gpu.ctx)?,
             mem: DeviceMem { ptr: dptr, len, owned: false, ctx: gpu.ctx.clone() },
         })
+    }
+
+    /// The context the memory belongs to.
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.mem.ctx
     }
 
     /// Device pointer of the first byte.

@@ -20,14 +20,20 @@
 //! Not written: queue memory in GPU device memory, and peer DMA into GPU
 //! memory for a real drive.
 //!
+//! Checksums: [`Gpu::crc32c`] computes the standard CRC32C of many
+//! GPU-resident ranges in one launch (`kernels/tutti_crc32c.cu`), the value
+//! the `crc32c` crate gives for the same bytes in host memory.
+//!
 //! Unsafe code is allowed here: CUDA driver calls and registering host
 //! memory for device access. Each block states what makes it sound.
 #![allow(unsafe_code)]
 
 pub mod abi;
+mod crc32c;
 mod gpu;
 pub mod ptx;
 
+pub use crc32c::{GpuRange, CRC32C_CHUNK_BYTES, MAX_CRC32C_LEN, MAX_CRC32C_TASKS};
 pub use gpu::{
     Gpu, GpuBuffer, GpuDrive, GpuError, GpuLaunch, GpuQueue, GpuRegion, GpuStatus, MAX_QUEUES_PER_LAUNCH,
     MAX_REQUESTS_PER_LAUNCH,

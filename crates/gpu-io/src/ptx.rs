@@ -1,4 +1,5 @@
-//! The committed PTX of `kernels/`.
+//! The committed PTX of `kernels/`: `tutti_io` (GPU-initiated NVMe I/O)
+//! and `tutti_crc32c` (checksums of GPU-resident ranges).
 
 use std::ffi::CStr;
 
@@ -24,16 +25,42 @@ pub(crate) const TUTTI_IO_PTX_C: &CStr = match CStr::from_bytes_with_nul(
 /// [`TUTTI_IO_ENTRY`] as a C string, for `cuModuleGetFunction`.
 pub(crate) const TUTTI_IO_ENTRY_C: &CStr = c"tutti_io";
 
-// The two spellings of the entry point name agree.
-const _: () = {
-    let (a, b) = (TUTTI_IO_ENTRY.as_bytes(), TUTTI_IO_ENTRY_C.to_bytes());
-    assert!(a.len() == b.len());
+/// PTX of `kernels/tutti_crc32c.cu` (built by `kernels/build.sh`; its first
+/// line records the SHA-256 of the source it was built from).
+pub const TUTTI_CRC32C_PTX: &str = include_str!("../../../kernels/tutti_crc32c.ptx");
+
+/// The kernel entry point in [`TUTTI_CRC32C_PTX`].
+pub const TUTTI_CRC32C_ENTRY: &str = "tutti_crc32c";
+
+/// [`TUTTI_CRC32C_PTX`] with a terminating NUL (see [`TUTTI_IO_PTX_C`]).
+pub(crate) const TUTTI_CRC32C_PTX_C: &CStr = match CStr::from_bytes_with_nul(
+    concat!(include_str!("../../../kernels/tutti_crc32c.ptx"), "\0").as_bytes(),
+) {
+    Ok(c) => c,
+    Err(_) => panic!("kernels/tutti_crc32c.ptx contains a NUL byte: rebuild it with kernels/build.sh"),
+};
+
+/// [`TUTTI_CRC32C_ENTRY`] as a C string, for `cuModuleGetFunction`.
+pub(crate) const TUTTI_CRC32C_ENTRY_C: &CStr = c"tutti_crc32c";
+
+/// Whether two byte strings are equal, at compile time.
+const fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
     let mut i = 0;
     while i < a.len() {
-        assert!(a[i] == b[i]);
+        if a[i] != b[i] {
+            return false;
+        }
         i += 1;
     }
-};
+    true
+}
+
+// The two spellings of each entry point name agree.
+const _: () = assert!(same_bytes(TUTTI_IO_ENTRY.as_bytes(), TUTTI_IO_ENTRY_C.to_bytes()));
+const _: () = assert!(same_bytes(TUTTI_CRC32C_ENTRY.as_bytes(), TUTTI_CRC32C_ENTRY_C.to_bytes()));
 
 /// The source hash recorded on the PTX's first line, if present.
 pub fn recorded_source_sha256(ptx: &str) -> Option<&str> {
@@ -44,17 +71,26 @@ pub fn recorded_source_sha256(ptx: &str) -> Option<&str> {
 mod tests {
     use super::*;
 
+    fn sha256_hex(src: &[u8]) -> String {
+        use sha2::{Digest, Sha256};
+        Sha256::digest(src).iter().map(|b| format!("{b:02x}")).collect()
+    }
+
     /// The committed PTX was built from the committed source: rebuild with
     /// `kernels/build.sh` (on a machine with nvcc) after editing the `.cu`.
     #[test]
     fn committed_ptx_is_not_older_than_its_source() {
-        use sha2::{Digest, Sha256};
-        let src = include_bytes!("../../../kernels/tutti_io.cu");
-        let hex: String = Sha256::digest(src).iter().map(|b| format!("{b:02x}")).collect();
+        let hex = sha256_hex(include_bytes!("../../../kernels/tutti_io.cu"));
         assert_eq!(
             recorded_source_sha256(TUTTI_IO_PTX),
             Some(hex.as_str()),
             "kernels/tutti_io.ptx is stale: run kernels/build.sh"
+        );
+        let hex = sha256_hex(include_bytes!("../../../kernels/tutti_crc32c.cu"));
+        assert_eq!(
+            recorded_source_sha256(TUTTI_CRC32C_PTX),
+            Some(hex.as_str()),
+            "kernels/tutti_crc32c.ptx is stale: run kernels/build.sh"
         );
     }
 
@@ -62,5 +98,7 @@ mod tests {
     fn ptx_has_the_entry_point_and_a_target() {
         assert!(TUTTI_IO_PTX.contains(&format!(".visible .entry {TUTTI_IO_ENTRY}(")));
         assert!(TUTTI_IO_PTX.contains(".target sm_75"));
+        assert!(TUTTI_CRC32C_PTX.contains(&format!(".visible .entry {TUTTI_CRC32C_ENTRY}(")));
+        assert!(TUTTI_CRC32C_PTX.contains(".target sm_75"));
     }
 }
