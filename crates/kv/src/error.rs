@@ -73,6 +73,9 @@ pub enum KvError {
     /// Memory registered with another store.
     #[error("memory registered with another store or already unregistered")]
     ForeignMemory,
+    /// The checksum kernel failed on GPU-resident objects.
+    #[error("checksumming GPU memory failed: {0}")]
+    Gpu(#[source] gpu_io::GpuError),
     /// Checksums of GPU-resident objects need the runtime's GPU.
     #[error("GPU memory needs a runtime with a GPU (a datapath with execution: gpu)")]
     NoGpu,

@@ -99,9 +99,15 @@ impl KvStore {
         Ok(())
     }
 
-    /// CRC32C of `len` bytes at `off` of GPU region `m`, by a kernel.
-    pub(crate) fn gpu_crc(&self, m: &KvMemory, off: u64, len: u64) -> Result<u32, KvError> {
-        let _ = (m, off, len);
-        Err(KvError::NoGpu)
+    /// CRC32C of GPU ranges (device pointer, bytes), by one kernel launch.
+    pub(crate) fn gpu_crcs(&self, ranges: &[(u64, usize)]) -> Result<Vec<u32>, KvError> {
+        let gpu = self.targets.rt.gpu().ok_or(KvError::NoGpu)?;
+        // SAFETY: every range lies inside memory registered with
+        // `register_gpu`, whose contract keeps it allocated device memory of
+        // the runtime's GPU for the registration's lifetime, and the store
+        // reads it only when no load into it is in flight.
+        #[allow(unsafe_code)]
+        let crcs = unsafe { gpu.crc32c_raw(ranges) };
+        crcs.map_err(KvError::Gpu)
     }
 }

@@ -231,22 +231,28 @@ impl KvStore {
         sub.op()
     }
 
-    /// CRC32C of each present range (`None` gives 0).
+    /// CRC32C of each present range (`None` gives 0): host ranges with
+    /// the CPU's instruction, GPU ranges with one kernel launch for all.
     pub(crate) fn crc_of(&self, ranges: &[Option<(&KvMemory, u64, u64)>]) -> Result<Vec<u32>, KvError> {
-        let mut out = Vec::with_capacity(ranges.len());
-        for r in ranges {
-            out.push(match r {
-                None => 0,
-                Some((m, off, len)) => match m.kind {
-                    // SAFETY: the range was checked against the region, which
-                    // was registered valid for reads (`register_host`); the
-                    // caller does not let a device write it now (a put reads
-                    // it before submitting, a get after the load completed).
-                    #[allow(unsafe_code)]
-                    MemoryKind::Host => crc32c::crc32c(unsafe { m.host_bytes(*off, *len) }),
-                    MemoryKind::Gpu => self.gpu_crc(m, *off, *len)?,
-                },
-            });
+        let mut out = vec![0u32; ranges.len()];
+        let mut gpu: Vec<(usize, u64, usize)> = Vec::new();
+        for (i, r) in ranges.iter().enumerate() {
+            let Some((m, off, len)) = r else { continue };
+            match m.kind {
+                // SAFETY: the range was checked against the region, which
+                // was registered valid for reads (`register_host`); the
+                // caller does not let a device write it now (a put reads
+                // it before submitting, a get after the load completed).
+                #[allow(unsafe_code)]
+                MemoryKind::Host => out[i] = crc32c::crc32c(unsafe { m.host_bytes(*off, *len) }),
+                MemoryKind::Gpu => gpu.push((i, m.addr + off, *len as usize)),
+            }
+        }
+        if !gpu.is_empty() {
+            let crcs = self.gpu_crcs(&gpu.iter().map(|&(_, p, n)| (p, n)).collect::<Vec<_>>())?;
+            for (&(i, ..), c) in gpu.iter().zip(crcs) {
+                out[i] = c;
+            }
         }
         Ok(out)
     }

@@ -200,6 +200,13 @@ impl Runtime {
         self.drives.iter().find(|d| d.name == drive)?.emulator.as_ref()
     }
 
+    /// The GPU the runtime drives (when a datapath uses `execution: gpu`),
+    /// for work on GPU memory registered with it (such as checksums of
+    /// GPU-resident objects); `None` without one.
+    pub fn gpu(&self) -> Option<&Arc<Gpu>> {
+        self.gpu.as_ref()
+    }
+
     /// Names of the drives, in configuration order.
     pub fn drive_names(&self) -> Vec<String> {
         self.drives.iter().map(|d| d.name.clone()).collect()
