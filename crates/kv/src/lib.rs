@@ -70,3 +70,8 @@ pub use memory::{KvMemory, MemoryKind, Value};
 pub use put::{PendingPuts, Put};
 pub use stats::KvStats;
 pub use store::{Create, KvStore, OpenOptions};
+
+/// The README's Rust examples, compiled (and the store's run) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeExamples;
