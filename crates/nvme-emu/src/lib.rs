@@ -179,20 +179,26 @@ use nvm_queue::{DeviceError, DmaMapping, Mmio, NvmeDevice};
 
 mod admin;
 mod backing;
+mod cache;
 pub mod config;
 mod controller;
 mod dma;
 mod fault;
+mod media;
 mod nvm;
 mod prp;
 mod queues;
+mod ram_disk;
 mod regs;
 mod timing;
+mod undo;
 
 pub use admin::{CONTROLLER_ID, VENDOR_ID};
-pub use config::{BackingSpec, EmulatorConfig, NamespaceSpec, TimingModel};
+pub use config::{BackingSpec, EmulatorConfig, NamespaceSpec, TimingModel, WriteCacheSpec};
 pub use dma::{ExternalMemory, IOVA_BASE};
 pub use fault::{FaultAction, FaultMatch, FaultRule};
+pub use media::{MediaAccessError, PowerFailReport};
+pub use ram_disk::remove_ram_disk;
 
 use controller::{Controller, Shared, StatsAtomics};
 
@@ -230,6 +236,24 @@ pub enum EmuError {
     /// The controller thread could not be spawned.
     #[error("spawning the controller thread")]
     Spawn(#[source] std::io::Error),
+    /// Another live emulator holds the RAM disk ([`BackingSpec::RamDisk`];
+    /// or [`remove_ram_disk`] of a disk in use).
+    #[error("RAM disk {name:?} is attached to another emulator")]
+    RamDiskInUse {
+        /// The disk's name.
+        name: String,
+    },
+    /// The RAM disk exists with other namespaces than the emulator's.
+    #[error("RAM disk {name:?} has namespaces {existing:?}, the emulator wants {requested:?} (blocks, block size)")]
+    RamDiskLayout {
+        /// The disk's name.
+        name: String,
+        /// The disk's namespaces: (size in logical blocks, logical block
+        /// size in bytes), NSID order.
+        existing: Vec<(u64, u32)>,
+        /// The emulator's namespaces, as `existing`.
+        requested: Vec<(u64, u32)>,
+    },
 }
 
 /// A snapshot of an emulator's counters.
@@ -302,7 +326,7 @@ impl Emulator {
     pub fn start(config: EmulatorConfig) -> Result<Arc<Emulator>, EmuError> {
         config.validate()?;
         let regs = regs::RegisterPage::new(&config)?;
-        let backing = backing::Backing::new(&config)?;
+        let media = media::Media::new(&config)?;
         let shared = Arc::new(Shared {
             regs,
             iova: dma::IovaSpace::new(),
@@ -312,11 +336,12 @@ impl Emulator {
             gone: AtomicBool::new(config.registers_all_ones),
             gone_fill: std::sync::atomic::AtomicU32::new(u32::MAX),
             gone_ack: AtomicBool::new(false),
+            media: std::sync::Mutex::new(media),
         });
         if config.registers_all_ones {
             shared.regs.fill_ones();
         }
-        let ctrl = Controller::new(config.clone(), backing);
+        let ctrl = Controller::new(config.clone());
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("nvme-emu-{}", config.name))
@@ -397,6 +422,64 @@ impl Emulator {
                 std::thread::sleep(std::time::Duration::from_micros(20));
             }
         }
+    }
+
+    /// Fault injection: the power fails. At once, as [`Emulator::set_gone`]:
+    /// the controller stops fetching and completing (commands in flight
+    /// never complete) and every register reads `0xFFFF_FFFF`. Then each
+    /// logical block that the write cache holds non-durable is kept (its
+    /// new contents) or lost (back to its last durable contents), each
+    /// decided on its own by a generator seeded with
+    /// [`WriteCacheSpec::seed`], so a multi-block write may be torn at
+    /// logical block boundaries, never inside a block (AWUPF = 0). Then
+    /// the backing store is released: a RAM disk goes back to its
+    /// registry and a file is closed, so a new emulator can open them
+    /// while this handle (and any DMA buffer holding it) lives on. Without
+    /// a write cache nothing is lost. See the crate documentation, "Power
+    /// loss".
+    ///
+    /// Only the first power failure acts (this call or a
+    /// [`FaultAction::PowerFail`] rule); later calls return its report.
+    /// There is no way back: start a new emulator.
+    pub fn power_fail(&self) -> PowerFailReport {
+        self.stop_answering(u32::MAX);
+        self.shared.lock_media().power_loss()
+    }
+
+    /// The report of the power failure, once the power has failed
+    /// ([`Emulator::power_fail`] or a [`FaultAction::PowerFail`] rule);
+    /// `None` before.
+    pub fn power_fail_report(&self) -> Option<PowerFailReport> {
+        self.shared.lock_media().power_report()
+    }
+
+    /// Writes `data` straight to the media of namespace `nsid` at byte
+    /// `byte_offset`, bypassing the commands and the write cache (for
+    /// corruption tests): durable at once. A logical block the write cache
+    /// holds non-durable gets the bytes in its last durable contents: host
+    /// reads still return its cached contents, which replace the written
+    /// bytes if the block is destaged or kept at a power failure. Any byte
+    /// range inside the namespace, no alignment needed. Waits for the
+    /// controller's current poll iteration.
+    ///
+    /// # Errors
+    ///
+    /// [`MediaAccessError::NoNamespace`], [`MediaAccessError::OutOfRange`]
+    /// (the range is not inside the namespace),
+    /// [`MediaAccessError::PoweredOff`] after a power failure,
+    /// [`MediaAccessError::NullBacking`], [`MediaAccessError::Store`] (a
+    /// file I/O error).
+    pub fn write_media(&self, nsid: u32, byte_offset: u64, data: &[u8]) -> Result<(), MediaAccessError> {
+        self.shared.lock_media().write_direct(nsid, byte_offset, data)
+    }
+
+    /// Reads what the media of namespace `nsid` holds at byte
+    /// `byte_offset` into `buf`, bypassing the commands and the write
+    /// cache: for a logical block the write cache holds non-durable, its
+    /// last durable contents (what a power failure that loses it leaves).
+    /// Errors as [`Emulator::write_media`].
+    pub fn read_media(&self, nsid: u32, byte_offset: u64, buf: &mut [u8]) -> Result<(), MediaAccessError> {
+        self.shared.lock_media().read_direct(nsid, byte_offset, buf)
     }
 
     /// Maps memory the emulator reaches only through copies (GPU memory,
