@@ -30,7 +30,12 @@ fn media_error() -> Status {
 
 /// A rule matching I/O commands that touch logical block `lba`.
 fn at_lba(lba: u64, action: FaultAction, times: Option<u64>) -> FaultRule {
-    FaultRule { matches: FaultMatch { lba: Some(lba..lba + 1), ..Default::default() }, action, times, skip: 0 }
+    FaultRule {
+        matches: FaultMatch { lba: Some(lba..lba + 1), ..Default::default() },
+        action,
+        times,
+        skip: 0,
+    }
 }
 
 /// Submits one `op` command of one block for each LBA in `lbas` (tag = LBA,
