@@ -26,14 +26,19 @@
 //!   (unless [`FaultAction::PhaseBeforeBody`] says otherwise).
 //! * Admin: Identify (CNS 00h, 01h, 02h), Create/Delete I/O SQ and CQ, Get
 //!   Log Page (Error Information, SMART / Health), Set/Get Features (Number
-//!   of Queues; Get Volatile Write Cache), Abort, Asynchronous Event
-//!   Request (accepted, see below).
-//! * NVM: Read, Write, Flush, Write Zeroes (DEAC accepted), Dataset
+//!   of Queues; Volatile Write Cache), Abort, Asynchronous Event Request
+//!   (accepted, see below).
+//! * NVM: Read, Write (FUA), Flush, Write Zeroes (DEAC accepted), Dataset
 //!   Management (deallocate zeroes the ranges).
 //! * PRP walking with the specification's checks (PRP Offset Invalid, Data
 //!   Transfer Error for anything outside a mapped region), MDTS.
-//! * Backing stores: RAM, sparse file, null ([`BackingSpec`]); an optional
-//!   single-channel timing model ([`TimingModel`]).
+//! * Backing stores: RAM, named RAM disk that outlives the emulator,
+//!   sparse file, null ([`BackingSpec`]); an optional single-channel
+//!   timing model ([`TimingModel`]).
+//! * An optional volatile write cache ([`WriteCacheSpec`], VWC = 1) and
+//!   power failures ([`Emulator::power_fail`], [`FaultAction::PowerFail`]):
+//!   see "Power loss" below. Direct media access for corruption tests
+//!   ([`Emulator::write_media`], [`Emulator::read_media`]).
 //!
 //! # What it does not implement
 //!
@@ -59,8 +64,17 @@
 //!   event, are only counted in [`EmuStats::doorbell_violations`].
 //! * Error Information log entries are always zero (no error is logged).
 //! * Weighted round robin / urgent priorities: SQs are served round robin.
-//! * A volatile write cache (VWC = 0): a completed write is in the store;
-//!   Flush succeeds immediately and the file store is not `fsync`ed.
+//! * Without [`EmulatorConfig::write_cache`] (the default), no volatile
+//!   write cache (VWC = 0): a completed write is durable, Flush succeeds at
+//!   once, the file store is never `fsync`ed and nothing is lost at a
+//!   power failure. Capacitor-backed power-loss protection is modelled
+//!   only that way: no write cache, or one disabled with Set Features
+//!   (WCE = 0, write-through).
+//! * Power loss below the logical block: a block is kept or lost whole,
+//!   never partially written (AWUPF = 0 means one block is atomic); no
+//!   metadata, no media errors from the failure (a lost block reads its
+//!   last durable contents, not an Unrecovered Read Error), no reordering
+//!   of destaging beyond "oldest first".
 //!
 //! # Behaviour worth knowing
 //!
@@ -151,7 +165,12 @@
 //!   queues (no fetch, no completion, scheduled and waiting ones included)
 //!   until the host resets it: CC.EN 1 -> 0 clears CFS and deletes every
 //!   queue, as on real hardware.
+//! * [`FaultAction::PowerFail`]: the command is executed (a Write into the
+//!   write cache), then the power fails before its CQE, as
+//!   [`Emulator::power_fail`] (see "Power loss").
 //!
+//! [`FaultRule::skip`] lets the first matches pass (to later rules), so a
+//! rule can hit the k-th matching command.
 //! [`EmuStats::faults_injected`] counts the commands a rule applied to.
 //! With no rule installed the check costs one atomic load per command; the
 //! rule list's lock is taken only while rules are installed.
@@ -168,6 +187,51 @@
 //!   stops all work; it only restores the all-ones page about every
 //!   millisecond, undoing host register writes. Commands in flight never
 //!   complete; nothing brings the device back.
+//!
+//! # Power loss
+//!
+//! With a volatile write cache ([`EmulatorConfig::write_cache`]): Identify
+//! Controller VWC = 07h (present; Flush takes NSID FFFFFFFFh), AWUPF = 0,
+//! Get Features Volatile Write Cache (FID 06h) reports WCE = 1, and Set
+//! Features may clear it (the cache is flushed, then writes are
+//! write-through) or set it again. A logical block is *durable* when its
+//! contents survive any power failure. Durable, at the completion of:
+//!
+//! * a Write with FUA (CDW12 bit 30): its own blocks;
+//! * a Flush: every block of its namespace (all namespaces for NSID
+//!   FFFFFFFFh); the file store is `sync_data`ed first, and a failed sync
+//!   completes the Flush with Write Fault (SCT 2h, SC 80h), the blocks
+//!   staying non-durable;
+//! * Write Zeroes and Dataset Management deallocation: their blocks (as a
+//!   mapping update, not cached);
+//! * a shutdown notification (CC.SHN, normal or abrupt), or Set Features
+//!   WCE = 0: every block.
+//!
+//! Any other Write completes with its blocks in the cache, not durable.
+//! While the cache holds more than [`WriteCacheSpec::capacity_bytes`] of
+//! non-durable blocks, the oldest (by when each became non-durable) are
+//! destaged: durable, as a drive writes its cache back in the background.
+//! Reads always return the newest contents. A controller reset (CC.EN 1
+//! -> 0) keeps the cache as it is; dropping an [`Emulator`] without a power
+//! failure is an orderly power-off: everything is kept.
+//!
+//! [`Emulator::power_fail`] (or [`FaultAction::PowerFail`]) first stops
+//! the controller as [`Emulator::set_gone`] does: no more fetches or
+//! completions, registers all ones. Then every non-durable logical block
+//! is, independently, kept (its new contents) or lost (its last durable
+//! contents restored), by one draw each from a SplitMix64 generator
+//! seeded with [`WriteCacheSpec::seed`], oldest block first: so a Write of
+//! several blocks may be torn at block boundaries, and the same seed and
+//! history give the same outcome. Then the backing store is released, so
+//! that a new emulator can open the same RAM disk or file: it sees the
+//! durable data, and each block written since the last durable point is
+//! whole, old or new. [`PowerFailReport`] counts kept and lost blocks.
+//!
+//! The model is an undo log: a Write goes to the store in place, and the
+//! first Write to a durable block first copies the block's contents into
+//! an arena. Memory is bounded by the capacity (plus one command).
+//! [`Emulator::read_media`] and [`Emulator::write_media`] reach the media
+//! under the cache: a non-durable block's last durable contents.
 
 use std::fmt;
 use std::ptr::NonNull;

@@ -5,8 +5,12 @@
 //! dropped, so the arena's memory is bounded by the most slots ever used
 //! at once (the cache's capacity, plus one command).
 
-/// Bytes per chunk (at least one slot).
-const CHUNK_BYTES: usize = 1 << 20;
+use crate::backing::zeroed_vec;
+
+/// Bytes per chunk (at least one slot): large enough to hold an aligned
+/// 2 MiB transparent huge page, so that filling the arena costs few page
+/// faults.
+const CHUNK_BYTES: usize = 4 << 20;
 
 /// Fixed-size slots of one logical block size.
 #[derive(Debug)]
@@ -39,10 +43,7 @@ impl UndoArena {
         let s = self.fresh;
         if s as usize >= self.chunks.len() * self.per_chunk {
             let bytes = self.per_chunk.checked_mul(self.slot)?;
-            let mut chunk = Vec::new();
-            chunk.try_reserve_exact(bytes).ok()?;
-            chunk.resize(bytes, 0);
-            self.chunks.push(chunk.into_boxed_slice());
+            self.chunks.push(zeroed_vec(bytes).ok()?.into_boxed_slice());
         }
         self.fresh = s.checked_add(1)?;
         Some(s)
