@@ -30,7 +30,12 @@ fn media_error() -> Status {
 
 /// A rule matching I/O commands that touch logical block `lba`.
 fn at_lba(lba: u64, action: FaultAction, times: Option<u64>) -> FaultRule {
-    FaultRule { matches: FaultMatch { lba: Some(lba..lba + 1), ..Default::default() }, action, times }
+    FaultRule {
+        matches: FaultMatch { lba: Some(lba..lba + 1), ..Default::default() },
+        action,
+        times,
+        skip: 0,
+    }
 }
 
 /// Submits one `op` command of one block for each LBA in `lbas` (tag = LBA,
@@ -213,6 +218,7 @@ fn faults_added_at_run_time_apply_until_cleared() {
         },
         action: FaultAction::Fail(media_error()),
         times: None,
+        skip: 0,
     };
     r.emu.add_fault(read_fails);
     let reads = batch(&mut qp, &ns, IoOp::Read, 0..BATCH, &buf);
@@ -235,6 +241,7 @@ fn admin_commands_can_be_failed_too() {
         matches: FaultMatch { qid: Some(0), ..Default::default() },
         action: FaultAction::Fail(status),
         times: Some(1),
+        skip: 0,
     });
     // Create I/O CQ fails (not executed), the next attempt goes through.
     assert!(r.ctrl.create_io_queue_pair(1, 16, 15).is_err());
@@ -247,7 +254,7 @@ fn admin_commands_can_be_failed_too() {
 
 /// A rule matching every command of I/O SQ 1.
 fn on_sq1(action: FaultAction, times: Option<u64>) -> FaultRule {
-    FaultRule { matches: FaultMatch { qid: Some(1), ..Default::default() }, action, times }
+    FaultRule { matches: FaultMatch { qid: Some(1), ..Default::default() }, action, times, skip: 0 }
 }
 
 #[test]

@@ -74,6 +74,7 @@ fn a_wrong_status_on_the_out_of_range_read_fails_that_check() {
         matches: FaultMatch { lba: Some(16384..16385), ..Default::default() },
         action: FaultAction::Fail(Status::media(0x81)),
         times: None,
+        skip: 0,
     });
     let (r, _emu) = run_on(cfg, 16384);
     assert!(matches!(r.outcome("lba_out_of_range_in_batch"), Some(Outcome::Fail(_))), "{r}");
@@ -87,6 +88,7 @@ fn a_failing_scratch_block_fails_the_checks_that_touch_it_and_not_the_run() {
         matches: FaultMatch { lba: Some(3..4), ..Default::default() },
         action: FaultAction::Fail(Status::media(0x81)),
         times: None,
+        skip: 0,
     });
     let (r, _emu) = run_on(cfg, 16384);
     // slba_nlb reads blocks 3..16; phase_wrap writes block 3.
@@ -173,6 +175,7 @@ fn a_check_that_times_out_fails_alone_and_its_queue_is_given_back() {
         matches: FaultMatch { lba: Some(0..1), ..Default::default() },
         action: FaultAction::NeverComplete,
         times: Some(1),
+        skip: 0,
     });
     let emu = Emulator::start(cfg).expect("emulator starts");
     let mut opts = Options::new(1, 0..16384);

@@ -257,6 +257,7 @@ fn a_command_the_emulator_never_completes_times_out_alone() {
             matches: FaultMatch { lba: Some(7..8), ..Default::default() },
             action: FaultAction::NeverComplete,
             times: None,
+            skip: 0,
         })
     });
     let mut b = drive(&gpu, "fine", |_| {});
@@ -329,6 +330,7 @@ fn an_emulator_injected_media_error_reaches_exactly_its_request() {
         matches: FaultMatch { opcode: Some(nvm_opcode::READ), lba: Some(33..34), ..Default::default() },
         action: FaultAction::Fail(Status::media(media::UNRECOVERED_READ_ERROR).with_dnr(true)),
         times: None,
+        skip: 0,
     });
     let qp = d.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
     let q = GpuQueue::new(&gpu, &d.gpu_drive, qp).unwrap();

@@ -18,6 +18,7 @@ use zerocopy::IntoBytes;
 use crate::config::{EmulatorConfig, NamespaceSpec};
 use crate::controller::{Controller, Outcome, Shared};
 use crate::dma::DmaView;
+use crate::media::Media;
 use crate::queues::{CompQueue, Completion, CqeQuirk, SubQueue};
 
 /// Identify Controller VID and SSVID: FFFFh, a value the PCI-SIG never
@@ -28,6 +29,13 @@ pub const VENDOR_ID: u16 = 0xFFFF;
 pub const CONTROLLER_ID: u16 = 1;
 /// Identify Controller ACL and AERL (zero-based): 4 each.
 pub const AERL: u8 = 3;
+/// Identify Controller VWC with a write cache (NVMe Base 2.0, 5.17.2.1):
+/// bit 0 = a volatile write cache is present; bits 2:1 = 11b, Flush
+/// accepts NSID FFFFFFFFh (all namespaces).
+pub(crate) const VWC_PRESENT: u8 = 0b111;
+/// Get Features capabilities (SEL 11b) of Volatile Write Cache: bit 2,
+/// changeable (not saveable, not namespace specific).
+const CAPABILITY_CHANGEABLE: u32 = 1 << 2;
 /// Size of the Error Information log (ELPE = 0: one 64-byte entry).
 const ERROR_LOG_SIZE: usize = 64;
 /// Largest Get Log Page transfer when MDTS is 0 (no limit).
@@ -67,7 +75,7 @@ pub(crate) fn identify_controller(config: &EmulatorConfig) -> Vec<u8> {
     id.set_maxcmd(config.mqes.saturating_add(1));
     id.set_nn(config.namespaces.len() as u32);
     id.set_oncs(oncs_bits::DATASET_MANAGEMENT | oncs_bits::WRITE_ZEROES);
-    id.set_vwc(0);
+    id.set_vwc(if config.write_cache.is_some() { VWC_PRESENT } else { 0 });
     id.set_sgls(0);
     id.as_bytes().to_vec()
 }
@@ -105,7 +113,7 @@ fn identify_namespace(ns: &NamespaceSpec) -> IdentifyNamespace {
 
 impl Controller {
     /// Executes one admin command.
-    pub(crate) fn admin(&mut self, sh: &Shared, dma: &DmaView<'_>, sqe: &Sqe) -> Outcome {
+    pub(crate) fn admin(&mut self, sh: &Shared, dma: &DmaView<'_>, media: &mut Media, sqe: &Sqe) -> Outcome {
         if sqe.fuse() != 0 || sqe.psdt() != 0 {
             return invalid_field();
         }
@@ -119,8 +127,8 @@ impl Controller {
             // Commands complete as soon as they are fetched, so there is
             // never anything to abort: DW0 bit 0 = 1, "not aborted".
             admin_opcode::ABORT => Outcome::ok(1),
-            admin_opcode::SET_FEATURES => self.set_features(sqe),
-            admin_opcode::GET_FEATURES => self.get_features(sqe),
+            admin_opcode::SET_FEATURES => self.set_features(media, sqe),
+            admin_opcode::GET_FEATURES => self.get_features(media, sqe),
             admin_opcode::ASYNC_EVENT_REQUEST => {
                 if self.aer_outstanding > u32::from(AERL) {
                     cs(command_specific::ASYNC_EVENT_REQUEST_LIMIT_EXCEEDED)
@@ -341,7 +349,10 @@ impl Controller {
         s
     }
 
-    fn set_features(&mut self, sqe: &Sqe) -> Outcome {
+    /// Set Features (Base 2.0 5.27): Number of Queues; Volatile Write
+    /// Cache (WCE, CDW11 bit 0) when there is a write cache, disabling it
+    /// flushing it first (a failed file sync is a Write Fault).
+    fn set_features(&mut self, media: &mut Media, sqe: &Sqe) -> Outcome {
         if sqe.cdw10 & (1 << 31) != 0 {
             return cs(command_specific::FEATURE_NOT_SAVEABLE);
         }
@@ -359,12 +370,23 @@ impl Controller {
                 self.granted_cqs = (ncqr + 1).min(self.config.io_queues);
                 Outcome::ok(self.nq_dw0(self.granted_sqs, self.granted_cqs))
             }
-            // No volatile write cache (VWC = 0): not changeable.
+            feature_id::VOLATILE_WRITE_CACHE => match media.set_wce(sqe.cdw11 & 1 != 0) {
+                Ok(true) => Outcome::ok(0),
+                // No volatile write cache (VWC = 0): not changeable.
+                Ok(false) => invalid_field(),
+                Err(crate::backing::MediaError::Status(st)) => Outcome::status(st),
+                Err(crate::backing::MediaError::Dma) => {
+                    Outcome::status(Status::generic(generic::INTERNAL_ERROR).with_dnr(true))
+                }
+            },
             _ => invalid_field(),
         }
     }
 
-    fn get_features(&mut self, sqe: &Sqe) -> Outcome {
+    /// Get Features (Base 2.0 5.15): Number of Queues; Volatile Write
+    /// Cache, DW0 bit 0 = WCE (current; 1 by default with a write cache, 0
+    /// without one).
+    fn get_features(&mut self, media: &Media, sqe: &Sqe) -> Outcome {
         let sel = (sqe.cdw10 >> 8) & 7;
         if sel > 3 {
             return invalid_field();
@@ -375,7 +397,12 @@ impl Controller {
                 1 | 2 => Outcome::ok(self.nq_dw0(self.config.io_queues, self.config.io_queues)),
                 _ => Outcome::ok(0),
             },
-            feature_id::VOLATILE_WRITE_CACHE => Outcome::ok(0),
+            feature_id::VOLATILE_WRITE_CACHE => match (sel, media.wce()) {
+                (0, Some(on)) => Outcome::ok(u32::from(on)),
+                (1 | 2, Some(_)) => Outcome::ok(1),
+                (3, Some(_)) => Outcome::ok(CAPABILITY_CHANGEABLE),
+                _ => Outcome::ok(0),
+            },
             _ => invalid_field(),
         }
     }

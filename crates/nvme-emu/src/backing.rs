@@ -1,4 +1,5 @@
-//! Backing stores for namespace data: RAM, a sparse file, or nothing.
+//! Backing stores for namespace data: RAM, a named RAM disk, a sparse
+//! file, or nothing.
 //!
 //! Offsets here are byte offsets inside one namespace; the caller has
 //! already checked SLBA + NLB against NSZE, and every access is checked
@@ -13,6 +14,7 @@ use nvme_regs::Status;
 use crate::config::{BackingSpec, EmulatorConfig};
 use crate::dma::DmaView;
 use crate::prp::Segment;
+use crate::ram_disk::RamDiskLease;
 use crate::EmuError;
 
 /// Bounce buffer size for file I/O and zeroing, in bytes.
@@ -35,13 +37,13 @@ fn read_error() -> MediaError {
     MediaError::Status(Status::media(media::UNRECOVERED_READ_ERROR).with_dnr(true))
 }
 
-fn write_fault() -> MediaError {
+pub(crate) fn write_fault() -> MediaError {
     MediaError::Status(Status::media(media::WRITE_FAULT).with_dnr(true))
 }
 
 /// A zero-initialised RAM area obtained with `alloc_zeroed`, so the OS
 /// commits pages lazily, and allocation failure is an error, not an abort.
-fn zeroed_vec(n: usize) -> Result<Vec<u8>, EmuError> {
+pub(crate) fn zeroed_vec(n: usize) -> Result<Vec<u8>, EmuError> {
     if n == 0 {
         return Ok(Vec::new());
     }
@@ -83,6 +85,8 @@ fn advise_huge_pages(p: *mut u8, n: usize) {
 #[derive(Debug)]
 pub(crate) enum Backing {
     Ram(Vec<Vec<u8>>),
+    /// A named RAM disk's images, given back to the registry on drop.
+    RamDisk(RamDiskLease),
     Null,
     File {
         file: File,
@@ -106,6 +110,9 @@ impl Backing {
                     v.push(zeroed_vec(n)?);
                 }
                 Ok(Backing::Ram(v))
+            }
+            BackingSpec::RamDisk(name) => {
+                Ok(Backing::RamDisk(RamDiskLease::attach(name, &config.namespaces)?))
             }
             BackingSpec::File(path) => {
                 let io = |source| EmuError::Backing { path: path.clone(), source };
@@ -133,6 +140,65 @@ impl Backing {
         matches!(self, Backing::Null)
     }
 
+    /// True for the file store.
+    pub(crate) fn is_file(&self) -> bool {
+        matches!(self, Backing::File { .. })
+    }
+
+    /// The namespaces' RAM images, for the RAM and RAM disk stores.
+    fn ram(&mut self) -> Option<&mut [Vec<u8>]> {
+        match self {
+            Backing::Ram(v) => Some(v),
+            Backing::RamDisk(lease) => Some(lease.images()),
+            Backing::Null | Backing::File { .. } => None,
+        }
+    }
+
+    /// Namespace `ns`'s bytes `offset..offset + dst.len()` into `dst`
+    /// (the null store leaves `dst` untouched).
+    pub(crate) fn read_at(&mut self, ns: usize, offset: u64, dst: &mut [u8]) -> Result<(), MediaError> {
+        if let Some(images) = self.ram() {
+            let data = images.get(ns).ok_or_else(internal)?;
+            dst.copy_from_slice(ram_range(data, offset, dst.len())?);
+            return Ok(());
+        }
+        let Backing::File { file, base, size, .. } = self else { return Ok(()) };
+        let b = file_range(base, size, ns, offset, dst.len())?;
+        file.read_exact_at(dst, b).map_err(|e| {
+            tracing::warn!(error = %e, "nvme-emu: backing file read failed");
+            read_error()
+        })
+    }
+
+    /// `src` to namespace `ns`'s bytes `offset..offset + src.len()` (the
+    /// null store drops it).
+    pub(crate) fn write_at(&mut self, ns: usize, offset: u64, src: &[u8]) -> Result<(), MediaError> {
+        if let Some(images) = self.ram() {
+            let data = images.get_mut(ns).ok_or_else(internal)?;
+            let off = usize::try_from(offset).map_err(|_| internal())?;
+            let dst =
+                off.checked_add(src.len()).and_then(|end| data.get_mut(off..end)).ok_or_else(internal)?;
+            dst.copy_from_slice(src);
+            return Ok(());
+        }
+        let Backing::File { file, base, size, .. } = self else { return Ok(()) };
+        let b = file_range(base, size, ns, offset, src.len())?;
+        file.write_all_at(src, b).map_err(|e| {
+            tracing::warn!(error = %e, "nvme-emu: backing file write failed");
+            write_fault()
+        })
+    }
+
+    /// Makes the file store's data durable on the host (`sync_data`); a
+    /// no-op for the other stores. A failure is a Write Fault.
+    pub(crate) fn sync(&mut self) -> Result<(), MediaError> {
+        let Backing::File { file, .. } = self else { return Ok(()) };
+        file.sync_data().map_err(|e| {
+            tracing::warn!(error = %e, "nvme-emu: backing file sync_data failed");
+            write_fault()
+        })
+    }
+
     /// Media -> host: copies namespace `ns` bytes from `offset` into the
     /// host segments (whose lengths add up to the transfer).
     pub(crate) fn read(
@@ -142,19 +208,19 @@ impl Backing {
         offset: u64,
         segs: &[Segment],
     ) -> Result<(), MediaError> {
-        match self {
-            Backing::Null => Ok(()),
-            Backing::Ram(v) => {
-                let data = v.get(ns).ok_or_else(internal)?;
-                let mut off = usize::try_from(offset).map_err(|_| internal())?;
-                for s in segs {
-                    let len = s.len as usize;
-                    let src = off.checked_add(len).and_then(|end| data.get(off..end)).ok_or_else(internal)?;
-                    dma.write(s.iova, src).map_err(|_| MediaError::Dma)?;
-                    off += len;
-                }
-                Ok(())
+        if let Some(images) = self.ram() {
+            let data = images.get(ns).ok_or_else(internal)?;
+            let mut off = usize::try_from(offset).map_err(|_| internal())?;
+            for s in segs {
+                let len = s.len as usize;
+                let src = off.checked_add(len).and_then(|end| data.get(off..end)).ok_or_else(internal)?;
+                dma.write(s.iova, src).map_err(|_| MediaError::Dma)?;
+                off += len;
             }
+            return Ok(());
+        }
+        match self {
+            Backing::Null | Backing::Ram(_) | Backing::RamDisk(_) => Ok(()),
             Backing::File { file, base, size, bounce } => {
                 let (b, sz) = (*base.get(ns).ok_or_else(internal)?, *size.get(ns).ok_or_else(internal)?);
                 let mut off = offset;
@@ -189,20 +255,19 @@ impl Backing {
         offset: u64,
         segs: &[Segment],
     ) -> Result<(), MediaError> {
-        match self {
-            Backing::Null => Ok(()),
-            Backing::Ram(v) => {
-                let data = v.get_mut(ns).ok_or_else(internal)?;
-                let mut off = usize::try_from(offset).map_err(|_| internal())?;
-                for s in segs {
-                    let len = s.len as usize;
-                    let dst =
-                        off.checked_add(len).and_then(|end| data.get_mut(off..end)).ok_or_else(internal)?;
-                    dma.read(s.iova, dst).map_err(|_| MediaError::Dma)?;
-                    off += len;
-                }
-                Ok(())
+        if let Some(images) = self.ram() {
+            let data = images.get_mut(ns).ok_or_else(internal)?;
+            let mut off = usize::try_from(offset).map_err(|_| internal())?;
+            for s in segs {
+                let len = s.len as usize;
+                let dst = off.checked_add(len).and_then(|end| data.get_mut(off..end)).ok_or_else(internal)?;
+                dma.read(s.iova, dst).map_err(|_| MediaError::Dma)?;
+                off += len;
             }
+            return Ok(());
+        }
+        match self {
+            Backing::Null | Backing::Ram(_) | Backing::RamDisk(_) => Ok(()),
             Backing::File { file, base, size, bounce } => {
                 let (b, sz) = (*base.get(ns).ok_or_else(internal)?, *size.get(ns).ok_or_else(internal)?);
                 let mut off = offset;
@@ -231,15 +296,15 @@ impl Backing {
     /// Sets `len` bytes of namespace `ns` at `offset` to zero (Write Zeroes,
     /// deallocation).
     pub(crate) fn zero(&mut self, ns: usize, offset: u64, len: u64) -> Result<(), MediaError> {
+        if let Some(images) = self.ram() {
+            let data = images.get_mut(ns).ok_or_else(internal)?;
+            let off = usize::try_from(offset).map_err(|_| internal())?;
+            let len = usize::try_from(len).map_err(|_| internal())?;
+            off.checked_add(len).and_then(|end| data.get_mut(off..end)).ok_or_else(internal)?.fill(0);
+            return Ok(());
+        }
         match self {
-            Backing::Null => Ok(()),
-            Backing::Ram(v) => {
-                let data = v.get_mut(ns).ok_or_else(internal)?;
-                let off = usize::try_from(offset).map_err(|_| internal())?;
-                let len = usize::try_from(len).map_err(|_| internal())?;
-                off.checked_add(len).and_then(|end| data.get_mut(off..end)).ok_or_else(internal)?.fill(0);
-                Ok(())
-            }
+            Backing::Null | Backing::Ram(_) | Backing::RamDisk(_) => Ok(()),
             Backing::File { file, base, size, bounce } => {
                 let (b, sz) = (*base.get(ns).ok_or_else(internal)?, *size.get(ns).ok_or_else(internal)?);
                 if offset.checked_add(len).is_none_or(|end| end > sz) {
@@ -258,5 +323,22 @@ impl Backing {
                 Ok(())
             }
         }
+    }
+}
+
+/// `len` bytes of a RAM image at `offset`, or an Internal Error when out
+/// of range.
+fn ram_range(data: &[u8], offset: u64, len: usize) -> Result<&[u8], MediaError> {
+    let off = usize::try_from(offset).map_err(|_| internal())?;
+    off.checked_add(len).and_then(|end| data.get(off..end)).ok_or_else(internal)
+}
+
+/// File offset of namespace `ns`'s bytes `offset..offset + len`, or an
+/// Internal Error when they are not inside the namespace.
+fn file_range(base: &[u64], size: &[u64], ns: usize, offset: u64, len: usize) -> Result<u64, MediaError> {
+    let (b, sz) = (*base.get(ns).ok_or_else(internal)?, *size.get(ns).ok_or_else(internal)?);
+    match offset.checked_add(len as u64) {
+        Some(end) if end <= sz => Ok(b + offset),
+        _ => Err(internal()),
     }
 }

@@ -80,6 +80,35 @@ pub enum BackingSpec {
     /// One sparse file for the controller, namespaces laid out back to back
     /// in NSID order. Created if missing; resized to the total size.
     File(PathBuf),
+    /// A named RAM disk: zero-initialised RAM images, one per namespace,
+    /// kept in a process-wide registry after the emulator is gone (or has
+    /// lost power, [`crate::Emulator::power_fail`]), so that the next
+    /// emulator naming it sees the same data. Created on first use with the
+    /// namespaces' sizes; attaching and detaching move the images, never
+    /// copy them. A layout that differs from the disk's, or a disk that
+    /// another live emulator holds, fails [`crate::Emulator::start`]
+    /// ([`crate::EmuError::RamDiskLayout`], [`crate::EmuError::RamDiskInUse`]).
+    /// Removed with [`crate::remove_ram_disk`].
+    RamDisk(String),
+}
+
+/// A volatile write cache (NVMe Base 2.0, 5.27.1.4 "Volatile Write Cache";
+/// Identify Controller VWC, 5.17.2.1), as [`crate::Emulator`] models it: a
+/// completed Write is in the cache, not yet durable, until a Flush, a Write
+/// with FUA on its blocks, destaging (oldest first, beyond
+/// `capacity_bytes`) or a shutdown notification makes it durable. What a
+/// power failure ([`crate::Emulator::power_fail`]) does with the blocks
+/// still in the cache is decided per logical block by a generator seeded
+/// with `seed`. See the crate documentation, "Power loss".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteCacheSpec {
+    /// Most bytes of non-durable logical blocks the cache holds; beyond
+    /// it the oldest blocks are destaged (become durable). 0 = every write
+    /// is destaged at once (the cache is reported but holds nothing).
+    pub capacity_bytes: u64,
+    /// Seed of the generator that decides, per non-durable logical block,
+    /// whether a power failure keeps or loses it.
+    pub seed: u64,
 }
 
 /// A single-channel media timing model: a command occupies the one media
@@ -138,6 +167,10 @@ pub struct EmulatorConfig {
     /// nothing, as [`crate::Emulator::set_gone`] at run time. Default
     /// `false`.
     pub registers_all_ones: bool,
+    /// A volatile write cache (Identify Controller VWC = 1); `None` (the
+    /// default): VWC = 0, a completed write is durable and Flush does
+    /// nothing.
+    pub write_cache: Option<WriteCacheSpec>,
 }
 
 impl EmulatorConfig {
@@ -165,6 +198,7 @@ impl EmulatorConfig {
             faults: Vec::new(),
             never_ready: false,
             registers_all_ones: false,
+            write_cache: None,
         }
     }
 
@@ -211,7 +245,8 @@ impl EmulatorConfig {
             let Some(bytes) = ns.bytes() else {
                 return bad("blocks", ns.blocks, "namespace size overflows");
             };
-            if self.backing == BackingSpec::Ram && bytes > isize::MAX as u64 {
+            let in_ram = matches!(self.backing, BackingSpec::Ram | BackingSpec::RamDisk(_));
+            if in_ram && bytes > isize::MAX as u64 {
                 return bad("blocks", ns.blocks, "namespace too large for RAM backing");
             }
             total = match total.checked_add(bytes) {
@@ -234,6 +269,11 @@ impl EmulatorConfig {
         match self.register_page_len() {
             Some(n) if n <= MAX_REGISTER_PAGE => {}
             _ => return bad("io_queues", u64::from(self.io_queues), "register page too large for dstrd"),
+        }
+        if let BackingSpec::RamDisk(name) = &self.backing {
+            if name.is_empty() {
+                return bad("backing", 0, "a RAM disk needs a non-empty name");
+            }
         }
         if self.cap_to_500ms == 0 {
             return bad("cap_to_500ms", 0, "CAP.TO must be at least 1");

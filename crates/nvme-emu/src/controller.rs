@@ -12,16 +12,16 @@
 //! `sched_yield` phase; see [`run`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use nvme_regs::registers::offset;
 use nvme_regs::{Aqa, Cc, Csts, ShutdownNotification, ShutdownStatus, Sqe, Status};
 
-use crate::backing::Backing;
 use crate::config::{EmulatorConfig, NamespaceSpec};
 use crate::dma::{DmaFault, DmaView, IovaSpace};
 use crate::fault::{FaultAction, Faults};
+use crate::media::Media;
 use crate::prp::Segment;
 use crate::queues::{CompQueue, Completion, CqeQuirk, SqDoorbell, SubQueue};
 use crate::regs::{RegisterPage, MPSMAX, MPSMIN};
@@ -60,6 +60,25 @@ pub(crate) struct Shared {
     pub gone_fill: std::sync::atomic::AtomicU32,
     /// Set by the thread once it has seen `gone` and stopped working.
     pub gone_ack: AtomicBool,
+    /// The backing store and write cache. The thread holds the lock for a
+    /// poll iteration; the handle takes it for direct media access and a
+    /// power failure.
+    pub media: Mutex<Media>,
+}
+
+impl Shared {
+    /// Locks the media (a panic while it was held leaves it usable).
+    pub(crate) fn lock_media(&self) -> MutexGuard<'_, Media> {
+        self.media.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The device stops answering: the register page reads all ones from
+    /// now on and the thread stops working (see [`run`]).
+    pub(crate) fn go_away(&self) {
+        self.gone_fill.store(u32::MAX, Ordering::SeqCst);
+        self.gone.store(true, Ordering::SeqCst);
+        self.regs.fill(u32::MAX);
+    }
 }
 
 /// Counters behind [`crate::EmuStats`].
@@ -100,6 +119,8 @@ pub(crate) enum State {
     Fatal,
     /// CSTS.SHST = complete; waits for CC.EN = 0.
     ShutDown,
+    /// The power failed ([`FaultAction::PowerFail`]): nothing more happens.
+    PoweredOff,
 }
 
 /// What a command produced.
@@ -156,7 +177,6 @@ pub(crate) struct Controller {
     /// QIDs of existing I/O SQs / CQs (admin excluded), in creation order.
     pub active_sqs: Vec<u16>,
     pub active_cqs: Vec<u16>,
-    pub backing: Backing,
     pub timing: Option<Timing>,
     pub segs: Vec<Segment>,
     pub scratch: Vec<u8>,
@@ -175,7 +195,7 @@ pub(crate) struct Controller {
 }
 
 impl Controller {
-    pub(crate) fn new(config: EmulatorConfig, backing: Backing) -> Self {
+    pub(crate) fn new(config: EmulatorConfig) -> Self {
         let n = usize::from(config.io_queues) + 1;
         let identify_ctrl = crate::admin::identify_controller(&config);
         Self {
@@ -191,7 +211,6 @@ impl Controller {
             cqs: (0..n).map(|_| None).collect(),
             active_sqs: Vec::new(),
             active_cqs: Vec::new(),
-            backing,
             segs: Vec::with_capacity(64),
             scratch: vec![0u8; 4096],
             identify_ctrl,
@@ -270,8 +289,12 @@ impl Controller {
 
     /// CC.SHN while enabled: stop fetching; for a normal shutdown post
     /// every scheduled and waiting completion that fits in its CQ (the rest
-    /// are dropped), for an abrupt one drop them; then CSTS.SHST = 10b.
+    /// are dropped), for an abrupt one drop them; either way the write
+    /// cache is flushed (made durable); then CSTS.SHST = 10b.
     fn shutdown(&mut self, sh: &Shared, shn: ShutdownNotification) {
+        if let Err(e) = sh.lock_media().flush(None) {
+            tracing::warn!(error = ?e, "nvme-emu: write cache flush at shutdown failed");
+        }
         if shn == ShutdownNotification::Normal {
             let dma = sh.iova.view();
             if let Some(t) = &mut self.timing {
@@ -350,7 +373,9 @@ impl Controller {
             return (false, None);
         }
         let dma = sh.iova.view();
-        let r = self.poll_enabled(sh, &dma, now);
+        let mut media = sh.lock_media();
+        let r = self.poll_enabled(sh, &dma, &mut media, now);
+        drop(media);
         drop(dma);
         self.flush_stats(sh);
         match r {
@@ -362,7 +387,13 @@ impl Controller {
         }
     }
 
-    fn poll_enabled(&mut self, sh: &Shared, dma: &DmaView<'_>, now: Instant) -> Result<bool, Fatal> {
+    fn poll_enabled(
+        &mut self,
+        sh: &Shared,
+        dma: &DmaView<'_>,
+        media: &mut Media,
+        now: Instant,
+    ) -> Result<bool, Fatal> {
         let mut work = false;
         // CQ head doorbells, then completions that were waiting for room.
         for i in 0..=self.active_cqs.len() {
@@ -390,7 +421,7 @@ impl Controller {
             self.complete_now(sh, dma, s.cqid, s.completion)?;
         }
         // Admin SQ first, then I/O SQs.
-        work |= self.drain_sq(sh, dma, 0, now)?;
+        work |= self.drain_sq(sh, dma, media, 0, now)?;
         if self.state != State::Enabled {
             return Ok(work);
         }
@@ -398,7 +429,7 @@ impl Controller {
             let Some(&qid) = self.active_sqs.get(i) else {
                 break;
             };
-            work |= self.drain_sq(sh, dma, qid, now)?;
+            work |= self.drain_sq(sh, dma, media, qid, now)?;
             if self.state != State::Enabled {
                 break;
             }
@@ -407,7 +438,14 @@ impl Controller {
     }
 
     /// Reads SQ `qid`'s tail doorbell and executes up to [`BATCH`] commands.
-    fn drain_sq(&mut self, sh: &Shared, dma: &DmaView<'_>, qid: u16, now: Instant) -> Result<bool, Fatal> {
+    fn drain_sq(
+        &mut self,
+        sh: &Shared,
+        dma: &DmaView<'_>,
+        media: &mut Media,
+        qid: u16,
+        now: Instant,
+    ) -> Result<bool, Fatal> {
         if !self.take_sq_doorbell(sh, qid) {
             return Ok(false);
         }
@@ -428,7 +466,7 @@ impl Controller {
             }
             let sqe = sq.fetch(dma)?;
             n += 1;
-            let (outcome, injected) = self.execute_with_faults(sh, dma, qid, &sqe);
+            let (outcome, injected) = self.execute_with_faults(sh, dma, media, qid, &sqe);
             if let Outcome::Complete { status, dw0, media_bytes } = outcome {
                 let c = Completion { dw0, sqid: qid, cid: injected.cid, status, quirk: injected.quirk };
                 self.post_completion(sh, dma, cqid, c, media_bytes, injected, now)?;
@@ -481,13 +519,14 @@ impl Controller {
         &mut self,
         sh: &Shared,
         dma: &DmaView<'_>,
+        media: &mut Media,
         qid: u16,
         sqe: &Sqe,
     ) -> (Outcome, Injected) {
         // Fault injection: one relaxed load when no rule is installed.
         let mut inj = Injected { delay: None, cid: sqe.cid(), quirk: CqeQuirk::None, copies: 1 };
         let outcome = match sh.faults.check(qid, sqe) {
-            None => self.execute(sh, dma, qid, sqe),
+            None => self.execute(sh, dma, media, qid, sqe),
             Some(FaultAction::Fail(status)) => Outcome::status(status),
             Some(FaultAction::NeverComplete) => {
                 // Held: Delete I/O SQ aborts it.
@@ -500,6 +539,12 @@ impl Controller {
                 self.injected_fatal(sh);
                 Outcome::Deferred
             }
+            Some(FaultAction::PowerFail) => {
+                // Executed into the cache; the power fails before its CQE.
+                let _ = self.execute(sh, dma, media, qid, sqe);
+                self.power_fail(sh, media);
+                Outcome::Deferred
+            }
             Some(action) => {
                 match action {
                     FaultAction::Delay(d) => inj.delay = Some(d),
@@ -507,9 +552,12 @@ impl Controller {
                     FaultAction::UnknownCid(c) => inj.cid = c,
                     FaultAction::LaggingSqhd => inj.quirk = CqeQuirk::LagSqhd,
                     FaultAction::PhaseBeforeBody => inj.quirk = CqeQuirk::PhaseFirst,
-                    FaultAction::Fail(_) | FaultAction::NeverComplete | FaultAction::ControllerFatal => {}
+                    FaultAction::Fail(_)
+                    | FaultAction::NeverComplete
+                    | FaultAction::ControllerFatal
+                    | FaultAction::PowerFail => {}
                 }
-                self.execute(sh, dma, qid, sqe)
+                self.execute(sh, dma, media, qid, sqe)
             }
         };
         (outcome, inj)
@@ -557,12 +605,24 @@ impl Controller {
 
     /// Executes one fetched command of SQ `qid`.
     #[inline]
-    fn execute(&mut self, sh: &Shared, dma: &DmaView<'_>, qid: u16, sqe: &Sqe) -> Outcome {
+    fn execute(&mut self, sh: &Shared, dma: &DmaView<'_>, media: &mut Media, qid: u16, sqe: &Sqe) -> Outcome {
         if qid == 0 {
-            self.admin(sh, dma, sqe)
+            self.admin(sh, dma, media, sqe)
         } else {
-            self.io(sh, dma, sqe)
+            self.io(sh, dma, media, sqe)
         }
+    }
+
+    /// [`FaultAction::PowerFail`], from the controller thread: the device
+    /// stops answering at once (registers all ones, no more fetches or
+    /// completions, those scheduled or waiting included), the write cache
+    /// loses or keeps each non-durable block, and the backing store is
+    /// released. [`crate::Emulator::power_fail_report`] has the outcome.
+    fn power_fail(&mut self, sh: &Shared, media: &mut Media) {
+        sh.go_away();
+        let r = media.power_loss();
+        tracing::debug!(?r, "nvme-emu: fault injection, power failed");
+        self.state = State::PoweredOff;
     }
 
     /// Posts `c` to CQ `cqid` now, or queues it behind earlier waiting

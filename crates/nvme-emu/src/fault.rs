@@ -1,7 +1,7 @@
 //! Scriptable fault injection: rules that make chosen commands fail, never
 //! complete, complete late, complete in ways that break the queue protocol
 //! (twice, with a foreign CID, with a lagging SQHD, phase tag before body),
-//! or bring the whole controller down (CSTS.CFS).
+//! bring the whole controller down (CSTS.CFS), or cut its power.
 //!
 //! The rules live in [`Shared`](crate::controller::Shared), so the
 //! [`crate::Emulator`] handle can add and clear them while the controller
@@ -87,6 +87,16 @@ pub enum FaultAction {
     /// included) until the host resets it (CC.EN 1 -> 0 clears CFS and
     /// deletes all queues, as on real hardware).
     ControllerFatal,
+    /// The power fails on this command, as [`crate::Emulator::power_fail`]
+    /// from inside the controller: the command is executed (a Write's data
+    /// goes into the write cache, not durable unless FUA), then, before its
+    /// CQE is posted, the controller stops answering (registers read all
+    /// ones, nothing more is fetched or completed, this command included),
+    /// each non-durable block is kept or lost, and the backing store is
+    /// released. [`crate::Emulator::power_fail_report`] has the outcome.
+    /// Use [`FaultRule::skip`] to cut the power on the k-th matching
+    /// command.
+    PowerFail,
 }
 
 /// One fault rule: the commands it matches, what happens to them, and how
@@ -98,8 +108,13 @@ pub struct FaultRule {
     /// What it does to them.
     pub action: FaultAction,
     /// `None` = every match; `Some(n)` = the first `n` matches only (the
-    /// rule is removed once spent).
+    /// rule is removed once spent). Counted after `skip`.
     pub times: Option<u64>,
+    /// Matching commands to let pass first: the rule applies from the
+    /// `skip + 1`-th match on (0 = from the first). A command a rule lets
+    /// pass is checked against the rules after it, and is not counted in
+    /// [`crate::EmuStats::faults_injected`].
+    pub skip: u64,
 }
 
 impl FaultMatch {
@@ -201,7 +216,19 @@ impl Faults {
     #[cold]
     fn check_slow(&self, qid: u16, sqe: &Sqe) -> Option<FaultAction> {
         let mut rules = self.lock();
-        let i = rules.iter().position(|r| r.times != Some(0) && r.matches.matches(qid, sqe))?;
+        let mut found = None;
+        for (i, r) in rules.iter_mut().enumerate() {
+            if r.times == Some(0) || !r.matches.matches(qid, sqe) {
+                continue;
+            }
+            if r.skip > 0 {
+                r.skip -= 1;
+                continue;
+            }
+            found = Some(i);
+            break;
+        }
+        let i = found?;
         let action = rules[i].action.clone();
         if let Some(n) = &mut rules[i].times {
             *n -= 1;
@@ -273,8 +300,14 @@ mod tests {
                 matches: FaultMatch { lba: Some(0..1), ..Default::default() },
                 action: fail.clone(),
                 times: Some(1),
+                skip: 0,
             },
-            FaultRule { matches: FaultMatch::default(), action: FaultAction::NeverComplete, times: Some(2) },
+            FaultRule {
+                matches: FaultMatch::default(),
+                action: FaultAction::NeverComplete,
+                times: Some(2),
+                skip: 0,
+            },
         ]);
         assert_eq!(f.check(1, &read(0, 1)), Some(fail));
         assert_eq!(f.check(1, &read(0, 1)), Some(FaultAction::NeverComplete));
@@ -282,9 +315,34 @@ mod tests {
         assert_eq!(f.check(1, &read(0, 1)), None);
         assert!(!f.present.load(Ordering::Relaxed), "spent rules are removed");
         assert_eq!(f.injected.load(Ordering::Relaxed), 3);
-        f.add(FaultRule { matches: FaultMatch::default(), action: FaultAction::NeverComplete, times: None });
+        f.add(FaultRule {
+            matches: FaultMatch::default(),
+            action: FaultAction::NeverComplete,
+            times: None,
+            skip: 0,
+        });
         assert!(f.check(0, &read(0, 1)).is_some());
         f.clear();
         assert_eq!(f.check(0, &read(0, 1)), None);
+    }
+
+    #[test]
+    fn skip_lets_matches_pass_to_later_rules_first() {
+        let lba0 = FaultMatch { lba: Some(0..1), ..Default::default() };
+        let f = Faults::new(vec![
+            FaultRule { matches: lba0, action: FaultAction::PowerFail, times: Some(1), skip: 2 },
+            FaultRule {
+                matches: FaultMatch::default(),
+                action: FaultAction::LaggingSqhd,
+                times: None,
+                skip: 0,
+            },
+        ]);
+        assert_eq!(f.check(1, &read(5, 1)), Some(FaultAction::LaggingSqhd), "not a match: skip unchanged");
+        assert_eq!(f.check(1, &read(0, 1)), Some(FaultAction::LaggingSqhd), "first match passes");
+        assert_eq!(f.check(1, &read(0, 1)), Some(FaultAction::LaggingSqhd), "second match passes");
+        assert_eq!(f.check(1, &read(0, 1)), Some(FaultAction::PowerFail), "the third applies");
+        assert_eq!(f.check(1, &read(0, 1)), Some(FaultAction::LaggingSqhd), "spent");
+        assert_eq!(f.injected.load(Ordering::Relaxed), 5);
     }
 }

@@ -26,14 +26,19 @@
 //!   (unless [`FaultAction::PhaseBeforeBody`] says otherwise).
 //! * Admin: Identify (CNS 00h, 01h, 02h), Create/Delete I/O SQ and CQ, Get
 //!   Log Page (Error Information, SMART / Health), Set/Get Features (Number
-//!   of Queues; Get Volatile Write Cache), Abort, Asynchronous Event
-//!   Request (accepted, see below).
-//! * NVM: Read, Write, Flush, Write Zeroes (DEAC accepted), Dataset
+//!   of Queues; Volatile Write Cache), Abort, Asynchronous Event Request
+//!   (accepted, see below).
+//! * NVM: Read, Write (FUA), Flush, Write Zeroes (DEAC accepted), Dataset
 //!   Management (deallocate zeroes the ranges).
 //! * PRP walking with the specification's checks (PRP Offset Invalid, Data
 //!   Transfer Error for anything outside a mapped region), MDTS.
-//! * Backing stores: RAM, sparse file, null ([`BackingSpec`]); an optional
-//!   single-channel timing model ([`TimingModel`]).
+//! * Backing stores: RAM, named RAM disk that outlives the emulator,
+//!   sparse file, null ([`BackingSpec`]); an optional single-channel
+//!   timing model ([`TimingModel`]).
+//! * An optional volatile write cache ([`WriteCacheSpec`], VWC = 1) and
+//!   power failures ([`Emulator::power_fail`], [`FaultAction::PowerFail`]):
+//!   see "Power loss" below. Direct media access for corruption tests
+//!   ([`Emulator::write_media`], [`Emulator::read_media`]).
 //!
 //! # What it does not implement
 //!
@@ -59,8 +64,17 @@
 //!   event, are only counted in [`EmuStats::doorbell_violations`].
 //! * Error Information log entries are always zero (no error is logged).
 //! * Weighted round robin / urgent priorities: SQs are served round robin.
-//! * A volatile write cache (VWC = 0): a completed write is in the store;
-//!   Flush succeeds immediately and the file store is not `fsync`ed.
+//! * Without [`EmulatorConfig::write_cache`] (the default), no volatile
+//!   write cache (VWC = 0): a completed write is durable, Flush succeeds at
+//!   once, the file store is never `fsync`ed and nothing is lost at a
+//!   power failure. Capacitor-backed power-loss protection is modelled
+//!   only that way: no write cache, or one disabled with Set Features
+//!   (WCE = 0, write-through).
+//! * Power loss below the logical block: a block is kept or lost whole,
+//!   never partially written (AWUPF = 0 means one block is atomic); no
+//!   metadata, no media errors from the failure (a lost block reads its
+//!   last durable contents, not an Unrecovered Read Error), no reordering
+//!   of destaging beyond "oldest first".
 //!
 //! # Behaviour worth knowing
 //!
@@ -151,7 +165,12 @@
 //!   queues (no fetch, no completion, scheduled and waiting ones included)
 //!   until the host resets it: CC.EN 1 -> 0 clears CFS and deletes every
 //!   queue, as on real hardware.
+//! * [`FaultAction::PowerFail`]: the command is executed (a Write into the
+//!   write cache), then the power fails before its CQE, as
+//!   [`Emulator::power_fail`] (see "Power loss").
 //!
+//! [`FaultRule::skip`] lets the first matches pass (to later rules), so a
+//! rule can hit the k-th matching command.
 //! [`EmuStats::faults_injected`] counts the commands a rule applied to.
 //! With no rule installed the check costs one atomic load per command; the
 //! rule list's lock is taken only while rules are installed.
@@ -168,6 +187,51 @@
 //!   stops all work; it only restores the all-ones page about every
 //!   millisecond, undoing host register writes. Commands in flight never
 //!   complete; nothing brings the device back.
+//!
+//! # Power loss
+//!
+//! With a volatile write cache ([`EmulatorConfig::write_cache`]): Identify
+//! Controller VWC = 07h (present; Flush takes NSID FFFFFFFFh), AWUPF = 0,
+//! Get Features Volatile Write Cache (FID 06h) reports WCE = 1, and Set
+//! Features may clear it (the cache is flushed, then writes are
+//! write-through) or set it again. A logical block is *durable* when its
+//! contents survive any power failure. Durable, at the completion of:
+//!
+//! * a Write with FUA (CDW12 bit 30): its own blocks;
+//! * a Flush: every block of its namespace (all namespaces for NSID
+//!   FFFFFFFFh); the file store is `sync_data`ed first, and a failed sync
+//!   completes the Flush with Write Fault (SCT 2h, SC 80h), the blocks
+//!   staying non-durable;
+//! * Write Zeroes and Dataset Management deallocation: their blocks (as a
+//!   mapping update, not cached);
+//! * a shutdown notification (CC.SHN, normal or abrupt), or Set Features
+//!   WCE = 0: every block.
+//!
+//! Any other Write completes with its blocks in the cache, not durable.
+//! While the cache holds more than [`WriteCacheSpec::capacity_bytes`] of
+//! non-durable blocks, the oldest (by when each became non-durable) are
+//! destaged: durable, as a drive writes its cache back in the background.
+//! Reads always return the newest contents. A controller reset (CC.EN 1
+//! -> 0) keeps the cache as it is; dropping an [`Emulator`] without a power
+//! failure is an orderly power-off: everything is kept.
+//!
+//! [`Emulator::power_fail`] (or [`FaultAction::PowerFail`]) first stops
+//! the controller as [`Emulator::set_gone`] does: no more fetches or
+//! completions, registers all ones. Then every non-durable logical block
+//! is, independently, kept (its new contents) or lost (its last durable
+//! contents restored), by one draw each from a SplitMix64 generator
+//! seeded with [`WriteCacheSpec::seed`], oldest block first: so a Write of
+//! several blocks may be torn at block boundaries, and the same seed and
+//! history give the same outcome. Then the backing store is released, so
+//! that a new emulator can open the same RAM disk or file: it sees the
+//! durable data, and each block written since the last durable point is
+//! whole, old or new. [`PowerFailReport`] counts kept and lost blocks.
+//!
+//! The model is an undo log: a Write goes to the store in place, and the
+//! first Write to a durable block first copies the block's contents into
+//! an arena. Memory is bounded by the capacity (plus one command).
+//! [`Emulator::read_media`] and [`Emulator::write_media`] reach the media
+//! under the cache: a non-durable block's last durable contents.
 
 use std::fmt;
 use std::ptr::NonNull;
@@ -179,20 +243,26 @@ use nvm_queue::{DeviceError, DmaMapping, Mmio, NvmeDevice};
 
 mod admin;
 mod backing;
+mod cache;
 pub mod config;
 mod controller;
 mod dma;
 mod fault;
+mod media;
 mod nvm;
 mod prp;
 mod queues;
+mod ram_disk;
 mod regs;
 mod timing;
+mod undo;
 
 pub use admin::{CONTROLLER_ID, VENDOR_ID};
-pub use config::{BackingSpec, EmulatorConfig, NamespaceSpec, TimingModel};
+pub use config::{BackingSpec, EmulatorConfig, NamespaceSpec, TimingModel, WriteCacheSpec};
 pub use dma::{ExternalMemory, IOVA_BASE};
 pub use fault::{FaultAction, FaultMatch, FaultRule};
+pub use media::{MediaAccessError, PowerFailReport};
+pub use ram_disk::remove_ram_disk;
 
 use controller::{Controller, Shared, StatsAtomics};
 
@@ -230,6 +300,24 @@ pub enum EmuError {
     /// The controller thread could not be spawned.
     #[error("spawning the controller thread")]
     Spawn(#[source] std::io::Error),
+    /// Another live emulator holds the RAM disk ([`BackingSpec::RamDisk`];
+    /// or [`remove_ram_disk`] of a disk in use).
+    #[error("RAM disk {name:?} is attached to another emulator")]
+    RamDiskInUse {
+        /// The disk's name.
+        name: String,
+    },
+    /// The RAM disk exists with other namespaces than the emulator's.
+    #[error("RAM disk {name:?} has namespaces {existing:?}, the emulator wants {requested:?} (blocks, block size)")]
+    RamDiskLayout {
+        /// The disk's name.
+        name: String,
+        /// The disk's namespaces: (size in logical blocks, logical block
+        /// size in bytes), NSID order.
+        existing: Vec<(u64, u32)>,
+        /// The emulator's namespaces, as `existing`.
+        requested: Vec<(u64, u32)>,
+    },
 }
 
 /// A snapshot of an emulator's counters.
@@ -302,7 +390,7 @@ impl Emulator {
     pub fn start(config: EmulatorConfig) -> Result<Arc<Emulator>, EmuError> {
         config.validate()?;
         let regs = regs::RegisterPage::new(&config)?;
-        let backing = backing::Backing::new(&config)?;
+        let media = media::Media::new(&config)?;
         let shared = Arc::new(Shared {
             regs,
             iova: dma::IovaSpace::new(),
@@ -312,11 +400,12 @@ impl Emulator {
             gone: AtomicBool::new(config.registers_all_ones),
             gone_fill: std::sync::atomic::AtomicU32::new(u32::MAX),
             gone_ack: AtomicBool::new(false),
+            media: std::sync::Mutex::new(media),
         });
         if config.registers_all_ones {
             shared.regs.fill_ones();
         }
-        let ctrl = Controller::new(config.clone(), backing);
+        let ctrl = Controller::new(config.clone());
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("nvme-emu-{}", config.name))
@@ -397,6 +486,64 @@ impl Emulator {
                 std::thread::sleep(std::time::Duration::from_micros(20));
             }
         }
+    }
+
+    /// Fault injection: the power fails. At once, as [`Emulator::set_gone`]:
+    /// the controller stops fetching and completing (commands in flight
+    /// never complete) and every register reads `0xFFFF_FFFF`. Then each
+    /// logical block that the write cache holds non-durable is kept (its
+    /// new contents) or lost (back to its last durable contents), each
+    /// decided on its own by a generator seeded with
+    /// [`WriteCacheSpec::seed`], so a multi-block write may be torn at
+    /// logical block boundaries, never inside a block (AWUPF = 0). Then
+    /// the backing store is released: a RAM disk goes back to its
+    /// registry and a file is closed, so a new emulator can open them
+    /// while this handle (and any DMA buffer holding it) lives on. Without
+    /// a write cache nothing is lost. See the crate documentation, "Power
+    /// loss".
+    ///
+    /// Only the first power failure acts (this call or a
+    /// [`FaultAction::PowerFail`] rule); later calls return its report.
+    /// There is no way back: start a new emulator.
+    pub fn power_fail(&self) -> PowerFailReport {
+        self.stop_answering(u32::MAX);
+        self.shared.lock_media().power_loss()
+    }
+
+    /// The report of the power failure, once the power has failed
+    /// ([`Emulator::power_fail`] or a [`FaultAction::PowerFail`] rule);
+    /// `None` before.
+    pub fn power_fail_report(&self) -> Option<PowerFailReport> {
+        self.shared.lock_media().power_report()
+    }
+
+    /// Writes `data` straight to the media of namespace `nsid` at byte
+    /// `byte_offset`, bypassing the commands and the write cache (for
+    /// corruption tests): durable at once. A logical block the write cache
+    /// holds non-durable gets the bytes in its last durable contents: host
+    /// reads still return its cached contents, which replace the written
+    /// bytes if the block is destaged or kept at a power failure. Any byte
+    /// range inside the namespace, no alignment needed. Waits for the
+    /// controller's current poll iteration.
+    ///
+    /// # Errors
+    ///
+    /// [`MediaAccessError::NoNamespace`], [`MediaAccessError::OutOfRange`]
+    /// (the range is not inside the namespace),
+    /// [`MediaAccessError::PoweredOff`] after a power failure,
+    /// [`MediaAccessError::NullBacking`], [`MediaAccessError::Store`] (a
+    /// file I/O error).
+    pub fn write_media(&self, nsid: u32, byte_offset: u64, data: &[u8]) -> Result<(), MediaAccessError> {
+        self.shared.lock_media().write_direct(nsid, byte_offset, data)
+    }
+
+    /// Reads what the media of namespace `nsid` holds at byte
+    /// `byte_offset` into `buf`, bypassing the commands and the write
+    /// cache: for a logical block the write cache holds non-durable, its
+    /// last durable contents (what a power failure that loses it leaves).
+    /// Errors as [`Emulator::write_media`].
+    pub fn read_media(&self, nsid: u32, byte_offset: u64, buf: &mut [u8]) -> Result<(), MediaAccessError> {
+        self.shared.lock_media().read_direct(nsid, byte_offset, buf)
     }
 
     /// Maps memory the emulator reaches only through copies (GPU memory,

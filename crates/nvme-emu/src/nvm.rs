@@ -7,6 +7,13 @@
 //! within MDTS (Invalid Field), then the PRPs (PRP Offset Invalid, Data
 //! Transfer Error).
 //!
+//! With a volatile write cache ([`crate::WriteCacheSpec`]) a Write is
+//! complete once its data is in the cache (durable with FUA, CDW12 bit 30);
+//! Flush makes the namespace's cached blocks durable (all namespaces for
+//! NSID FFFFFFFFh) and syncs a file store, a failed sync completing it
+//! with Write Fault (SCT 2h, SC 80h); Write Zeroes and deallocation are
+//! durable at completion. Without one, Flush does nothing.
+//!
 //! A namespace formatted with metadata ([`NamespaceSpec::metadata_size`])
 //! only has its format served: Read and Write on it fail with Invalid
 //! Namespace or Format after the NSID check (no metadata is stored or
@@ -21,6 +28,7 @@ use crate::backing::MediaError;
 use crate::config::NamespaceSpec;
 use crate::controller::{Controller, Outcome, Shared};
 use crate::dma::DmaView;
+use crate::media::Media;
 
 fn fail(sc: u8) -> Outcome {
     Outcome::status(Status::generic(sc).with_dnr(true))
@@ -30,6 +38,8 @@ fn success(media_bytes: u64) -> Outcome {
     Outcome::Complete { status: Status::SUCCESS, dw0: 0, media_bytes: Some(media_bytes) }
 }
 
+/// CDW12 bit 30 of Read and Write: FUA, Force Unit Access.
+const FUA: u32 = 1 << 30;
 /// CDW12 bit 25 of Write Zeroes: DEAC, deallocate.
 const DEAC: u32 = 1 << 25;
 /// CDW11 bit 2 of Dataset Management: AD, deallocate.
@@ -37,7 +47,7 @@ const AD: u32 = 1 << 2;
 
 impl Controller {
     /// Executes one I/O command.
-    pub(crate) fn io(&mut self, sh: &Shared, dma: &DmaView<'_>, sqe: &Sqe) -> Outcome {
+    pub(crate) fn io(&mut self, sh: &Shared, dma: &DmaView<'_>, media: &mut Media, sqe: &Sqe) -> Outcome {
         if sqe.fuse() != 0 || sqe.psdt() != 0 {
             return fail(generic::INVALID_FIELD);
         }
@@ -53,8 +63,7 @@ impl Controller {
             return fail(generic::INVALID_OPCODE);
         }
         if op == nvm_opcode::FLUSH && sqe.nsid == 0xFFFF_FFFF {
-            // No volatile write cache: nothing to flush.
-            return success(0);
+            return flush(media, None);
         }
         let Some((ns_index, ns)) = self.namespace(sqe.nsid) else {
             return fail(generic::INVALID_NAMESPACE_OR_FORMAT);
@@ -63,50 +72,49 @@ impl Controller {
             return fail(generic::INVALID_NAMESPACE_OR_FORMAT);
         }
         match op {
-            nvm_opcode::FLUSH => success(0),
-            nvm_opcode::READ | nvm_opcode::WRITE => self.read_write(sh, dma, sqe, ns_index, ns),
-            nvm_opcode::WRITE_ZEROES => self.write_zeroes(sqe, ns_index, ns),
-            _ => self.dataset_management(sh, dma, sqe, ns_index, ns),
+            nvm_opcode::FLUSH => flush(media, Some(ns_index)),
+            nvm_opcode::READ | nvm_opcode::WRITE => self.read_write(sh, dma, media, sqe, (ns_index, ns)),
+            nvm_opcode::WRITE_ZEROES => self.write_zeroes(media, sqe, ns_index, ns),
+            _ => self.dataset_management(sh, dma, media, sqe, ns_index, ns),
         }
     }
 
-    /// (byte offset, byte length) of SLBA/NLB in CDW10..12, or LBA Out of
-    /// Range.
+    /// (SLBA, NLB) in logical blocks, NLB one-based, from CDW10..12, or LBA
+    /// Out of Range.
     fn lba_range(sqe: &Sqe, ns: NamespaceSpec) -> Result<(u64, u64), Outcome> {
         let slba = u64::from(sqe.cdw10) | u64::from(sqe.cdw11) << 32;
         let nlb = u64::from(sqe.cdw12 & 0xFFFF) + 1;
         match slba.checked_add(nlb) {
-            Some(end) if end <= ns.blocks => {}
-            _ => return Err(fail(generic::LBA_OUT_OF_RANGE)),
+            Some(end) if end <= ns.blocks => Ok((slba, nlb)),
+            _ => Err(fail(generic::LBA_OUT_OF_RANGE)),
         }
-        let bs = u64::from(ns.block_size);
-        Ok((slba * bs, nlb * bs))
     }
 
     fn read_write(
         &mut self,
         sh: &Shared,
         dma: &DmaView<'_>,
+        media: &mut Media,
         sqe: &Sqe,
-        ns_index: usize,
-        ns: NamespaceSpec,
+        (ns_index, ns): (usize, NamespaceSpec),
     ) -> Outcome {
-        let (offset, len) = match Self::lba_range(sqe, ns) {
+        let (slba, nlb) = match Self::lba_range(sqe, ns) {
             Ok(r) => r,
             Err(o) => return o,
         };
+        let len = nlb * u64::from(ns.block_size);
         if self.max_transfer.is_some_and(|m| len > m) {
             return fail(generic::INVALID_FIELD);
         }
         let is_read = sqe.opcode() == nvm_opcode::READ;
-        if !self.backing.is_null() {
+        if !media.is_null() {
             if let Err(st) = self.walk(sh, dma, sqe, len) {
                 return Outcome::status(st);
             }
             let r = if is_read {
-                self.backing.read(dma, ns_index, offset, &self.segs)
+                media.read(dma, ns_index, slba, &self.segs)
             } else {
-                self.backing.write(dma, ns_index, offset, &self.segs)
+                media.write(dma, ns_index, (slba, nlb), &self.segs, sqe.cdw12 & FUA != 0)
             };
             match r {
                 Ok(()) => {}
@@ -130,13 +138,13 @@ impl Controller {
     /// Write Zeroes: the range reads back as zeroes afterwards, with or
     /// without DEAC (deallocated blocks read as zeroes, DLFEAT = 001b).
     /// Not limited by MDTS (no data is transferred).
-    fn write_zeroes(&mut self, sqe: &Sqe, ns_index: usize, ns: NamespaceSpec) -> Outcome {
-        let (offset, len) = match Self::lba_range(sqe, ns) {
+    fn write_zeroes(&mut self, media: &mut Media, sqe: &Sqe, ns_index: usize, ns: NamespaceSpec) -> Outcome {
+        let (slba, nlb) = match Self::lba_range(sqe, ns) {
             Ok(r) => r,
             Err(o) => return o,
         };
         let _deallocate = sqe.cdw12 & DEAC != 0;
-        match self.backing.zero(ns_index, offset, len) {
+        match media.zero(ns_index, slba, nlb) {
             Ok(()) => success(0),
             Err(MediaError::Status(st)) => Outcome::status(st),
             Err(MediaError::Dma) => fail(generic::INTERNAL_ERROR),
@@ -151,18 +159,18 @@ impl Controller {
         &mut self,
         sh: &Shared,
         dma: &DmaView<'_>,
+        media: &mut Media,
         sqe: &Sqe,
         ns_index: usize,
         ns: NamespaceSpec,
     ) -> Outcome {
         let nr = (sqe.cdw10 & 0xFF) as usize + 1;
-        if sqe.cdw11 & AD == 0 || self.backing.is_null() {
+        if sqe.cdw11 & AD == 0 || media.is_null() {
             return success(0);
         }
         if let Err(st) = self.read_data(sh, dma, sqe, nr * 16) {
             return Outcome::status(st);
         }
-        let bs = u64::from(ns.block_size);
         let range = |i: usize, s: &[u8]| -> Option<(u64, u64)> {
             let r = s.get(i * 16..i * 16 + 16)?;
             let nlb = u64::from(u32::from_le_bytes(r.get(4..8)?.try_into().ok()?));
@@ -182,10 +190,20 @@ impl Controller {
             if nlb == 0 {
                 continue;
             }
-            if let Err(MediaError::Status(st)) = self.backing.zero(ns_index, slba * bs, nlb * bs) {
+            if let Err(MediaError::Status(st)) = media.zero(ns_index, slba, nlb) {
                 return Outcome::status(st);
             }
         }
         success(0)
+    }
+}
+
+/// Flush of namespace `ns` (all for `None`): a failed sync of the file
+/// store is a Write Fault.
+fn flush(media: &mut Media, ns: Option<usize>) -> Outcome {
+    match media.flush(ns) {
+        Ok(()) => success(0),
+        Err(MediaError::Status(st)) => Outcome::status(st),
+        Err(MediaError::Dma) => fail(generic::INTERNAL_ERROR),
     }
 }

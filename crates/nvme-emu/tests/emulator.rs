@@ -648,6 +648,7 @@ fn on_queue(qid: u16, opcode: Option<u8>, action: nvme_emu::FaultAction) -> nvme
         matches: nvme_emu::FaultMatch { qid: Some(qid), opcode, ..Default::default() },
         action,
         times: None,
+        skip: 0,
     }
 }
 

@@ -14,6 +14,7 @@ use gpu_io::{Gpu, GpuDrive, GpuQueue};
 use nvm_queue::{Controller, ControllerOptions, NamespaceInfo, NvmeDevice, QueuePair};
 use nvme_emu::{
     BackingSpec, Emulator, EmulatorConfig, FaultAction, FaultMatch, FaultRule, NamespaceSpec, TimingModel,
+    WriteCacheSpec,
 };
 
 use crate::config::{
@@ -126,7 +127,9 @@ fn emulator_config(name: &str, cfg: &EmulatedDriveConfig) -> EmulatorConfig {
         Backing::Ram => BackingSpec::Ram,
         Backing::Null => BackingSpec::Null,
         Backing::File(p) => BackingSpec::File(p.clone()),
+        Backing::RamDisk(n) => BackingSpec::RamDisk(n.clone()),
     };
+    e.write_cache = cfg.write_cache.map(|c| WriteCacheSpec { capacity_bytes: c.capacity.0, seed: c.seed });
     e.mqes = cfg.mqes;
     e.dstrd = cfg.dstrd;
     e.mdts = cfg.mdts;
@@ -162,8 +165,10 @@ fn fault_rule(f: &FaultConfig) -> FaultRule {
             FaultActionConfig::NeverComplete => FaultAction::NeverComplete,
             FaultActionConfig::ControllerFatal => FaultAction::ControllerFatal,
             FaultActionConfig::DelayUs(us) => FaultAction::Delay(Duration::from_micros(us)),
+            FaultActionConfig::PowerFail => FaultAction::PowerFail,
         },
         times: f.times,
+        skip: f.skip,
     }
 }
 

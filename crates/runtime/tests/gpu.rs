@@ -89,6 +89,7 @@ fn two_drives_with_d1_first_read(action: FaultActionConfig) -> Option<Runtime> {
             op: Some(FaultOp::Read),
             action,
             times: Some(1),
+            skip: 0,
         });
     })
 }

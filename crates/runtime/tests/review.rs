@@ -485,6 +485,7 @@ fn a_retired_gpu_operation_is_dropped_when_its_kernel_finishes() {
             op: Some(tutti::config::FaultOp::Write),
             action: FaultActionConfig::NeverComplete,
             times: Some(1),
+            skip: 0,
         });
     }
     let rt = match Runtime::from_config(cfg) {

@@ -135,6 +135,18 @@ pub enum ConfigErrorKind {
         /// The drive that uses it first.
         other: String,
     },
+    /// Two emulated drives name the same RAM disk (path: the second
+    /// drive's backing).
+    #[error("RAM disk {name:?} is already used by drive {other:?}")]
+    SharedRamDisk {
+        /// The RAM disk's name.
+        name: String,
+        /// The drive that uses it first.
+        other: String,
+    },
+    /// A RAM disk backing with an empty name (path: the drive's backing).
+    #[error("a RAM disk needs a non-empty name")]
+    EmptyRamDiskName,
     /// The config file could not be read (path: the file's path).
     #[error("cannot read config file")]
     Io {

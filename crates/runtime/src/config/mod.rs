@@ -63,7 +63,7 @@ use schema::{default_nsid, default_queue_depth, default_queues, default_stripe_u
 pub use schema::{
     Backing, DataPathConfig, DriveConfig, EmulatedDriveConfig, Execution, FaultActionConfig, FaultConfig,
     FaultOp, LocalNvmeConfig, MetadataConfig, NamespaceConfig, PciDriveConfig, ResolverConfig, SlabConfig,
-    StoreConfig, StripedConfig, TimingConfig,
+    StoreConfig, StripedConfig, TimingConfig, WriteCacheConfig,
 };
 pub use size::{ByteSize, ByteSizeParseError};
 pub use validate::{normalize_pci_addr, MAX_STRIPE_DRIVES, MIN_STRIPE_DRIVES};

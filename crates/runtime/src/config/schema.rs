@@ -73,17 +73,49 @@ pub struct EmulatedDriveConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timing: Option<TimingConfig>,
     /// Fault injection, for testing error handling: commands matching a
-    /// rule fail, never complete, or complete late. Default none.
+    /// rule fail, never complete, complete late, make the controller fatal
+    /// or cut its power. Default none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub faults: Vec<FaultConfig>,
+    /// A volatile write cache (Identify Controller VWC = 1): a completed
+    /// write is not durable until a Flush, a FUA write, destaging or a
+    /// shutdown; a power failure (`Emulator::power_fail`, fault action
+    /// `power_fail`) keeps or loses each cached logical block.
+    /// YAML: `write_cache: { capacity: 64MiB, seed: 1 }` (both optional).
+    /// Absent (the default): no cache, every completed write is durable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_cache: Option<WriteCacheConfig>,
+}
+
+/// An emulated drive's volatile write cache (the emulator's
+/// `WriteCacheSpec`; NVMe Base 2.0 5.27.1.4). See docs/reliability.md,
+/// "Power loss".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteCacheConfig {
+    /// Most bytes of written but not yet durable logical blocks the cache
+    /// holds; beyond it the oldest are destaged (become durable). At least
+    /// 4096. Default 64 MiB.
+    #[serde(default = "default_cache_capacity")]
+    pub capacity: ByteSize,
+    /// Seed of the per-block keep-or-lose choice at a power failure.
+    /// Default 1.
+    #[serde(default = "default_cache_seed")]
+    pub seed: u64,
+}
+
+impl Default for WriteCacheConfig {
+    fn default() -> Self {
+        Self { capacity: default_cache_capacity(), seed: default_cache_seed() }
+    }
 }
 
 /// One fault-injection rule of an emulated drive (the emulator's
 /// `FaultRule`). YAML: `{ lba: [400, 401], op: read, action: never_complete }`,
 /// `action: { fail: { sct: 2, sc: 0x81, dnr: true } }`,
-/// `action: { delay_us: 5000 }`. Rules match I/O commands only, never the
-/// admin queue (whose opcodes reuse the NVM numbers: 01h is Write and
-/// Create I/O SQ).
+/// `action: { delay_us: 5000 }`, `{ op: write, action: power_fail, skip: 9 }`
+/// (the 10th write). Rules match I/O commands only, never the admin queue
+/// (whose opcodes reuse the NVM numbers: 01h is Write and Create I/O SQ).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FaultConfig {
@@ -99,9 +131,18 @@ pub struct FaultConfig {
     pub op: Option<FaultOp>,
     /// What happens to a matching command.
     pub action: FaultActionConfig,
-    /// Apply to the first `times` matches only. Absent: every match.
+    /// Apply to the first `times` matches only (counted after `skip`).
+    /// Absent: every match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub times: Option<u64>,
+    /// Let this many matching commands pass first: the rule applies from
+    /// the `skip + 1`-th match on. Default 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skip: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// Command kinds a fault rule can match.
@@ -135,6 +176,13 @@ pub enum FaultActionConfig {
     ControllerFatal,
     /// Complete normally, this many microseconds late.
     DelayUs(u64),
+    /// Execute the command (into the write cache), then cut the drive's
+    /// power before its completion: the controller stops answering
+    /// (registers read all ones, the runtime fails the drive), each
+    /// logical block still in the write cache is kept or lost, and the
+    /// backing is released (a `ram_disk` or `file` can be opened by a new
+    /// runtime).
+    PowerFail,
 }
 
 // Defaults of the optional fields (serde `default = "..."`).
@@ -147,6 +195,12 @@ fn default_mdts() -> u8 {
 }
 fn default_io_queues() -> u16 {
     8
+}
+fn default_cache_capacity() -> ByteSize {
+    ByteSize::mib(64)
+}
+fn default_cache_seed() -> u64 {
+    1
 }
 pub(super) fn default_nsid() -> u32 {
     1
@@ -174,6 +228,7 @@ impl EmulatedDriveConfig {
             io_queues: default_io_queues(),
             timing: None,
             faults: Vec::new(),
+            write_cache: None,
         }
     }
 }
@@ -208,7 +263,8 @@ pub struct MetadataConfig {
 
 /// Where an emulated drive keeps its data.
 ///
-/// YAML: `ram`, `null`, or `{ file: /path/to/sparse/file }`.
+/// YAML: `ram`, `null`, `{ file: /path/to/sparse/file }`, or
+/// `{ ram_disk: name }`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Backing {
@@ -221,6 +277,13 @@ pub enum Backing {
     Null,
     /// Data lives in a (sparse) file at this path, created if missing.
     File(PathBuf),
+    /// Data lives in a named RAM disk of this process (`nvme_emu`'s RAM
+    /// disk registry), created zeroed on first use and kept when the
+    /// runtime shuts down or the drive loses power, so that the next
+    /// runtime naming it sees the data: for crash tests. Its namespaces
+    /// must match the disk's; one drive at a time may hold it. Freed with
+    /// `nvme_emu::remove_ram_disk`.
+    RamDisk(String),
 }
 
 /// The emulator's timing model. Every limit is per drive.

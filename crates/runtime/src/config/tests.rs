@@ -535,6 +535,37 @@ fn fault_rules_parse_and_are_checked() {
     assert!(Config::from_yaml_str(&unknown).is_err());
 }
 
+#[test]
+fn write_cache_ram_disk_and_power_fail_rules_parse_and_are_checked() {
+    let ok = "drives:\n  d0:\n    emulated:\n      namespaces: [{capacity: 1MiB, block_size: 4096}]\n      backing: { ram_disk: crash-1 }\n      write_cache: { capacity: 8MiB, seed: 42 }\n      faults:\n        - { op: write, action: power_fail, skip: 9, times: 1 }\n  d1:\n    emulated:\n      namespaces: [{capacity: 1MiB, block_size: 4096}]\n      write_cache: {}\n";
+    let c = Config::from_yaml_str(ok).unwrap();
+    let DriveConfig::Emulated(d0) = &c.drives["d0"] else { panic!("not an emulated drive") };
+    assert_eq!(d0.backing, Backing::RamDisk("crash-1".into()));
+    assert_eq!(d0.write_cache, Some(WriteCacheConfig { capacity: ByteSize::mib(8), seed: 42 }));
+    assert_eq!(d0.faults[0].action, FaultActionConfig::PowerFail);
+    assert_eq!((d0.faults[0].skip, d0.faults[0].times), (9, Some(1)));
+    let DriveConfig::Emulated(d1) = &c.drives["d1"] else { panic!("not an emulated drive") };
+    assert_eq!(d1.write_cache, Some(WriteCacheConfig { capacity: ByteSize::mib(64), seed: 1 }), "defaults");
+    assert_eq!(d1.backing, Backing::Ram);
+    assert_eq!(Config::from_yaml_str(&c.to_yaml_string().unwrap()).unwrap(), c, "round trip");
+
+    let small = ok.replace("capacity: 8MiB", "capacity: 1KiB");
+    let e = err(&small);
+    assert_eq!(e.path(), "drives.d0.emulated.write_cache.capacity");
+    assert!(matches!(e.kind(), ConfigErrorKind::OutOfRange { value: 1024, min: 4096, .. }), "{e}");
+    let e = err(&ok.replace("crash-1", "\"\""));
+    assert_eq!(e.path(), "drives.d0.emulated.backing");
+    assert!(matches!(e.kind(), ConfigErrorKind::EmptyRamDiskName), "{e}");
+    let shared = ok.replace("write_cache: {}", "backing: { ram_disk: crash-1 }");
+    let e = err(&shared);
+    assert_eq!(e.path(), "drives.d1.emulated.backing");
+    assert!(
+        matches!(e.kind(), ConfigErrorKind::SharedRamDisk { name, other } if name == "crash-1" && other == "d0"),
+        "{e}"
+    );
+    parse_err_at(&ok.replace("seed: 42", "seed: 42, size: 1"), "drives.d0.emulated.write_cache.size");
+}
+
 const PCI_STRIPE: &str = r#"
 drives:
   q0: { pci: { addr: "0000:00:10.0" } }
@@ -683,6 +714,11 @@ fn every_kind() -> Vec<(ConfigErrorKind, &'static str)> {
             },
             "drive \"q0\": namespace 9 is not active (active: [1])",
         ),
+        (
+            K::SharedRamDisk { name: "crash".into(), other: "a".into() },
+            "RAM disk \"crash\" is already used by drive \"a\"",
+        ),
+        (K::EmptyRamDiskName, "a RAM disk needs a non-empty name"),
     ]
 }
 
@@ -715,6 +751,8 @@ fn kind_index(kind: &ConfigErrorKind) -> usize {
         K::QueueDepthExceedsMqes { .. } => 22,
         K::QueuesExceedIoQueues { .. } => 23,
         K::NamespaceUnsupported { .. } => 24,
+        K::SharedRamDisk { .. } => 25,
+        K::EmptyRamDiskName => 26,
     }
 }
 
@@ -722,7 +760,7 @@ fn kind_index(kind: &ConfigErrorKind) -> usize {
 fn every_kind_displays_its_path_first() {
     let kinds = every_kind();
     let indices: Vec<usize> = kinds.iter().map(|(k, _)| kind_index(k)).collect();
-    assert_eq!(indices, (0..25).collect::<Vec<_>>(), "every kind listed once, in order");
+    assert_eq!(indices, (0..27).collect::<Vec<_>>(), "every kind listed once, in order");
     for (kind, message) in kinds {
         assert_eq!(kind.to_string(), message);
         let path = "datapaths.dp.striped_local_nvme.drives[1]";

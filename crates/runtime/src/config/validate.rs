@@ -29,7 +29,9 @@ impl Config {
     /// - emulated drives: at least one namespace; block size 512 or 4096;
     ///   capacity a non-zero multiple of the block size; CAP.MQES >= 1;
     ///   CAP.DSTRD <= 15; MDTS <= 31; `io_queues` >= 1; timing caps, when
-    ///   present, non-zero;
+    ///   present, non-zero; a write cache capacity of at least 4096 bytes;
+    ///   a RAM disk name non-empty; no backing file or RAM disk shared by
+    ///   two drives;
     /// - slab: slot size a non-zero multiple of 4096;
     /// - datapaths: every drive exists; the NSID exists on it; `queue_depth`
     ///   in 2..=65536 and <= CAP.MQES + 1; queues in 1..=`io_queues`; a
@@ -65,9 +67,10 @@ impl Config {
     }
 
     /// Drive names, emulated drives' own fields, and the sharing of PCI
-    /// functions and backing files between drives.
+    /// functions, backing files and RAM disks between drives.
     fn validate_drives(&self) -> Result<(), ConfigError> {
         let mut files: BTreeMap<PathBuf, &str> = BTreeMap::new();
+        let mut ram_disks: BTreeMap<&str, &str> = BTreeMap::new();
         let mut functions: BTreeMap<String, &str> = BTreeMap::new();
         for (name, drive) in &self.drives {
             check_name("drives", name)?;
@@ -90,20 +93,7 @@ impl Config {
                 }
                 DriveConfig::Emulated(emu) => {
                     emu.validate(&format!("drives.{name}.emulated"))?;
-                    if let Backing::File(f) = &emu.backing {
-                        // Two drives on one file would overwrite each other's
-                        // blocks; compare canonical paths where the file exists.
-                        let key = std::fs::canonicalize(f).unwrap_or_else(|_| f.clone());
-                        if let Some(other) = files.insert(key, name) {
-                            return Err(ConfigError::new(
-                                format!("drives.{name}.emulated.backing"),
-                                ConfigErrorKind::SharedBackingFile {
-                                    file: f.clone(),
-                                    other: other.to_owned(),
-                                },
-                            ));
-                        }
-                    }
+                    check_backing_shared(name, &emu.backing, &mut files, &mut ram_disks)?;
                 }
             }
         }
@@ -248,6 +238,14 @@ impl EmulatedDriveConfig {
         range(base, "mdts", self.mdts.into(), 0, 31)?;
         range(base, "io_queues", self.io_queues.into(), 1, u16::MAX.into())?;
         self.validate_faults(base)?;
+        if let Some(c) = &self.write_cache {
+            range(&format!("{base}.write_cache"), "capacity", c.capacity.0, 4096, u64::MAX)?;
+        }
+        if let Backing::RamDisk(n) = &self.backing {
+            if n.is_empty() {
+                return Err(ConfigError::new(format!("{base}.backing"), ConfigErrorKind::EmptyRamDiskName));
+            }
+        }
         if let Some(t) = &self.timing {
             let base = format!("{base}.timing");
             if let Some(bw) = t.bandwidth_mb_s {
@@ -302,6 +300,36 @@ impl EmulatedDriveConfig {
         }
         Ok(())
     }
+}
+
+/// Refuses a backing file or RAM disk that an earlier drive (in name
+/// order) already uses: two drives on one store would overwrite each
+/// other's blocks.
+fn check_backing_shared<'a>(
+    name: &'a str,
+    backing: &'a Backing,
+    files: &mut BTreeMap<PathBuf, &'a str>,
+    ram_disks: &mut BTreeMap<&'a str, &'a str>,
+) -> Result<(), ConfigError> {
+    let path = || format!("drives.{name}.emulated.backing");
+    match backing {
+        Backing::File(f) => {
+            // Compare canonical paths where the file exists.
+            let key = std::fs::canonicalize(f).unwrap_or_else(|_| f.clone());
+            if let Some(other) = files.insert(key, name) {
+                let kind = ConfigErrorKind::SharedBackingFile { file: f.clone(), other: other.to_owned() };
+                return Err(ConfigError::new(path(), kind));
+            }
+        }
+        Backing::RamDisk(disk) => {
+            if let Some(other) = ram_disks.insert(disk, name) {
+                let kind = ConfigErrorKind::SharedRamDisk { name: disk.clone(), other: other.to_owned() };
+                return Err(ConfigError::new(path(), kind));
+            }
+        }
+        Backing::Ram | Backing::Null => {}
+    }
+    Ok(())
 }
 
 /// Refuses an empty name in section `section`.
