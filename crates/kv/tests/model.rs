@@ -68,8 +68,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => vec(k(), 1..=6).prop_map(Op::Contains),
         2 => vec(k(), 1..=6).prop_map(Op::LookupPrefix),
         3 => vec(k(), 1..=3).prop_map(Op::Remove),
-        1 => Just(Op::Sync),
-        1 => Just(Op::Restart),
+        2 => Just(Op::Sync),
+        2 => Just(Op::Restart),
     ]
 }
 
