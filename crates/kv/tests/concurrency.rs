@@ -70,7 +70,7 @@ const PRIVATE: u64 = 10;
 /// Thread `t`'s `i`th put: (key, version, length). Every third is of a
 /// shared key (0..SHARED), the others of one of the thread's own keys.
 fn step(t: u64, i: u64) -> (u64, u64, u64) {
-    let k = if i % 3 == 0 { (i / 3 + t) % SHARED } else { 1000 + t * PRIVATE + i % PRIVATE };
+    let k = if i.is_multiple_of(3) { (i / 3 + t) % SHARED } else { 1000 + t * PRIVATE + i % PRIVATE };
     let v = t * PUTS + i + 1;
     let len = 1 + (t * PUTS + i) * 7919 % OBJ;
     (k, v, len)
