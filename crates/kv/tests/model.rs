@@ -3,7 +3,8 @@
 //! Each case opens a store on 1 to 4 file-backed emulated drives (striped
 //! when more than one) small enough that puts evict (about 15 objects of
 //! at most 64 KiB), runs a random sequence of put batches (a batch may name
-//! a key twice: the later item wins), gets, contains, lookup_prefix,
+//! a key twice: the later item wins; some are read while in flight, some
+//! abandoned before a restart), gets, contains, lookup_prefix,
 //! removes, syncs and restarts (store and runtime dropped, both reopened
 //! over the same drive files), and checks every answer against a model
 //! that knows, per key, the latest acknowledged version and length.
@@ -19,6 +20,10 @@
 //! - a key found absent without a remove was evicted: only a put after
 //!   its acknowledgement can have evicted it (the eviction counter moved),
 //!   and it stays absent until it is put again;
+//! - a put in flight is not visible: its keys read back what they held
+//!   before until `wait_put` returns; a put never waited for, its store
+//!   then restarted (a crash after the payload writes, before the
+//!   records), leaves no trace;
 //! - after a restart every key present before it still is, with the same
 //!   bytes (puts are durable when acknowledged); a removed or evicted key
 //!   stays absent if a sync came after the remove or eviction, and
@@ -51,6 +56,10 @@ const KEYS: u64 = 20;
 enum Op {
     /// One batch: (key, payload length) per item.
     Put(Vec<(u64, u64)>),
+    /// A batch started, the keys read while it is in flight, then either
+    /// waited for, or never waited for and the store restarted (a crash
+    /// after the payloads were written, before their records were).
+    PutInFlight(Vec<(u64, u64)>, bool),
     Get(Vec<u64>),
     Contains(Vec<u64>),
     LookupPrefix(Vec<u64>),
@@ -63,7 +72,8 @@ fn op() -> impl Strategy<Value = Op> {
     let k = || 0..KEYS;
     let len = prop_oneof![1..=OBJ, Just(OBJ), 1..=4096u64];
     prop_oneof![
-        8 => vec((k(), len), 1..=4).prop_map(Op::Put),
+        8 => vec((k(), len.clone()), 1..=4).prop_map(Op::Put),
+        2 => (vec((k(), len), 1..=3), any::<bool>()).prop_map(|(items, abandon)| Op::PutInFlight(items, abandon)),
         4 => vec(k(), 1..=4).prop_map(Op::Get),
         2 => vec(k(), 1..=6).prop_map(Op::Contains),
         2 => vec(k(), 1..=6).prop_map(Op::LookupPrefix),
@@ -167,26 +177,59 @@ impl Sut {
         Ok(())
     }
 
-    fn put(&mut self, items: &[(u64, u64)]) -> R {
-        let kv = self.kv.as_ref().unwrap();
-        let mut src = Buf::new(kv, items.len() * OBJ as usize);
+    /// Fills `src` with a new version per item; the versions.
+    fn payloads(&mut self, items: &[(u64, u64)], src: &mut [u8]) -> Vec<u64> {
         let mut versions = Vec::new();
         for (i, &(k, _)) in items.iter().enumerate() {
             let v = self.next_version;
             self.next_version += 1;
-            fill(&mut src.bytes[i * OBJ as usize..(i + 1) * OBJ as usize], k, v);
+            fill(&mut src[i * OBJ as usize..(i + 1) * OBJ as usize], k, v);
             versions.push(v);
         }
-        let puts: Vec<Put> = items
-            .iter()
-            .enumerate()
-            .map(|(i, &(k, len))| Put {
-                key: key(k),
-                value: Value { memory: src.mem(), offset: i as u64 * OBJ, len },
-            })
-            .collect();
-        let st = kv.put_sync(&puts, T).unwrap();
+        versions
+    }
+
+    fn put(&mut self, items: &[(u64, u64)]) -> R {
+        let kv = self.kv.take().unwrap();
+        let mut src = Buf::new(&kv, items.len() * OBJ as usize);
+        let versions = self.payloads(items, &mut src.bytes);
+        let st = kv.put_sync(&batch(items, src.mem()), T).unwrap();
         drop(src);
+        self.kv = Some(kv);
+        self.acknowledged(items, versions, st)
+    }
+
+    /// A put whose keys are read while it is in flight: they show what
+    /// they held before. Then it is waited for, or (`abandon`) never
+    /// waited for, and the store restarts: its objects must not appear.
+    fn put_in_flight(&mut self, items: &[(u64, u64)], abandon: bool) -> R {
+        let mut src = vec![0u8; items.len() * OBJ as usize];
+        let versions = self.payloads(items, &mut src);
+        let kv = self.kv.as_ref().unwrap();
+        // SAFETY: `src` lives until after the runtime is dropped (an
+        // abandoned put may still be reading it until then) or the put is
+        // waited for; it is not touched meanwhile.
+        #[allow(unsafe_code)]
+        let mem = unsafe { kv.register_host(src.as_mut_ptr(), src.len()) }.unwrap();
+        let pending = kv.put(&batch(items, &mem)).unwrap();
+        let keys: Vec<u64> = items.iter().map(|&(k, _)| k).collect();
+        self.get(&keys)?;
+        if abandon {
+            drop(pending);
+            self.restart()?;
+            drop(src);
+            return Ok(());
+        }
+        let kv = self.kv.as_ref().unwrap();
+        let st = kv.wait_put(pending, T).unwrap();
+        kv.unregister(mem).unwrap();
+        drop(src);
+        self.acknowledged(items, versions, st)
+    }
+
+    /// Applies the statuses of a put batch (each must be `Ok`).
+    fn acknowledged(&mut self, items: &[(u64, u64)], versions: Vec<u64>, st: Vec<ItemStatus>) -> R {
+        let kv = self.kv();
         // A put that evicts removes other keys from the store: the
         // counter read after the batch is the one each item's key starts
         // from.
@@ -357,6 +400,7 @@ impl Sut {
     fn apply(&mut self, op: &Op) -> R {
         match op {
             Op::Put(items) => self.put(items),
+            Op::PutInFlight(items, abandon) => self.put_in_flight(items, *abandon),
             Op::Get(keys) => self.get(keys),
             Op::Contains(keys) => self.contains(keys),
             Op::LookupPrefix(keys) => self.lookup_prefix(keys),
@@ -365,6 +409,15 @@ impl Sut {
             Op::Restart => self.restart(),
         }
     }
+}
+
+/// The puts of `items`, item `i` from `src` at `i * OBJ`.
+fn batch<'a>(items: &[(u64, u64)], src: &'a tutti_kv::KvMemory) -> Vec<Put<'a>> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, &(k, len))| Put { key: key(k), value: Value { memory: src, offset: i as u64 * OBJ, len } })
+        .collect()
 }
 
 impl Drop for Sut {
