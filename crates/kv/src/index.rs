@@ -53,6 +53,8 @@ pub(crate) struct Index {
     free: Vec<u32>,
     /// Stale slots whose record must be cleared by the next round.
     to_clear: Vec<u32>,
+    /// Slots the round in progress is clearing (0 between rounds).
+    clearing: usize,
     /// Least recently used live slot (head) ... most recently used (tail).
     lru_head: u32,
     lru_tail: u32,
@@ -68,6 +70,7 @@ impl Index {
             map: HashMap::new(),
             free: (0..capacity).rev().collect(),
             to_clear: Vec::new(),
+            clearing: 0,
             lru_head: NIL,
             lru_tail: NIL,
             next_generation: 1,
@@ -225,6 +228,7 @@ impl Index {
         for &c in &clears {
             self.slots[c as usize].media = None;
         }
+        self.clearing = clears.len();
         clears
     }
 
@@ -232,6 +236,7 @@ impl Index {
     /// slot of the same key becomes stale) and cleared slots free; on
     /// failure the puts' slots and the clears wait for the next round.
     pub fn end_round(&mut self, puts: &[(u32, Record)], clears: &[u32], ok: bool) {
+        self.clearing = 0;
         if !ok {
             for &(slot, _) in puts {
                 self.slots[slot as usize].state = SlotState::Stale;
@@ -259,6 +264,12 @@ impl Index {
     /// a round touches.
     pub fn has_clears(&self) -> bool {
         !self.to_clear.is_empty()
+    }
+
+    /// Slots wait to be cleared, or are being cleared by the round in
+    /// progress: a commit round will free some (those no reader pins).
+    pub fn clears_pending(&self) -> bool {
+        self.has_clears() || self.clearing > 0
     }
 
     fn unlink(&mut self, i: u32) {
@@ -319,6 +330,20 @@ mod tests {
         assert_eq!(ix.media(a), None);
         ix.end_round(&[], &clears, true);
         assert_eq!(ix.free(), 1);
+    }
+
+    #[test]
+    fn clears_are_pending_until_the_round_clearing_them_ends() {
+        let mut ix = Index::new(1);
+        put(&mut ix, 1);
+        assert!(!ix.clears_pending());
+        assert_eq!(ix.evict(1), 1);
+        assert!(ix.clears_pending() && ix.reserve().is_none());
+        let clears = ix.begin_round(&mut []);
+        assert!(!ix.has_clears() && ix.clears_pending(), "taken by the round in progress");
+        ix.end_round(&[], &clears, true);
+        assert!(!ix.clears_pending());
+        assert!(ix.reserve().is_some());
     }
 
     #[test]

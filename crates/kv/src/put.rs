@@ -168,9 +168,18 @@ impl KvStore {
 
     /// Reserves up to `n` slots, evicting (and clearing, in a commit round)
     /// least recently used objects when there are not enough free ones.
+    ///
+    /// A slot freed by this call's round can be taken by another put before
+    /// this one gets back to it, so it evicts again as long as that makes
+    /// progress: fewer than `n` slots only when there is nothing left to
+    /// evict (every live object pinned or being put), no slot is waiting
+    /// to be cleared, or a round failed. Each further pass follows one that
+    /// evicted an object or waited for slots to be cleared, and a slot
+    /// another put took from this call let that put go ahead: passes
+    /// repeat only while other puts progress.
     fn reserve(&self, n: usize) -> Vec<u32> {
         let mut got = Vec::with_capacity(n);
-        for attempt in 0..2 {
+        loop {
             {
                 let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
                 while got.len() < n {
@@ -179,7 +188,7 @@ impl KvStore {
                         None => break,
                     }
                 }
-                if got.len() == n || attempt == 1 {
+                if got.len() == n {
                     break;
                 }
                 // Evict a little more than needed, so that the next puts do
@@ -187,10 +196,15 @@ impl KvStore {
                 let want = (n - got.len()).max((self.layout.capacity / 64) as usize).max(1);
                 let evicted = ix.evict(want);
                 Counters::add(&self.stats.evictions, evicted as u64);
+                if evicted == 0 && !ix.clears_pending() {
+                    break;
+                }
             }
             // Makes the evicted slots' records empty on the media, so they
-            // can be reused.
-            let _ = self.commit(Vec::new());
+            // can be reused (or waits for the round clearing others).
+            if self.commit(Vec::new()).is_err() {
+                break;
+            }
         }
         got
     }

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,13 +12,21 @@ use tutti_kv::{Key, KvMemory, KvStore, OpenOptions};
 
 pub const T: Duration = Duration::from_secs(10);
 
+/// Stripe unit of the striped datapath of [`yaml`] (more than one drive).
+pub const STRIPE_UNIT: u64 = 16 << 10;
+
 /// YAML for `drives` emulated drives of `mib` MiB each (`backing` is the
 /// YAML of each drive's backing, given its index), slots of `slot` bytes.
 pub fn yaml(drives: usize, mib: u64, slot: &str, backing: &dyn Fn(usize) -> String) -> String {
+    yaml_sized(drives, &format!("{mib}MiB"), slot, backing)
+}
+
+/// [`yaml`] with each drive's capacity as a byte size (`"320KiB"`).
+pub fn yaml_sized(drives: usize, capacity: &str, slot: &str, backing: &dyn Fn(usize) -> String) -> String {
     let mut y = String::from("drives:\n");
     for d in 0..drives {
         y += &format!(
-            "  d{d}:\n    emulated:\n      namespaces: [{{ capacity: {mib}MiB, block_size: 4096 }}]\n      backing: {}\n",
+            "  d{d}:\n    emulated:\n      namespaces: [{{ capacity: {capacity}, block_size: 4096 }}]\n      backing: {}\n",
             backing(d)
         );
     }
@@ -28,7 +36,7 @@ pub fn yaml(drives: usize, mib: u64, slot: &str, backing: &dyn Fn(usize) -> Stri
         y += "datapaths:\n  dp:\n    local_nvme: { drive: d0 }\n";
     } else {
         y += &format!(
-            "datapaths:\n  dp:\n    striped_local_nvme: {{ drives: [{}], stripe_unit: 16KiB }}\n",
+            "datapaths:\n  dp:\n    striped_local_nvme: {{ drives: [{}], stripe_unit: {STRIPE_UNIT} }}\n",
             names.join(", ")
         );
     }
@@ -43,7 +51,21 @@ pub fn runtime(yaml: &str) -> Arc<Runtime> {
 /// A runtime on file-backed drives in `dir`.
 pub fn file_runtime(dir: &Path, drives: usize, mib: u64, slot: &str) -> Arc<Runtime> {
     let d = dir.to_owned();
-    runtime(&yaml(drives, mib, slot, &move |i| format!("{{ file: {}/d{i}.img }}", d.display())))
+    runtime(&yaml(drives, mib, slot, &move |i| format!("{{ file: {} }}", drive_file(&d, i).display())))
+}
+
+/// The backing file of drive `d` of [`file_runtime`] in `dir`.
+pub fn drive_file(dir: &Path, d: usize) -> PathBuf {
+    dir.join(format!("d{d}.img"))
+}
+
+/// A runtime on file-backed drives in `dir` of `capacity` each
+/// (`"320KiB"`).
+pub fn file_runtime_sized(dir: &Path, drives: usize, capacity: &str, slot: &str) -> Arc<Runtime> {
+    let d = dir.to_owned();
+    runtime(&yaml_sized(drives, capacity, slot, &move |i| {
+        format!("{{ file: {} }}", drive_file(&d, i).display())
+    }))
 }
 
 /// A RAM runtime.
