@@ -55,6 +55,15 @@ impl KvStore {
         {
             let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
             for g in items {
+                if g.key.size() != self.sb.key_size {
+                    let reason = format!(
+                        "a {}-byte key for a store of {}-byte keys",
+                        g.key.len(),
+                        self.sb.key_size.bytes()
+                    );
+                    out.push(Err(ItemStatus::BadValue { reason }));
+                    continue;
+                }
                 out.push(match ix.pin(&g.key) {
                     None => {
                         Counters::add(&self.stats.misses, 1);

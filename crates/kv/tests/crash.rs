@@ -77,7 +77,10 @@ struct Tally {
 /// skip)` on one of them.
 fn drive_yaml(point: u64, drives: usize, crash: Option<(usize, u64)>) -> String {
     yaml(drives, 1, "16KiB", &|d| {
-        let mut b = format!("{{ ram_disk: crash-{point}-d{d} }}\n      write_cache: {{ seed: {} }}", point * 7 + d as u64);
+        let mut b = format!(
+            "{{ ram_disk: crash-{point}-d{d} }}\n      write_cache: {{ seed: {} }}",
+            point * 7 + d as u64
+        );
         if let Some((_, skip)) = crash.filter(|c| c.0 == d) {
             b += &format!("\n      faults: [{{ action: power_fail, skip: {skip} }}]");
         }
@@ -187,7 +190,8 @@ fn version_of(got: &[u8], k: u64, len: u64, candidates: &[u64]) -> Option<u64> {
 fn check_key(kv: &KvStore, mem: &tutti_kv::KvMemory, buf: &[u8], k: u64, events: &[Event], t: &mut Tally) {
     let into = Value { memory: mem, offset: 0, len: SLOT };
     let st = kv.get_sync(&[Get { key: key(k), into }], T).expect("get after restart");
-    let attempted: Vec<u64> = events.iter().filter_map(|e| if let Event::Put(v, _) = e { Some(*v) } else { None }).collect();
+    let attempted: Vec<u64> =
+        events.iter().filter_map(|e| if let Event::Put(v, _) = e { Some(*v) } else { None }).collect();
     let found = match st[0] {
         ItemStatus::Hit { len } => match version_of(buf, k, len, &attempted) {
             Some(v) => Some(v),
@@ -288,7 +292,8 @@ fn finish(point: u64, drives: usize, history: HashMap<u64, Vec<Event>>, t: &mut 
         kv.unregister(mem).unwrap();
     }
     for d in 0..drives {
-        nvme_emu::remove_ram_disk(&format!("crash-{point}-d{d}")).expect("the runtime let go of its RAM disks");
+        nvme_emu::remove_ram_disk(&format!("crash-{point}-d{d}"))
+            .expect("the runtime let go of its RAM disks");
     }
 }
 

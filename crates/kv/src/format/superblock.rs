@@ -114,6 +114,11 @@ impl Superblock {
         if stored != computed {
             return Err(SuperblockError::Corrupt { stored, computed });
         }
+        if b[USED..].iter().any(|&x| x != 0) {
+            // The rest of the block is zero in every superblock written; a
+            // set bit there is damage the checksum does not cover.
+            return Err(SuperblockError::Corrupt { stored, computed });
+        }
         let found = u32_at(8);
         if found != FORMAT_VERSION {
             return Err(SuperblockError::Version { found, supported: FORMAT_VERSION });
@@ -162,9 +167,14 @@ mod tests {
         let mut other = b.clone();
         other[0] ^= 1;
         assert_eq!(Superblock::decode(&other, &s.layout), Err(SuperblockError::NotAStore));
-        let mut flipped = b.clone();
-        flipped[50] ^= 4;
-        assert!(matches!(Superblock::decode(&flipped, &s.layout), Err(SuperblockError::Corrupt { .. })));
+        for at in [50, 100, 4095] {
+            let mut flipped = b.clone();
+            flipped[at] ^= 4;
+            assert!(
+                matches!(Superblock::decode(&flipped, &s.layout), Err(SuperblockError::Corrupt { .. })),
+                "{at}"
+            );
+        }
         let bigger = Layout::new(4096, 1 << 20, 128 << 20).unwrap();
         assert!(matches!(
             Superblock::decode(&b, &bigger),
