@@ -49,6 +49,7 @@
 // registered host memory to checksum it (`memory.rs`).
 #![allow(unsafe_code)]
 
+mod checksum;
 mod commit;
 mod error;
 pub mod format;

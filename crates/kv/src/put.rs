@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tutti::{OpHandle, Request, RequestStatus};
 
+use crate::checksum::crc32c_all;
 use crate::commit::PendingPut;
 use crate::error::{ItemStatus, KvError};
 use crate::format::Record;
@@ -246,10 +247,12 @@ impl KvStore {
     }
 
     /// CRC32C of each present range (`None` gives 0): host ranges with
-    /// the CPU's instruction, GPU ranges with one kernel launch for all.
+    /// the CPU's instruction on every core (`checksum.rs`), GPU ranges with
+    /// one kernel launch for all.
     pub(crate) fn crc_of(&self, ranges: &[Option<(&KvMemory, u64, u64)>]) -> Result<Vec<u32>, KvError> {
         let mut out = vec![0u32; ranges.len()];
         let mut gpu: Vec<(usize, u64, usize)> = Vec::new();
+        let mut host: Vec<(usize, &[u8])> = Vec::new();
         for (i, r) in ranges.iter().enumerate() {
             let Some((m, off, len)) = r else { continue };
             match m.kind {
@@ -258,9 +261,13 @@ impl KvStore {
                 // caller does not let a device write it now (a put reads
                 // it before submitting, a get after the load completed).
                 #[allow(unsafe_code)]
-                MemoryKind::Host => out[i] = crc32c::crc32c(unsafe { m.host_bytes(*off, *len) }),
+                MemoryKind::Host => host.push((i, unsafe { m.host_bytes(*off, *len) })),
                 MemoryKind::Gpu => gpu.push((i, m.addr + off, *len as usize)),
             }
+        }
+        let crcs = crc32c_all(&host.iter().map(|&(_, b)| b).collect::<Vec<_>>());
+        for (&(i, _), c) in host.iter().zip(crcs) {
+            out[i] = c;
         }
         if !gpu.is_empty() {
             let crcs = self.gpu_crcs(&gpu.iter().map(|&(_, p, n)| (p, n)).collect::<Vec<_>>())?;
