@@ -1,8 +1,9 @@
 //! `tutti-bench`: the KV-cache replay (the project's main job) and the
 //! driver benchmarks.
 //!
-//! - `replay`: replays a Mooncake-format KV-cache trace through the tutti
-//!   runtime's public API, verifying every loaded byte.
+//! - `replay`: replays a Mooncake-format KV-cache trace through the
+//!   tutti-kv block store on the tutti runtime's public API, verifying
+//!   every loaded byte.
 //! - `rate`: commands per second of one submitting thread against one
 //!   emulated controller with no data movement.
 //! - `stripe`: striped read bandwidth over 1 to 4 emulated drives with the
@@ -85,6 +86,12 @@ pub struct ReplayArgs {
     /// drives x capacity; fewer slots than distinct blocks means eviction).
     #[arg(long, default_value_t = 256, conflicts_with = "config")]
     pub drive_mib: u64,
+    /// Keep the built-in drives in sparse files DIR/d0.img, DIR/d1.img, ...
+    /// (DIR is created if missing) instead of RAM, so a later run with the
+    /// same arguments finds this run's blocks (see the restart hit ratio).
+    /// A store of another geometry there is refused, not overwritten.
+    #[arg(long, value_name = "DIR", conflicts_with = "config")]
+    pub persist: Option<PathBuf>,
     /// Runtime configuration (YAML) instead of the built-in one; its store
     /// named by --store must use a `slab` resolver.
     #[arg(long)]

@@ -114,11 +114,15 @@ pub fn gb_per_s(bytes: u64, seconds: f64) -> f64 {
 
 /// `loaded / (loaded + saved)`; 0 when both are 0.
 pub fn hit_ratio(loaded: u64, saved: u64) -> f64 {
-    let total = loaded + saved;
-    if total == 0 {
+    ratio(loaded, loaded + saved)
+}
+
+/// `part / whole`; 0 when `whole` is 0.
+pub fn ratio(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
         0.0
     } else {
-        loaded as f64 / total as f64
+        part as f64 / whole as f64
     }
 }
 
@@ -143,15 +147,35 @@ pub struct Summary {
     pub execution: String,
     /// Requests replayed.
     pub requests: u64,
-    /// Blocks written to the store (cache misses).
+    /// Blocks written to the store (after the prefix a request found).
     pub blocks_saved: u64,
-    /// Blocks read from the store (cache hits).
+    /// Blocks read from the store (the prefix each request found).
     pub blocks_loaded: u64,
-    /// Blocks neither saved nor loaded because the request needed more
-    /// blocks than the store has slots.
+    /// Blocks not saved because the store was full of blocks in use
+    /// (tutti-kv answered `Full`).
     pub blocks_uncacheable: u64,
     /// `blocks_loaded / (blocks_loaded + blocks_saved)`.
     pub hit_ratio: f64,
+    /// Directory of the file-backed drives (`--persist`); `None` for RAM
+    /// drives or `--config`.
+    #[serde(default)]
+    pub persist_dir: Option<String>,
+    /// Objects the store held when it was opened (saved by earlier runs).
+    #[serde(default)]
+    pub store_objects_at_open: u64,
+    /// Distinct blocks this run looked up (see [`crate::restart`]).
+    #[serde(default)]
+    pub restart_lookups: u64,
+    /// Of those, blocks loaded at their first lookup: saved by an earlier
+    /// run.
+    #[serde(default)]
+    pub restart_hits: u64,
+    /// `restart_hits / restart_lookups` (0 when nothing was looked up).
+    #[serde(default)]
+    pub restart_hit_ratio: f64,
+    /// Objects the store evicted to make room during the run.
+    #[serde(default)]
+    pub store_evictions: u64,
     /// Bytes written.
     pub bytes_saved: u64,
     /// Bytes read.
@@ -187,6 +211,7 @@ impl Summary {
     /// Recomputes the derived fields: `hit_ratio`, `save_gb_s`, `load_gb_s`.
     pub fn finish(&mut self) {
         self.hit_ratio = hit_ratio(self.blocks_loaded, self.blocks_saved);
+        self.restart_hit_ratio = ratio(self.restart_hits, self.restart_lookups);
         self.save_gb_s = gb_per_s(self.bytes_saved, self.save_seconds);
         self.load_gb_s = gb_per_s(self.bytes_loaded, self.load_seconds);
     }
@@ -205,7 +230,7 @@ impl Summary {
         } else {
             format!("{} ({})", self.drives.len(), self.drives.join(", "))
         };
-        let rows: [(&str, String); 15] = [
+        let rows: [(&str, String); 17] = [
             ("model", self.model.clone()),
             (
                 "block",
@@ -229,6 +254,24 @@ impl Summary {
             ("blocks loaded", self.blocks_loaded.to_string()),
             ("blocks uncacheable", self.blocks_uncacheable.to_string()),
             ("hit ratio", format!("{:.2} %", self.hit_ratio * 100.0)),
+            (
+                "store",
+                format!(
+                    "{} ({} objects at open, {} evicted)",
+                    self.persist_dir.as_deref().unwrap_or("RAM drives, not persisted"),
+                    self.store_objects_at_open,
+                    self.store_evictions
+                ),
+            ),
+            (
+                "restart hit ratio",
+                format!(
+                    "{:.2} % ({} of {} distinct blocks loaded at first lookup)",
+                    self.restart_hit_ratio * 100.0,
+                    self.restart_hits,
+                    self.restart_lookups
+                ),
+            ),
             (
                 "save",
                 format!(
@@ -287,6 +330,10 @@ mod tests {
             load_seconds: 4.0,
             blocks_verified: 700,
             elapsed_seconds: 7.5,
+            persist_dir: Some("/tmp/kv".into()),
+            store_objects_at_open: 80,
+            restart_lookups: 500,
+            restart_hits: 125,
             ..Default::default()
         };
         let mut lat = LatencyRecorder::new();
@@ -302,6 +349,7 @@ mod tests {
     fn derived_fields() {
         let s = sample();
         assert!((s.hit_ratio - 0.7).abs() < 1e-12);
+        assert!((s.restart_hit_ratio - 0.25).abs() < 1e-12);
         assert!((s.save_gb_s - 300.0 * 67_108_864.0 / 1e9 / 2.0).abs() < 1e-9);
         assert!((s.load_gb_s - 700.0 * 67_108_864.0 / 1e9 / 4.0).abs() < 1e-9);
         assert_eq!(s.load_latency_p50_us, 500);
@@ -326,6 +374,8 @@ mod tests {
             "11.74 GB/s",
             "p50 500",
             "700 of 700 loaded",
+            "/tmp/kv (80 objects at open",
+            "25.00 % (125 of 500 distinct blocks",
             "GB = 10^9 bytes",
         ] {
             assert!(t.contains(needle), "missing {needle:?} in\n{t}");
@@ -339,7 +389,7 @@ mod tests {
                 gap + l[gap..].find(|c: char| c != ' ').unwrap()
             })
             .collect();
-        assert_eq!(cols.len(), 15);
+        assert_eq!(cols.len(), 17);
         assert!(cols.iter().all(|&c| c == cols[0]), "{t}");
     }
 
@@ -355,6 +405,8 @@ mod tests {
         assert_eq!(v["drives"][1], "0000:02:00.0");
         assert_eq!(v["load_latency_p50_us"], 500);
         assert!((v["hit_ratio"].as_f64().unwrap() - 0.7).abs() < 1e-12);
+        assert!((v["restart_hit_ratio"].as_f64().unwrap() - 0.25).abs() < 1e-12);
+        assert_eq!(v["persist_dir"], "/tmp/kv");
         let back: Summary = serde_json::from_str(&json).unwrap();
         assert_eq!(back, s);
     }

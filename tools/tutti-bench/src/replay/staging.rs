@@ -1,0 +1,120 @@
+//! The replay's staging buffer: where a batch's blocks sit between the
+//! store and the verifier. Host memory owned by the replay, or GPU memory
+//! with a host mirror for filling and checking (copied across each way).
+//! Both register with the tutti-kv store, so the load, save and
+//! verification logic above it is the same for both.
+
+use tutti_bench::{fill_block, verify_block, Mismatch};
+use tutti_kv::{KvMemory, KvStore};
+
+use super::{err, kv_err};
+
+/// Byte written over the staging area before each load.
+pub const POISON: u8 = 0xA5;
+
+/// Host memory, or GPU memory and its host mirror.
+pub enum Staging {
+    /// Host memory (u64 words, so the buffer is 8-byte aligned).
+    Host(Vec<u64>),
+    /// Memory on GPU 0 and a host copy of it.
+    Gpu {
+        /// The device allocation the drives read and write.
+        buf: gpu_io::GpuBuffer,
+        /// Host mirror: patterns are built and checked here.
+        mirror: Vec<u8>,
+        /// Keeps the CUDA context alive as long as `buf`.
+        _gpu: gpu_io::Gpu,
+    },
+}
+
+impl Staging {
+    /// `len` bytes of host memory, or with `gpu` of memory on GPU 0.
+    pub fn new(gpu: bool, len: usize) -> Result<Self, String> {
+        Ok(if gpu {
+            let gpu = gpu_io::Gpu::open(0).map_err(err)?;
+            let buf = gpu_io::GpuBuffer::zeroed(&gpu, len).map_err(err)?;
+            Staging::Gpu { buf, mirror: vec![0u8; len], _gpu: gpu }
+        } else {
+            Staging::Host(vec![0u64; len.div_ceil(8)])
+        })
+    }
+
+    /// Bytes of the buffer.
+    pub fn len(&self) -> usize {
+        match self {
+            Staging::Host(w) => w.len() * 8,
+            Staging::Gpu { buf, .. } => buf.len(),
+        }
+    }
+
+    /// Registers the whole buffer with `kv` (host or GPU memory).
+    ///
+    /// The caller keeps `self` alive, unmoved and unresized until the
+    /// registration is undone (or the runtime is gone), and touches its
+    /// bytes only between a batch's wait and the next submission.
+    pub fn register(&mut self, kv: &KvStore) -> Result<KvMemory, String> {
+        let len = self.len();
+        match self {
+            // SAFETY: the Vec is never resized or moved out while
+            // registered (the caller's contract above), so the pointer stays
+            // valid for `len` bytes of reads and writes.
+            #[allow(unsafe_code)]
+            Staging::Host(w) => unsafe { kv.register_host(w.as_mut_ptr().cast(), len) },
+            // SAFETY: as above, for the device allocation, which lives as
+            // long as `self`.
+            #[allow(unsafe_code)]
+            Staging::Gpu { buf, .. } => unsafe { kv.register_gpu(buf.device_ptr(), len) },
+        }
+        .map_err(|e| kv_err(&e))
+    }
+
+    fn host_bytes(words: &mut [u64]) -> &mut [u8] {
+        let n = words.len() * 8;
+        let p = words.as_mut_ptr().cast::<u8>();
+        // SAFETY: a u64 buffer viewed as bytes (no alignment or validity
+        // requirement for u8); used only while no I/O on it is in flight.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts_mut(p, n)
+        }
+    }
+
+    /// Overwrites the first `len` bytes with [`POISON`].
+    pub fn poison(&mut self, len: usize) -> Result<(), String> {
+        match self {
+            Staging::Host(w) => Self::host_bytes(w)[..len].fill(POISON),
+            Staging::Gpu { buf, mirror, .. } => {
+                mirror[..len].fill(POISON);
+                buf.copy_in(0, &mirror[..len]).map_err(err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the pattern of block `hash` at `version` into bytes
+    /// `at..at + len`.
+    pub fn fill(&mut self, at: usize, len: usize, hash: u64, version: u64) -> Result<(), String> {
+        match self {
+            Staging::Host(w) => fill_block(&mut Self::host_bytes(w)[at..at + len], hash, version),
+            Staging::Gpu { buf, mirror, .. } => {
+                fill_block(&mut mirror[at..at + len], hash, version);
+                buf.copy_in(at, &mirror[at..at + len]).map_err(err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks every byte of `at..at + len` against block `hash`'s pattern
+    /// at `version`.
+    pub fn verify(&mut self, at: usize, len: usize, hash: u64, version: u64) -> Result<(), Mismatch> {
+        match self {
+            Staging::Host(w) => verify_block(&Self::host_bytes(w)[at..at + len], hash, version),
+            Staging::Gpu { buf, mirror, .. } => {
+                // A failed copy leaves the mirror poisoned: a mismatch.
+                mirror[at..at + len].fill(POISON);
+                let _ = buf.copy_out(at, &mut mirror[at..at + len]);
+                verify_block(&mirror[at..at + len], hash, version)
+            }
+        }
+    }
+}
