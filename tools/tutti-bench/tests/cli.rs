@@ -55,10 +55,12 @@ stores: { kv: { resolver: kv, datapath: one } }
 
 #[test]
 fn repeated_hash_ids_in_one_request_are_one_block() {
+    // The second request's blocks are [5, 3]: 5 is the cached prefix
+    // (loaded once), 3 is new (saved once).
     let trace = tmp(
         "dups.jsonl",
         "{\"timestamp\":0,\"input_length\":1024,\"output_length\":1,\"hash_ids\":[5,5]}\n\
-         {\"timestamp\":1,\"input_length\":1536,\"output_length\":1,\"hash_ids\":[3,5,3]}\n",
+         {\"timestamp\":1,\"input_length\":1536,\"output_length\":1,\"hash_ids\":[5,3,5]}\n",
     );
     let o = bench(&["replay", "--trace", trace.to_str().unwrap(), "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -69,7 +69,8 @@ pub fn image_path(dir: &Path, name: &str) -> PathBuf {
 fn use_files(config: &mut Config, dir: &Path, drives: usize, drive_bytes: u64) -> Result<(), String> {
     std::fs::create_dir_all(dir)
         .map_err(|e| format!("cannot create the --persist directory {}: {e}", dir.display()))?;
-    let present: Vec<usize> = (0..MAX_IMAGES).filter(|i| image_path(dir, &format!("d{i}")).exists()).collect();
+    let present: Vec<usize> =
+        (0..MAX_IMAGES).filter(|i| image_path(dir, &format!("d{i}")).exists()).collect();
     if !present.is_empty() && present != (0..drives).collect::<Vec<_>>() {
         let names: Vec<String> = present.iter().map(|i| format!("d{i}.img")).collect();
         return Err(format!(

@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use tutti::{error_chain, Runtime};
-use tutti_bench::{preset, read_trace, synthetic_trace, BlockKeys, ModelGeometry, Summary, TraceRequest, PRESETS};
+use tutti_bench::{
+    preset, read_trace, synthetic_trace, BlockKeys, ModelGeometry, Summary, TraceRequest, PRESETS,
+};
 use tutti_kv::{Create, KeySize, KvError, KvStore, OpenOptions};
 
 use crate::interrupt::{shutdown_summary, Ended, Stop};

@@ -233,8 +233,10 @@ fn check_load(staging: &mut Staging, at: usize, len: u64, b: &Block, st: &ItemSt
             m.offset,
             m.actual,
             m.expected,
-            crc.map(|(s, c)| format!(" (the store's CRC32C failed too: stored {s:#010x}, computed {c:#010x})"))
-                .unwrap_or_default()
+            crc.map(|(s, c)| format!(
+                " (the store's CRC32C failed too: stored {s:#010x}, computed {c:#010x})"
+            ))
+            .unwrap_or_default()
         )),
         (Ok(()), Some((s, c))) => Err(format!(
             "block {}: the store's CRC32C failed (stored {s:#010x}, computed {c:#010x}) on bytes that match \
