@@ -179,7 +179,9 @@ for a in $ADDRS; do
     step "conformance-$a" tutti-probe conformance "$a" --lba-range "$range" --yes
 done
 step selftest tutti-probe selftest 0000:00:10.0 --lba-range 0..2048 --yes
-step replay tutti-bench replay --config /vm/replay.yaml --store kv --requests 200 --json
+# --format: conformance and selftest left their data on the drives; the
+# replay's tutti-kv store would refuse it as not a store of its own.
+step replay tutti-bench replay --config /vm/replay.yaml --store kv --format --requests 200 --json
 step unbind tutti-probe unbind $ADDRS
 step list-final tutti-probe list
 echo "TUTTI-VM-DONE"

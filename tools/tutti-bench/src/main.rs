@@ -92,6 +92,12 @@ pub struct ReplayArgs {
     /// A store of another geometry there is refused, not overwritten.
     #[arg(long, value_name = "DIR", conflicts_with = "config")]
     pub persist: Option<PathBuf>,
+    /// Format the tutti-kv store first, whatever it holds: destroys its
+    /// contents (an earlier run's blocks, or anything else on the store's
+    /// drives). Without it a blank store is formatted, a tutti-kv store of
+    /// this geometry is reused, and anything else is refused.
+    #[arg(long)]
+    pub format: bool,
     /// Runtime configuration (YAML) instead of the built-in one; its store
     /// named by --store must use a `slab` resolver.
     #[arg(long)]

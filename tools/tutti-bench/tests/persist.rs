@@ -1,6 +1,7 @@
 //! `tutti-bench replay --persist DIR`: a second run finds the first run's
 //! blocks in the tutti-kv store on the file-backed drives and verifies
-//! them; a store of another geometry is refused and left as it was.
+//! them; a store of another geometry is refused and left as it was, unless
+//! `--format` asks for it to be replaced.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -10,10 +11,16 @@ use std::process::{Command, Output};
 /// `drive_mib` MiB: at 16 tokens and 32 MiB, about 340 slots of 192 KiB,
 /// more than the trace's 192 distinct blocks.
 fn replay(dir: &Path, block_tokens: u32, drive_mib: u64) -> Output {
+    replay_with(dir, block_tokens, drive_mib, &[])
+}
+
+/// [`replay`] with more arguments.
+fn replay_with(dir: &Path, block_tokens: u32, drive_mib: u64, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tutti-bench"))
         .args(["replay", "--json", "--persist", dir.to_str().unwrap()])
         .args(["--model", "qwen2.5-0.5b", "--drives", "2", "--requests", "40"])
         .args(["--block-tokens", &block_tokens.to_string(), "--drive-mib", &drive_mib.to_string()])
+        .args(extra)
         .output()
         .expect("runs")
 }
@@ -67,4 +74,9 @@ fn a_store_of_another_geometry_is_refused_and_left_alone() {
     assert!(images(dir) == before, "the refused runs wrote nothing");
     let again = summary(&replay(dir, 16, 32));
     assert!(again["restart_hits"].as_u64().unwrap() > 0, "{again}");
+    // --format: the other geometry takes over the directory, on request.
+    let formatted = summary(&replay_with(dir, 32, 32, &["--format"]));
+    assert_eq!(formatted["store_objects_at_open"], 0, "{formatted}");
+    let o = replay(dir, 16, 32);
+    assert!(!o.status.success(), "now the first geometry is the other one");
 }

@@ -169,8 +169,8 @@ fn load_trace(a: &ReplayArgs) -> Result<(Vec<TraceRequest>, String), String> {
 }
 
 /// Opens the tutti-kv store over runtime store `--store` (formatting it
-/// when blank, refusing one of another geometry or not ours), whose slots
-/// must hold a block; and the names of its drives.
+/// when blank or with `--format`, else refusing one of another geometry or
+/// not ours), whose slots must hold a block; and the names of its drives.
 fn open_store(rt: &Arc<Runtime>, a: &ReplayArgs, block_bytes: u64) -> Result<(KvStore, Vec<String>), String> {
     let name = &a.store;
     let info = rt.store_info(name).ok_or_else(|| format!("no store named {name:?}"))?;
@@ -178,7 +178,8 @@ fn open_store(rt: &Arc<Runtime>, a: &ReplayArgs, block_bytes: u64) -> Result<(Kv
     if slot_size < block_bytes {
         return Err(format!("slot size {slot_size} is smaller than a block ({block_bytes} bytes)"));
     }
-    let opts = OpenOptions { store: name.clone(), key_size: Some(KeySize::B32), create: Create::IfBlank };
+    let create = if a.format { Create::Always } else { Create::IfBlank };
+    let opts = OpenOptions { store: name.clone(), key_size: Some(KeySize::B32), create };
     let kv = KvStore::open(rt.clone(), &opts).map_err(|e| {
         let place = a.persist.as_deref().map_or_else(String::new, |d: &Path| format!(" in {}", d.display()));
         format!("cannot open the tutti-kv store{place}: {}", kv_err(&e))
