@@ -69,7 +69,11 @@ pub fn run(a: &ReplayArgs, stop: &Stop) -> Result<Ended, String> {
     let mut staging: Staging;
     let rt = Arc::new(Runtime::from_config(config).map_err(err)?);
     let (kv, drives) = open_store(&rt, a, block_bytes)?;
-    staging = Staging::new(a.gpu, BATCH_BLOCKS * block_bytes as usize)?;
+    let staging_len = usize::try_from(block_bytes)
+        .ok()
+        .and_then(|b| b.checked_mul(BATCH_BLOCKS))
+        .ok_or_else(|| format!("{BATCH_BLOCKS} blocks of {block_bytes} bytes do not fit in memory"))?;
+    staging = Staging::new(a.gpu, staging_len)?;
     let mem = staging.register(&kv)?;
     let summary = Summary {
         model: model.name.to_owned(),

@@ -28,14 +28,23 @@ pub enum Staging {
 }
 
 impl Staging {
-    /// `len` bytes of host memory, or with `gpu` of memory on GPU 0.
+    /// `len` bytes of host memory, or with `gpu` of memory on GPU 0 (and
+    /// `len` bytes of host mirror). A size the host cannot allocate is an
+    /// error, not an abort.
     pub fn new(gpu: bool, len: usize) -> Result<Self, String> {
+        let too_big = |_| format!("cannot allocate a {len}-byte staging buffer (smaller --block-tokens?)");
         Ok(if gpu {
+            let mut mirror: Vec<u8> = Vec::new();
+            mirror.try_reserve_exact(len).map_err(too_big)?;
+            mirror.resize(len, 0);
             let gpu = gpu_io::Gpu::open(0).map_err(err)?;
             let buf = gpu_io::GpuBuffer::zeroed(&gpu, len).map_err(err)?;
-            Staging::Gpu { buf, mirror: vec![0u8; len], _gpu: gpu }
+            Staging::Gpu { buf, mirror, _gpu: gpu }
         } else {
-            Staging::Host(vec![0u64; len.div_ceil(8)])
+            let mut words: Vec<u64> = Vec::new();
+            words.try_reserve_exact(len.div_ceil(8)).map_err(too_big)?;
+            words.resize(len.div_ceil(8), 0);
+            Staging::Host(words)
         })
     }
 
