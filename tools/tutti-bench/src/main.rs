@@ -89,7 +89,8 @@ pub struct ReplayArgs {
     /// Keep the built-in drives in sparse files DIR/d0.img, DIR/d1.img, ...
     /// (DIR is created if missing) instead of RAM, so a later run with the
     /// same arguments finds this run's blocks (see the restart hit ratio).
-    /// A store of another geometry there is refused, not overwritten.
+    /// A store of another geometry there is refused, not overwritten
+    /// (unless --format).
     #[arg(long, value_name = "DIR", conflicts_with = "config")]
     pub persist: Option<PathBuf>,
     /// Format the tutti-kv store first, whatever it holds: destroys its
