@@ -73,7 +73,7 @@ pub fn run(a: &ReplayArgs, stop: &Stop) -> Result<Ended, String> {
         .ok()
         .and_then(|b| b.checked_mul(BATCH_BLOCKS))
         .ok_or_else(|| format!("{BATCH_BLOCKS} blocks of {block_bytes} bytes do not fit in memory"))?;
-    staging = Staging::new(a.gpu, staging_len)?;
+    staging = Staging::new(a.gpu.then(|| rt.gpu()), staging_len)?;
     let mem = staging.register(&kv)?;
     let summary = Summary {
         model: model.name.to_owned(),

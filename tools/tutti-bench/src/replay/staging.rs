@@ -4,6 +4,8 @@
 //! Both register with the tutti-kv store, so the load, save and
 //! verification logic above it is the same for both.
 
+use std::sync::Arc;
+
 use tutti_bench::{fill_block, verify_block, Mismatch};
 use tutti_kv::{KvMemory, KvStore};
 
@@ -16,30 +18,32 @@ pub const POISON: u8 = 0xA5;
 pub enum Staging {
     /// Host memory (u64 words, so the buffer is 8-byte aligned).
     Host(Vec<u64>),
-    /// Memory on GPU 0 and a host copy of it.
+    /// Memory on the runtime's GPU and a host copy of it.
     Gpu {
         /// The device allocation the drives read and write.
         buf: gpu_io::GpuBuffer,
         /// Host mirror: patterns are built and checked here.
         mirror: Vec<u8>,
-        /// Keeps the CUDA context alive as long as `buf`.
-        _gpu: gpu_io::Gpu,
+        /// The runtime's GPU (the store checksums `buf` with its kernel),
+        /// kept alive as long as `buf`.
+        _gpu: Arc<gpu_io::Gpu>,
     },
 }
 
 impl Staging {
-    /// `len` bytes of host memory, or with `gpu` of memory on GPU 0 (and
-    /// `len` bytes of host mirror). A size the host cannot allocate is an
-    /// error, not an abort.
-    pub fn new(gpu: bool, len: usize) -> Result<Self, String> {
+    /// `len` bytes of host memory, or with `gpu` (the runtime's GPU, `None`
+    /// when it has none) of GPU memory and `len` bytes of host mirror. A
+    /// size the host cannot allocate is an error, not an abort.
+    pub fn new(gpu: Option<Option<&Arc<gpu_io::Gpu>>>, len: usize) -> Result<Self, String> {
         let too_big = |_| format!("cannot allocate a {len}-byte staging buffer (smaller --block-tokens?)");
-        Ok(if gpu {
+        Ok(if let Some(gpu) = gpu {
+            let gpu =
+                gpu.ok_or("--gpu needs a datapath with execution: gpu (the store's datapath has none)")?;
             let mut mirror: Vec<u8> = Vec::new();
             mirror.try_reserve_exact(len).map_err(too_big)?;
             mirror.resize(len, 0);
-            let gpu = gpu_io::Gpu::open(0).map_err(err)?;
-            let buf = gpu_io::GpuBuffer::zeroed(&gpu, len).map_err(err)?;
-            Staging::Gpu { buf, mirror, _gpu: gpu }
+            let buf = gpu_io::GpuBuffer::zeroed(gpu, len).map_err(err)?;
+            Staging::Gpu { buf, mirror, _gpu: gpu.clone() }
         } else {
             let mut words: Vec<u64> = Vec::new();
             words.try_reserve_exact(len.div_ceil(8)).map_err(too_big)?;
