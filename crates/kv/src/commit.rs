@@ -3,7 +3,9 @@
 //!
 //! A round: Flush (the payloads are durable) -> write the record blocks
 //! of the round's puts and of the slots being cleared -> Flush (the
-//! records are durable) -> publish. So a record never reaches the media
+//! records are durable) -> publish. The Flushes are left out when no drive
+//! of the store has a volatile write cache: a completed write is durable
+//! then. So a record never reaches the media
 //! before its payload is durable, and a slot is reused only after the
 //! round that zeroed its record (`index.rs`). A put superseding an older
 //! object of its key makes the old slot stale when its round publishes;
@@ -84,7 +86,11 @@ impl KvStore {
     fn round(&self, mut puts: Vec<PendingPut>) -> Result<(), ItemStatus> {
         let rt = &self.targets.rt;
         let flush = [Request::flush(self.targets.slot(0).map_err(runtime_status)?)];
-        if !puts.is_empty() {
+        // Without a volatile write cache on any drive a completed write is
+        // durable already (NVMe Base 2.0 §5.17.2.1, VWC) and a Flush would
+        // only cost a round trip.
+        let flush_needed = self.volatile_write_cache;
+        if !puts.is_empty() && flush_needed {
             if let Err(e) = run(rt, &flush) {
                 lock(&self.index).end_round(&puts, &[], false);
                 return Err(e);
@@ -104,7 +110,9 @@ impl KvStore {
                 .collect();
             (clears, blocks)
         };
-        let r = self.write_record_blocks(&blocks).and_then(|()| run(rt, &flush));
+        let r =
+            self.write_record_blocks(&blocks)
+                .and_then(|()| if flush_needed { run(rt, &flush) } else { Ok(()) });
         lock(&self.index).end_round(&puts, &clears, r.is_ok());
         self.stats.count_round(puts.len(), clears.len(), r.is_ok());
         r

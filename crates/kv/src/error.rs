@@ -34,7 +34,7 @@ pub enum KvError {
     },
     /// The first block is not a superblock this build can use; nothing was
     /// written.
-    #[error("store {store:?}: {source}")]
+    #[error("store {store:?}: its first block is not a superblock this build can use (nothing was written)")]
     Superblock {
         /// Store name.
         store: String,
@@ -74,7 +74,7 @@ pub enum KvError {
     #[error("memory registered with another store or already unregistered")]
     ForeignMemory,
     /// The checksum kernel failed on GPU-resident objects.
-    #[error("checksumming GPU memory failed: {0}")]
+    #[error("checksumming GPU memory failed")]
     Gpu(#[source] gpu_io::GpuError),
     /// Checksums of GPU-resident objects need the runtime's GPU.
     #[error("GPU memory needs a runtime with a GPU (a datapath with execution: gpu)")]

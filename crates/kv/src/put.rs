@@ -32,6 +32,9 @@ pub struct PendingPuts {
     /// Per item: its final status already, or (slot, record, request
     /// index in the submission).
     items: Vec<Result<(u32, Record, usize), ItemStatus>>,
+    /// Why the payload checksums could not be computed (the GPU kernel
+    /// failed): every submitted item then fails once its write is done.
+    crc_error: Option<String>,
 }
 
 impl KvStore {
@@ -63,18 +66,41 @@ impl KvStore {
                 _ => *r = Err(ItemStatus::Full),
             }
         }
-        let crcs = self.checksums(items, &out)?;
         let mut reqs = Vec::with_capacity(items.len());
-        for ((p, r), crc) in items.iter().zip(out.iter_mut()).zip(crcs) {
-            let Ok((slot, rec, at)) = r else { continue };
-            rec.payload_crc = crc;
-            let target = self.targets.slot(self.meta_slots + u64::from(*slot)).map_err(KvError::Runtime)?;
-            *at = reqs.len();
-            let padded = self.layout.padded(p.value.len);
-            reqs.push(Request::write(target, 0, padded, p.value.memory.handle, p.value.offset));
+        for (p, r) in items.iter().zip(out.iter_mut()) {
+            let Ok((slot, _, at)) = r else { continue };
+            match self.targets.slot(self.meta_slots + u64::from(*slot)) {
+                Ok(target) => {
+                    *at = reqs.len();
+                    let padded = self.layout.padded(p.value.len);
+                    reqs.push(Request::write(target, 0, padded, p.value.memory.handle, p.value.offset));
+                }
+                Err(e) => {
+                    self.index.lock().unwrap_or_else(|p| p.into_inner()).unreserve(*slot, false);
+                    *r = Err(ItemStatus::Device {
+                        status: None,
+                        drive: None,
+                        message: tutti::error_chain(&e),
+                    });
+                }
+            }
         }
         let op = self.submit_items(&reqs, &mut out);
-        Ok(PendingPuts { op, store_id: self.id, items: out })
+        // Checksums while the payloads move (the drives only read this
+        // memory); the records that carry them are written after the
+        // writes complete.
+        let crc_error = match self.checksums(items, &out) {
+            Ok(crcs) => {
+                for (r, c) in out.iter_mut().zip(crcs) {
+                    if let Ok((_, rec, _)) = r {
+                        rec.payload_crc = c;
+                    }
+                }
+                None
+            }
+            Err(e) => Some(e.to_string()),
+        };
+        Ok(PendingPuts { op, store_id: self.id, items: out, crc_error })
     }
 
     /// Waits for a batch of puts: their payload writes, then the group
@@ -99,12 +125,16 @@ impl KvStore {
             for item in pending.items {
                 out.push(match item {
                     Err(s) => Err(s),
-                    Ok((slot, rec, at)) => match statuses.get(at) {
-                        Some(RequestStatus::Success) => {
+                    Ok((slot, rec, at)) => match (statuses.get(at), &pending.crc_error) {
+                        (Some(RequestStatus::Success), None) => {
                             commit.push((slot, rec));
                             Ok(())
                         }
-                        other => {
+                        (Some(RequestStatus::Success), Some(why)) => {
+                            ix.unreserve(slot, false);
+                            Err(ItemStatus::Device { status: None, drive: None, message: why.clone() })
+                        }
+                        (other, _) => {
                             let quarantine = matches!(other, Some(RequestStatus::Timeout));
                             ix.unreserve(slot, quarantine);
                             Counters::add(&self.stats.device_errors, 1);

@@ -70,6 +70,9 @@ pub struct KvStore {
     pub(crate) staging: Mutex<Option<Staging>>,
     pub(crate) stats: Counters,
     pub(crate) id: u64,
+    /// Some drive of the store has a volatile write cache: commit rounds
+    /// flush.
+    pub(crate) volatile_write_cache: bool,
     recovered: (u64, u64, u64),
 }
 
@@ -108,6 +111,7 @@ impl KvStore {
             staging: Mutex::new(Some(staging)),
             stats: Counters::default(),
             id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
+            volatile_write_cache: info.volatile_write_cache,
             recovered: (0, 0, 0),
         };
         store.load_superblock(opts)?;

@@ -151,7 +151,7 @@ fn a_store_of_another_key_size_or_not_ours_is_refused_and_left_alone() {
     let rt = file_runtime(dir.path(), 1, 4, "128KiB");
     let e = KvStore::open(rt.clone(), &OpenOptions::new("kv")).unwrap_err();
     assert!(matches!(e, KvError::Superblock { .. }), "{e}");
-    assert!(e.to_string().contains("object_size"), "{e}");
+    assert!(tutti::error_chain(&e).contains("object_size"), "{e}");
     // A blank store with Create::Never is refused too.
     let blank = ram_runtime(1, 4, "64KiB");
     assert!(matches!(KvStore::open(blank, &never), Err(KvError::Superblock { .. })));
@@ -171,4 +171,24 @@ fn chained_keys_find_the_cached_prefix() {
     let mut next_turn = conv.clone();
     next_turn.extend(100..132);
     assert_eq!(kv.lookup_prefix(&ck.chain(&next_turn, 16)), 3);
+}
+
+/// Commands the emulated drives of `rt` have executed.
+fn commands(rt: &tutti::Runtime) -> u64 {
+    rt.drive_names().iter().map(|d| rt.emulator(d).unwrap().stats().commands).sum()
+}
+
+#[test]
+fn a_commit_round_flushes_only_drives_with_a_volatile_write_cache() {
+    for (cache, flushes) in [("", 0), ("\n      write_cache: { seed: 3 }", 2)] {
+        let rt = runtime(&yaml(1, 4, "64KiB", &|_| format!("ram{cache}")));
+        assert_eq!(rt.store_info("kv").unwrap().volatile_write_cache, !cache.is_empty());
+        let kv = open(&rt);
+        let src = Buf::new(&kv, OBJ);
+        let before = commands(&rt);
+        let v = Value { memory: src.mem(), offset: 0, len: 4096 };
+        assert_eq!(kv.put_sync(&[Put { key: key(1), value: v }], T).unwrap(), vec![ItemStatus::Ok]);
+        // One payload write, one record-block write, and the round's Flushes.
+        assert_eq!(commands(&rt) - before, 2 + flushes, "write cache {cache:?}");
+    }
 }

@@ -144,6 +144,17 @@ pub struct ControllerInfo {
     pub ver: u32,
     /// Controller ID.
     pub cntlid: u16,
+    /// Volatile Write Cache (VWC, byte 525): bit 0 set when the controller
+    /// has a volatile write cache, so a completed write is durable only
+    /// after a Flush (or FUA). NVMe Base 2.0 §5.17.2.1.
+    pub vwc: u8,
+}
+
+impl ControllerInfo {
+    /// `true` when the controller reports a volatile write cache (VWC bit 0).
+    pub fn has_volatile_write_cache(&self) -> bool {
+        self.vwc & 1 != 0
+    }
 }
 
 /// A controller brought up by this driver: enabled, identified, with its
@@ -252,6 +263,7 @@ impl Controller {
                 oncs: 0,
                 ver: 0,
                 cntlid: 0,
+                vwc: 0,
             },
             active: Vec::new(),
             namespaces: Vec::new(),
@@ -286,6 +298,7 @@ impl Controller {
             oncs: idc.oncs(),
             ver: idc.ver(),
             cntlid: idc.cntlid(),
+            vwc: idc.vwc(),
         };
         let mdts_limit = idc.max_transfer_bytes(self.cap.min_page_size());
         let cap = self.opts.max_transfer_cap.max(self.page_size);

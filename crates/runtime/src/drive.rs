@@ -97,6 +97,8 @@ pub(crate) struct Drive {
     /// The software controller, when the drive is emulated.
     pub emulator: Option<Arc<Emulator>>,
     pub controller: Mutex<Controller>,
+    /// The controller reports a volatile write cache (Identify VWC bit 0).
+    pub volatile_write_cache: bool,
     /// GPU-driven queues (execution: gpu), kept for the drive's lifetime.
     pub gpu: Option<GpuQueues>,
     pub queues: Vec<Mutex<QueuePair>>,
@@ -304,7 +306,9 @@ impl Drive {
             None => (Vec::new(), None),
         };
         let max_transfer = controller.max_transfer();
+        let volatile_write_cache = controller.info().has_volatile_write_cache();
         Ok(Self {
+            volatile_write_cache,
             name: name.to_owned(),
             index,
             device,

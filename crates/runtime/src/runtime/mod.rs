@@ -131,6 +131,11 @@ pub struct StoreInfo {
     pub slots: Option<u64>,
     /// Drives of its datapath, in layout order.
     pub drives: Vec<String>,
+    /// Whether any of its drives reports a volatile write cache (Identify
+    /// Controller VWC bit 0): then a completed write is durable only after
+    /// a flush ([`crate::Request::flush`]); without one it is durable when
+    /// it completes.
+    pub volatile_write_cache: bool,
 }
 
 /// The tutti runtime. `Send + Sync`: share it by reference or `Arc`.
@@ -171,6 +176,7 @@ impl Runtime {
             slot_size: s.slot_size,
             slots: s.slot_size.map(|z| dp.capacity() / z),
             drives: dp.drives().iter().map(|d| d.name.clone()).collect(),
+            volatile_write_cache: dp.drives().iter().any(|d| d.volatile_write_cache),
         })
     }
 

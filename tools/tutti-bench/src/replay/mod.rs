@@ -25,7 +25,7 @@ use tutti::{error_chain, Runtime};
 use tutti_bench::{
     preset, read_trace, synthetic_trace, BlockKeys, ModelGeometry, Summary, TraceRequest, PRESETS,
 };
-use tutti_kv::{Create, KeySize, KvError, KvStore, OpenOptions};
+use tutti_kv::{Create, KeySize, KvStore, OpenOptions};
 
 use crate::interrupt::{shutdown_summary, Ended, Stop};
 use crate::ReplayArgs;
@@ -34,22 +34,6 @@ use staging::Staging;
 
 fn err(e: impl std::error::Error) -> String {
     error_chain(&e)
-}
-
-/// A store error with its causes, each said once (a cause already in the
-/// message is not repeated).
-fn kv_err(e: &KvError) -> String {
-    let mut s = e.to_string();
-    let mut src = std::error::Error::source(e);
-    while let Some(x) = src {
-        let t = x.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        src = x.source();
-    }
-    s
 }
 
 /// Replays the trace of `a`; see the module docs. Checks `stop` before
@@ -100,9 +84,9 @@ pub fn run(a: &ReplayArgs, stop: &Stop) -> Result<Ended, String> {
     bar.finish_and_clear();
     let mut s = replay.finish(start.elapsed());
     s.store_evictions = kv.stats().evictions;
-    kv.unregister(mem).map_err(|e| kv_err(&e))?;
+    kv.unregister(mem).map_err(|e| tutti::error_chain(&e))?;
     // Evictions' record clears made durable too (puts already are).
-    kv.sync().map_err(|e| kv_err(&e))?;
+    kv.sync().map_err(|e| tutti::error_chain(&e))?;
     drop(kv);
     let report = rt.shutdown(Duration::from_secs(5));
     if let Some(signal) = stopped {
@@ -186,7 +170,7 @@ fn open_store(rt: &Arc<Runtime>, a: &ReplayArgs, block_bytes: u64) -> Result<(Kv
     let opts = OpenOptions { store: name.clone(), key_size: Some(KeySize::B32), create };
     let kv = KvStore::open(rt.clone(), &opts).map_err(|e| {
         let place = a.persist.as_deref().map_or_else(String::new, |d: &Path| format!(" in {}", d.display()));
-        format!("cannot open the tutti-kv store{place}: {}", kv_err(&e))
+        format!("cannot open the tutti-kv store{place}: {}", tutti::error_chain(&e))
     })?;
     Ok((kv, info.drives))
 }

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use tutti_bench::{pattern_version, BlockKeys, LatencyRecorder, RestartHits, Summary, TraceRequest};
 use tutti_kv::{Get, ItemStatus, Key, KvMemory, KvStore, Put, Value};
 
-use super::kv_err;
 use super::staging::Staging;
 use crate::interrupt::{Signal, Stop};
 
@@ -151,7 +150,7 @@ impl<'a> Replay<'a> {
                 .kv
                 .get(&gets)
                 .and_then(|p| self.kv.wait_get(p, WAIT))
-                .map_err(|e| format!("loading blocks: {}", kv_err(&e)))?;
+                .map_err(|e| format!("loading blocks: {}", tutti::error_chain(&e)))?;
             for (i, (b, st)) in chunk.iter().zip(&statuses).enumerate() {
                 check_load(self.staging, i * bb, self.block_bytes, b, st)?;
                 self.s.blocks_verified += 1;
@@ -186,7 +185,7 @@ impl<'a> Replay<'a> {
                 .kv
                 .put(&puts)
                 .and_then(|p| self.kv.wait_put(p, WAIT))
-                .map_err(|e| format!("saving blocks: {}", kv_err(&e)))?;
+                .map_err(|e| format!("saving blocks: {}", tutti::error_chain(&e)))?;
             self.s.save_seconds += t.elapsed().as_secs_f64();
             for (b, st) in chunk.iter().zip(&statuses) {
                 match st {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tutti_bench::{fill_block, verify_block, Mismatch};
 use tutti_kv::{KvMemory, KvStore};
 
-use super::{err, kv_err};
+use super::err;
 
 /// Byte written over the staging area before each load.
 pub const POISON: u8 = 0xA5;
@@ -78,7 +78,7 @@ impl Staging {
             #[allow(unsafe_code)]
             Staging::Gpu { buf, .. } => unsafe { kv.register_gpu(buf.device_ptr(), len) },
         }
-        .map_err(|e| kv_err(&e))
+        .map_err(|e| tutti::error_chain(&e))
     }
 
     fn host_bytes(words: &mut [u64]) -> &mut [u8] {
