@@ -1,55 +1,63 @@
 //! Payload checksums of host memory: CRC32C with the CPU's instruction
-//! (the `crc32c` crate), spread over the cores for large batches.
+//! (the `crc32c` crate), spread over a few threads for large batches.
 //!
 //! One thread computes CRC32C at about 9 GB/s on the GPU machine, slower
-//! than four emulated drives move data, so a batch's payloads are cut into
-//! pieces of [`PIECE`] bytes checksummed in parallel (rayon's pool) and
-//! each payload's pieces joined with `crc32c_combine`: the result is the
-//! CRC32C of the whole payload, the same value as one pass.
-
-use rayon::prelude::*;
-
-/// Bytes per piece checksummed on one core.
-pub const PIECE: usize = 256 << 10;
+//! than four emulated drives move data, so on machines with cores to spare
+//! a batch's payloads are shared out, whole, among a few scoped threads.
+//! Payloads are not cut into pieces joined with `crc32c_combine`: that
+//! crate's combine costs tens of microseconds per call, and with 256 KiB
+//! pieces it halved the store's bandwidth on the GPU machine (so did
+//! rayon's pool, for the same reason; docs/benchmarks.md).
 
 /// Below this many bytes in a batch, one thread does it all.
-const PARALLEL_FROM: usize = 2 * PIECE;
+const PARALLEL_FROM: usize = 2 << 20;
 
-/// Parallel checksums only on machines with this many cores or more: on
-/// fewer, the emulated drives' threads (and the caller's) have the cores
-/// busy already, and spreading the work only adds contention (measured on
-/// 2 cores: 2.0 s instead of 1.5 s of checksums in the Mooncake replay).
-const PARALLEL_CORES: usize = 8;
-
-fn parallel() -> bool {
-    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get())) >= PARALLEL_CORES
+/// Threads for a batch's checksums: a quarter of the cores, at most 4;
+/// one (the caller) below 8 cores, where the emulated drives' threads and
+/// the caller's keep the cores busy already.
+fn threads() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if cores < 8 {
+            1
+        } else {
+            (cores / 4).min(4)
+        }
+    })
 }
 
 /// CRC32C of each range.
 pub fn crc32c_all(ranges: &[&[u8]]) -> Vec<u32> {
     let total: usize = ranges.iter().map(|r| r.len()).sum();
-    if total < PARALLEL_FROM || !parallel() {
+    if total < PARALLEL_FROM || threads() == 1 || ranges.len() < 2 {
         return ranges.iter().map(|r| crc32c::crc32c(r)).collect();
     }
-    crc32c_pieces(ranges)
+    crc32c_parallel(ranges, threads())
 }
 
-/// CRC32C of each range, in pieces of [`PIECE`] bytes on rayon's pool.
-fn crc32c_pieces(ranges: &[&[u8]]) -> Vec<u32> {
-    // (range, piece) in order, so that each range's pieces are adjacent.
-    let pieces: Vec<(usize, &[u8])> =
-        ranges.iter().enumerate().flat_map(|(i, r)| r.chunks(PIECE).map(move |p| (i, p))).collect();
-    let crcs: Vec<u32> = pieces.par_iter().map(|(_, p)| crc32c::crc32c(p)).collect();
-    let mut out: Vec<Option<u32>> = vec![None; ranges.len()];
-    for ((i, p), c) in pieces.iter().zip(crcs) {
-        out[*i] = Some(match out[*i] {
-            None => c,
-            Some(acc) => crc32c::crc32c_combine(acc, c, p.len()),
-        });
+/// CRC32C of each range, the ranges shared out in contiguous runs among
+/// `threads` scoped threads (the caller's among them).
+fn crc32c_parallel(ranges: &[&[u8]], threads: usize) -> Vec<u32> {
+    let mut crcs = vec![0u32; ranges.len()];
+    let per = ranges.len().div_ceil(threads.max(1));
+    std::thread::scope(|s| {
+        let mut work = ranges.chunks(per).zip(crcs.chunks_mut(per));
+        let mine = work.next();
+        for (rs, cs) in work {
+            s.spawn(move || checksum_into(rs, cs));
+        }
+        if let Some((rs, cs)) = mine {
+            checksum_into(rs, cs);
+        }
+    });
+    crcs
+}
+
+fn checksum_into(ranges: &[&[u8]], out: &mut [u32]) {
+    for (r, c) in ranges.iter().zip(out) {
+        *c = crc32c::crc32c(r);
     }
-    // An empty range has no piece: CRC32C of nothing is 0.
-    out.into_iter().map(|c| c.unwrap_or(0)).collect()
 }
 
 #[cfg(test)]
@@ -57,13 +65,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parallel_pieces_give_the_one_pass_checksum() {
-        let data: Vec<u8> = (0..(3 * PIECE + 1234)).map(|i| (i * 31 + i / 7) as u8).collect();
+    fn shared_out_checksums_are_the_one_pass_checksums_in_order() {
+        let data: Vec<u8> = (0..(3 << 20) + 1234).map(|i: usize| (i * 31 + i / 7) as u8).collect();
         let ranges: Vec<&[u8]> =
-            vec![&data[..], &data[5..PIECE + 5], &data[..0], &data[..17], &data[PIECE - 3..2 * PIECE + 9]];
+            vec![&data[..], &data[5..70_000], &data[..0], &data[..17], &data[1 << 20..(2 << 20) + 9]];
         let want: Vec<u32> = ranges.iter().map(|r| crc32c::crc32c(r)).collect();
         assert_eq!(crc32c_all(&ranges), want);
-        assert_eq!(crc32c_pieces(&ranges), want, "the parallel path, whatever the core count");
-        assert_eq!(crc32c_all(&[&data[..10]]), vec![crc32c::crc32c(&data[..10])]);
+        for threads in [1, 2, 3, 8] {
+            assert_eq!(crc32c_parallel(&ranges, threads), want, "{threads} threads");
+        }
     }
 }

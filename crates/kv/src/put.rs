@@ -85,11 +85,27 @@ impl KvStore {
                 }
             }
         }
+        // Host payloads are checksummed while they move (the drives only
+        // read this memory). GPU payloads are checksummed first: the kernel
+        // must not wait behind a running I/O kernel whose completions the
+        // emulator delivers with copies on the same GPU.
+        let on_gpu = items.iter().any(|p| p.value.memory.kind == MemoryKind::Gpu);
+        let mut crc_error = if on_gpu { self.fill_checksums(items, &mut out) } else { None };
         let op = self.submit_items(&reqs, &mut out);
-        // Checksums while the payloads move (the drives only read this
-        // memory); the records that carry them are written after the
-        // writes complete.
-        let crc_error = match self.checksums(items, &out) {
+        if !on_gpu {
+            crc_error = self.fill_checksums(items, &mut out);
+        }
+        Ok(PendingPuts { op, store_id: self.id, items: out, crc_error })
+    }
+
+    /// Puts each accepted item's payload CRC32C in its record; why not,
+    /// when the checksums could not be computed.
+    fn fill_checksums(
+        &self,
+        items: &[Put<'_>],
+        out: &mut [Result<(u32, Record, usize), ItemStatus>],
+    ) -> Option<String> {
+        match self.checksums(items, out) {
             Ok(crcs) => {
                 for (r, c) in out.iter_mut().zip(crcs) {
                     if let Ok((_, rec, _)) = r {
@@ -99,8 +115,7 @@ impl KvStore {
                 None
             }
             Err(e) => Some(e.to_string()),
-        };
-        Ok(PendingPuts { op, store_id: self.id, items: out, crc_error })
+        }
     }
 
     /// Waits for a batch of puts: their payload writes, then the group
