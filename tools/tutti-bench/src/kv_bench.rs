@@ -184,27 +184,47 @@ fn raw_pass(a: &KvArgs, obj: u64) -> Result<(Pass, u64), String> {
         .map_err(|e| e.to_string())?;
     let mut gbps = [0.0; 2];
     for (i, write) in [true, false].into_iter().enumerate() {
-        let t0 = Instant::now();
-        let mut in_flight = VecDeque::new();
-        for (k, chunk) in targets.chunks(a.batch).enumerate() {
-            if in_flight.len() == depth {
-                raw_wait(&rt, in_flight.pop_front().ok_or("empty")?)?;
-            }
-            let base = (k % depth * a.batch) as u64 * obj;
-            let reqs: Vec<Request> = chunk
-                .iter()
-                .enumerate()
-                .map(|(j, &t)| raw_request(write, t, obj, mem, base + j as u64 * obj))
-                .collect();
-            in_flight.push_back(rt.submit(&reqs).op().ok_or("refused")?);
-        }
-        for op in in_flight {
-            raw_wait(&rt, op)?;
-        }
-        gbps[i] = targets.len() as f64 * obj as f64 / t0.elapsed().as_secs_f64() / 1e9;
+        let batches: Vec<&[tutti::TargetHandle]> = targets.chunks(a.batch).collect();
+        let secs = pipelined(
+            &batches,
+            depth,
+            |k, chunk| {
+                let base = (k % depth * a.batch) as u64 * obj;
+                let reqs: Vec<Request> = chunk
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &t)| raw_request(write, t, obj, mem, base + j as u64 * obj))
+                    .collect();
+                rt.submit(&reqs).op().ok_or_else(|| "refused".to_owned())
+            },
+            |op| raw_wait(&rt, op),
+        )?;
+        gbps[i] = targets.len() as f64 * obj as f64 / secs / 1e9;
     }
     rt.unregister_memory(mem).map_err(|e| e.to_string())?;
     Ok((Pass { write_gbps: gbps[0], read_gbps: gbps[1] }, targets.len() as u64))
+}
+
+/// Runs `start` on each batch (with its index) keeping at most `depth`
+/// started and not finished, finishing the oldest first; seconds taken.
+fn pipelined<B: Copy, P>(
+    batches: &[B],
+    depth: usize,
+    mut start: impl FnMut(usize, B) -> Result<P, String>,
+    mut finish: impl FnMut(P) -> Result<(), String>,
+) -> Result<f64, String> {
+    let t0 = Instant::now();
+    let mut in_flight = VecDeque::new();
+    for (k, &b) in batches.iter().enumerate() {
+        if in_flight.len() == depth.max(1) {
+            finish(in_flight.pop_front().ok_or("empty")?)?;
+        }
+        in_flight.push_back(start(k, b)?);
+    }
+    for p in in_flight {
+        finish(p)?;
+    }
+    Ok(t0.elapsed().as_secs_f64())
 }
 
 fn raw_wait(rt: &Runtime, op: tutti::OpHandle) -> Result<(), String> {
@@ -249,36 +269,30 @@ fn store_pass(a: &KvArgs, obj: u64) -> Result<Pass, String> {
         true => Ok(()),
         false => Err(format!("store I/O failed: {st:?}")),
     };
-    let t0 = Instant::now();
-    let mut in_flight = VecDeque::new();
-    for (k, chunk) in ids.chunks(a.batch).enumerate() {
-        if in_flight.len() == depth {
-            let prev = in_flight.pop_front().ok_or("empty")?;
-            all_ok(kv.wait_put(prev, T).map_err(|e| e.to_string())?)?;
-        }
-        let puts: Vec<Put> =
-            chunk.iter().enumerate().map(|(j, &i)| Put { key: key(i), value: v(k, j) }).collect();
-        in_flight.push_back(kv.put(&puts).map_err(|e| e.to_string())?);
-    }
-    for p in in_flight {
-        all_ok(kv.wait_put(p, T).map_err(|e| e.to_string())?)?;
-    }
-    let write_gbps = n as f64 * obj as f64 / t0.elapsed().as_secs_f64() / 1e9;
-    let t0 = Instant::now();
-    let mut in_flight = VecDeque::new();
-    for (k, chunk) in ids.chunks(a.batch).enumerate() {
-        if in_flight.len() == depth {
-            let prev = in_flight.pop_front().ok_or("empty")?;
-            all_ok(kv.wait_get(prev, T).map_err(|e| e.to_string())?)?;
-        }
-        let gets: Vec<Get> =
-            chunk.iter().enumerate().map(|(j, &i)| Get { key: key(i), into: v(k, j) }).collect();
-        in_flight.push_back(kv.get(&gets).map_err(|e| e.to_string())?);
-    }
-    for p in in_flight {
-        all_ok(kv.wait_get(p, T).map_err(|e| e.to_string())?)?;
-    }
-    let read_gbps = n as f64 * obj as f64 / t0.elapsed().as_secs_f64() / 1e9;
+    let gbps = |secs: f64| n as f64 * obj as f64 / secs / 1e9;
+    let batches: Vec<&[u64]> = ids.chunks(a.batch).collect();
+    let secs = pipelined(
+        &batches,
+        depth,
+        |k, chunk| {
+            let puts: Vec<Put> =
+                chunk.iter().enumerate().map(|(j, &i)| Put { key: key(i), value: v(k, j) }).collect();
+            kv.put(&puts).map_err(|e| e.to_string())
+        },
+        |p| all_ok(kv.wait_put(p, T).map_err(|e| e.to_string())?),
+    )?;
+    let write_gbps = gbps(secs);
+    let secs = pipelined(
+        &batches,
+        depth,
+        |k, chunk| {
+            let gets: Vec<Get> =
+                chunk.iter().enumerate().map(|(j, &i)| Get { key: key(i), into: v(k, j) }).collect();
+            kv.get(&gets).map_err(|e| e.to_string())
+        },
+        |p| all_ok(kv.wait_get(p, T).map_err(|e| e.to_string())?),
+    )?;
+    let read_gbps = gbps(secs);
     kv.unregister(mem).map_err(|e| e.to_string())?;
     Ok(Pass { write_gbps, read_gbps })
 }
