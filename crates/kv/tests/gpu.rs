@@ -10,14 +10,26 @@ use std::sync::Arc;
 
 use common::{fill, key, T};
 use gpu_io::GpuBuffer;
-use tutti::config::{DataPathConfig, Execution};
+use tutti::config::{DataPathConfig, DriveConfig, Execution, WriteCacheConfig};
 use tutti::{Config, Runtime};
 use tutti_kv::{Get, ItemStatus, KvStore, OpenOptions, Put, Value};
 
 const OBJ: usize = 1 << 20;
 
 fn gpu_runtime(drives: usize) -> Option<Arc<Runtime>> {
+    gpu_runtime_with(drives, false)
+}
+
+/// `drives` emulated drives under GPU execution; `write_cache`: each with
+/// a volatile write cache, so commit rounds send Flushes (CPU-executed, on
+/// the queue pair a GPU-executed drive keeps for them).
+fn gpu_runtime_with(drives: usize, write_cache: bool) -> Option<Arc<Runtime>> {
     let mut cfg = Config::builtin_striped_ram(drives, 64 << 20, OBJ as u64);
+    for d in cfg.drives.values_mut() {
+        if let (true, DriveConfig::Emulated(e)) = (write_cache, d) {
+            e.write_cache = Some(WriteCacheConfig::default());
+        }
+    }
     for dp in cfg.datapaths.values_mut() {
         match dp {
             DataPathConfig::LocalNvme(l) => l.execution = Execution::Gpu,
@@ -38,6 +50,28 @@ fn gpu_runtime(drives: usize) -> Option<Arc<Runtime>> {
 #[test]
 fn objects_in_gpu_memory_round_trip_verified_by_the_kernel() {
     let Some(rt) = gpu_runtime(2) else { return };
+    round_trip(rt);
+}
+
+#[test]
+fn commit_rounds_flush_gpu_executed_drives_with_a_write_cache() {
+    let Some(rt) = gpu_runtime_with(2, true) else { return };
+    assert!(rt.store_info("kv").unwrap().volatile_write_cache);
+    let commands = |rt: &Runtime| -> u64 {
+        rt.drive_names().iter().map(|d| rt.emulator(d).unwrap().stats().commands).sum()
+    };
+    let before = commands(&rt);
+    round_trip(rt.clone());
+    // 8 puts in one round: 2 Flushes per drive, besides the data.
+    assert!(commands(&rt) - before > 4, "the round's Flushes reached the drives");
+    for d in rt.drive_names() {
+        let r = rt.emulator(&d).unwrap().power_fail();
+        assert_eq!(r.lost_blocks, 0, "drive {d}: everything acknowledged was flushed: {r:?}");
+    }
+}
+
+/// Puts 8 objects from GPU memory, gets them back into GPU and host memory.
+fn round_trip(rt: Arc<Runtime>) {
     let gpu = rt.gpu().expect("a GPU runtime has a GPU").clone();
     let kv = KvStore::open(rt.clone(), &OpenOptions::new("kv")).unwrap();
     let (src, dst) = (GpuBuffer::zeroed(&gpu, 8 * OBJ).unwrap(), GpuBuffer::zeroed(&gpu, 8 * OBJ).unwrap());
