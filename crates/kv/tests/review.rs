@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use nvme_emu::{FaultAction, FaultMatch, FaultRule};
-use tutti::NvmeStatus;
+use tutti::{NvmeStatus, Runtime};
 use tutti_kv::format::Layout;
 use tutti_kv::{Get, ItemStatus, KeySize, KvError, KvStore, OpenOptions, Put, Value};
 
@@ -972,4 +972,62 @@ fn concurrent_puts_gets_removes_and_syncs_on_a_full_store_never_return_wrong_byt
             Err(st) => panic!("after a restart, key {k}: {st:?}"),
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// Registration and drives in use
+// ---------------------------------------------------------------------------
+
+/// Memory of a put or a get not yet waited on cannot be unregistered (the
+/// runtime's `MemoryBusy`); once waited on, it can. Holds (for the window
+/// inside `wait_get`, see
+/// `memory_cannot_be_unregistered_while_wait_get_still_reads_it`).
+#[test]
+fn memory_in_flight_cannot_be_unregistered() {
+    let rt = ram_runtime(1, 1, "64KiB");
+    let kv = open(&rt);
+    let emu = rt.emulator("d0").unwrap();
+    emu.add_fault(rule(
+        WRITE,
+        Some(data_lbas(&kv.layout())),
+        FaultAction::Delay(Duration::from_millis(50)),
+        None,
+    ));
+    emu.add_fault(rule(
+        READ,
+        Some(data_lbas(&kv.layout())),
+        FaultAction::Delay(Duration::from_millis(50)),
+        None,
+    ));
+    let mut src = Buf::new(&kv, 4096);
+    named_fill(&mut src.bytes, 1, 1);
+    let m = *src.mem();
+    let p = kv.put(&[Put { key: key(1), value: Value { memory: &m, offset: 0, len: 4096 } }]).unwrap();
+    assert!(matches!(kv.unregister(m), Err(KvError::Runtime(tutti::Error::MemoryBusy { .. }))));
+    assert_eq!(kv.wait_put(p, T).unwrap(), vec![ItemStatus::Ok]);
+    let p = kv.get(&[Get { key: key(1), into: Value { memory: &m, offset: 0, len: 4096 } }]).unwrap();
+    assert!(kv.unregister(m).is_err());
+    assert_eq!(kv.wait_get(p, T).unwrap(), vec![ItemStatus::Hit { len: 4096 }]);
+    kv.unregister(m).unwrap();
+    src.mem = None;
+    // Unregistered twice, or with another store: refused.
+    assert!(kv.unregister(m).is_err());
+}
+
+/// A RAM disk held by one runtime cannot be opened by another
+/// (`RamDiskInUse`), so a store on it cannot be opened twice that way.
+/// (File-backed emulated drives are not locked: docs/kv-store.md says so,
+/// and two runtimes on one file then behave like
+/// `a_store_opened_twice_on_one_runtime_loses_acknowledged_puts`.) Holds.
+#[test]
+fn a_ram_disk_in_use_by_another_runtime_is_refused() {
+    let disk = "review-in-use";
+    let y = small_block_yaml(disk, 1);
+    let rt = runtime(&y);
+    let _kv = open(&rt);
+    let second = Runtime::from_config(tutti::Config::from_yaml_str(&y).unwrap());
+    assert!(second.is_err());
+    drop(_kv);
+    drop(rt);
+    nvme_emu::remove_ram_disk(disk).unwrap();
 }
