@@ -6,7 +6,8 @@
 //! yet written) -> `Live` (record durable, key in the map) -> `Stale` (no
 //! longer live: removed, evicted or superseded; its record is still on the
 //! media) -> cleared by a commit round (record zeroed and durable) ->
-//! `Free` once no reader pins it. A slot is only reused when the media
+//! `Free`, or `Cleared` until no reader pins it (a round that fails leaves
+//! the slot `Stale`, pinned or not, for the next round). A slot is only reused when the media
 //! says nothing about it, so a crash can never pair an old record with a
 //! new payload.
 
@@ -26,9 +27,12 @@ pub(crate) enum SlotState {
     Reserved,
     /// Holds the live object of its key.
     Live,
-    /// Not live; its record (if any) is still on the media, or it is
-    /// cleared but still pinned by a reader.
+    /// Not live; its record (if any) is still on the media, or a round
+    /// clearing it has not ended (or failed).
     Stale,
+    /// Not live, its record cleared and durable, but still pinned by a
+    /// reader: free once unpinned.
+    Cleared,
     /// A write to it may still be in flight (timed out): never reused while
     /// the store is open.
     Quarantined,
@@ -191,7 +195,11 @@ impl Index {
     pub fn unpin(&mut self, slot: u32) {
         let s = &mut self.slots[slot as usize];
         s.pins = s.pins.saturating_sub(1);
-        if s.pins == 0 && s.state == SlotState::Stale && s.media.is_none() {
+        // Only a slot whose clearing round has ended well: a `Stale` slot
+        // with no media record may be one whose clearing round failed (or
+        // is still running), its old record still on the media and the
+        // slot still to be cleared by the next round.
+        if s.pins == 0 && s.state == SlotState::Cleared {
             s.state = SlotState::Free;
             self.free.push(slot);
         }
@@ -246,9 +254,15 @@ impl Index {
             return;
         }
         for &c in clears {
-            if self.slots[c as usize].pins == 0 && self.slots[c as usize].state == SlotState::Stale {
-                self.slots[c as usize].state = SlotState::Free;
+            let s = &mut self.slots[c as usize];
+            if s.state != SlotState::Stale {
+                continue;
+            }
+            if s.pins == 0 {
+                s.state = SlotState::Free;
                 self.free.push(c);
+            } else {
+                s.state = SlotState::Cleared;
             }
         }
         for &(slot, rec) in puts {
@@ -362,6 +376,24 @@ mod tests {
         ix.unpin(a);
         assert_eq!(ix.free(), 3);
         let _ = b;
+    }
+
+    #[test]
+    fn a_pinned_slot_whose_clearing_round_failed_is_not_freed_by_its_unpin() {
+        let mut ix = Index::new(2);
+        let a = put(&mut ix, 1);
+        ix.pin(&rec(1).key).unwrap();
+        ix.pin(&rec(1).key).unwrap();
+        assert!(ix.remove(&rec(1).key));
+        let clears = ix.begin_round(&mut []);
+        ix.unpin(a); // one reader, while the round runs
+        ix.end_round(&[], &clears, false);
+        ix.unpin(a); // the other, after the round failed
+        assert_eq!(ix.free(), 1, "a's record may still be on the media");
+        let clears = ix.begin_round(&mut []);
+        assert_eq!(clears, vec![a]);
+        ix.end_round(&[], &clears, true);
+        assert_eq!(ix.free(), 2);
     }
 
     #[test]
