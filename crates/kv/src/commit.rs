@@ -142,7 +142,7 @@ impl KvStore {
                         if slot >= self.layout.capacity {
                             break;
                         }
-                        if let Some(rec) = ix.media(slot as u32) {
+                        if let Some(rec) = ix.record_to_write(slot as u32) {
                             let at = (k as usize) * RECORD_BYTES;
                             out[at..at + RECORD_BYTES]
                                 .copy_from_slice(&rec.encode(&self.sb.uuid, slot as u32));

@@ -42,7 +42,10 @@ pub(crate) enum SlotState {
 struct Slot {
     state: SlotState,
     /// What the record table holds (or is being made to hold) for it.
+    /// Kept while a round clears it, until that round has succeeded.
     media: Option<Record>,
+    /// The round in progress writes an empty record for it.
+    clearing: bool,
     pins: u32,
     prev: u32,
     next: u32,
@@ -68,7 +71,7 @@ pub(crate) struct Index {
 impl Index {
     /// An index of `capacity` free slots.
     pub fn new(capacity: u32) -> Self {
-        let slot = Slot { state: SlotState::Free, media: None, pins: 0, prev: NIL, next: NIL };
+        let slot = Slot { state: SlotState::Free, media: None, clearing: false, pins: 0, prev: NIL, next: NIL };
         Self {
             slots: vec![slot; capacity as usize],
             map: HashMap::new(),
@@ -93,8 +96,20 @@ impl Index {
     }
 
     /// The record on the media for `slot`, if any.
+    #[cfg(test)]
     pub fn media(&self, slot: u32) -> Option<Record> {
         self.slots[slot as usize].media
+    }
+
+    /// The record the round in progress writes for `slot`: none for a slot
+    /// it clears.
+    pub fn record_to_write(&self, slot: u32) -> Option<Record> {
+        let s = &self.slots[slot as usize];
+        if s.clearing {
+            None
+        } else {
+            s.media
+        }
     }
 
     /// Recovery: `slot` holds `rec` on the media. The highest generation of
@@ -232,9 +247,9 @@ impl Index {
             self.next_generation += 1;
             self.slots[*slot as usize].media = Some(*rec);
         }
-        let clears = std::mem::take(&mut self.to_clear);
+        let clears = self.clearable();
         for &c in &clears {
-            self.slots[c as usize].media = None;
+            self.slots[c as usize].clearing = true;
         }
         self.clearing = clears.len();
         clears
@@ -245,6 +260,9 @@ impl Index {
     /// failure the puts' slots and the clears wait for the next round.
     pub fn end_round(&mut self, puts: &[(u32, Record)], clears: &[u32], ok: bool) {
         self.clearing = 0;
+        for &c in clears {
+            self.slots[c as usize].clearing = false;
+        }
         if !ok {
             for &(slot, _) in puts {
                 self.slots[slot as usize].state = SlotState::Stale;
@@ -255,6 +273,7 @@ impl Index {
         }
         for &c in clears {
             let s = &mut self.slots[c as usize];
+            s.media = None;
             if s.state != SlotState::Stale {
                 continue;
             }
@@ -274,6 +293,33 @@ impl Index {
         }
     }
 
+    /// The stale slots this round may clear, leaving the rest in
+    /// `to_clear`. A key with no live object whose records wait in several
+    /// stale slots keeps its newest record one round longer: clearing it
+    /// together with an older one could, torn by a power loss (two record
+    /// blocks are not written atomically), leave only the older record on
+    /// the media and bring back a version the key no longer had. With a
+    /// live object the newest record is the live one, never cleared here.
+    fn clearable(&mut self) -> Vec<u32> {
+        let candidates = std::mem::take(&mut self.to_clear);
+        let mut newest: HashMap<Key, (u64, u32, usize)> = HashMap::new();
+        for &c in &candidates {
+            let Some(r) = self.slots[c as usize].media else { continue };
+            if self.map.contains_key(&r.key) {
+                continue;
+            }
+            let e = newest.entry(r.key).or_insert((r.generation, c, 0));
+            if r.generation > e.0 {
+                (e.0, e.1) = (r.generation, c);
+            }
+            e.2 += 1;
+        }
+        let deferred: Vec<u32> = newest.values().filter(|(_, _, n)| *n > 1).map(|&(_, c, _)| c).collect();
+        let (later, now): (Vec<u32>, Vec<u32>) = candidates.into_iter().partition(|c| deferred.contains(c));
+        self.to_clear = later;
+        now
+    }
+
     /// Slots whose record block must be written this round, given the slots
     /// a round touches.
     pub fn has_clears(&self) -> bool {
@@ -284,6 +330,19 @@ impl Index {
     /// progress: a commit round will free some (those no reader pins).
     pub fn clears_pending(&self) -> bool {
         self.has_clears() || self.clearing > 0
+    }
+
+    /// Test helper: `slot` holds its old record again, stale, waiting to be
+    /// cleared (as after a round that failed).
+    #[cfg(test)]
+    fn recover_stale_for_test(&mut self, slot: u32) {
+        let s = &mut self.slots[slot as usize];
+        if s.media.is_none() {
+            s.media = Some(Record { key: Key::new(&[2; 16]).unwrap(), len: 10, generation: 1, payload_crc: 1 });
+            s.state = SlotState::Stale;
+            self.free.retain(|&f| f != slot);
+            self.to_clear.push(slot);
+        }
     }
 
     fn unlink(&mut self, i: u32) {
@@ -341,9 +400,37 @@ mod tests {
         assert!(ix.reserve().is_none());
         let clears = ix.begin_round(&mut []);
         assert_eq!(clears, vec![a]);
-        assert_eq!(ix.media(a), None);
+        assert_eq!(ix.record_to_write(a), None, "the round writes an empty record");
+        assert!(ix.media(a).is_some(), "until the round succeeded, the media may still hold it");
         ix.end_round(&[], &clears, true);
+        assert_eq!(ix.media(a), None);
         assert_eq!(ix.free(), 1);
+    }
+
+    #[test]
+    fn a_keys_newest_stale_record_is_cleared_a_round_after_its_older_ones() {
+        let mut ix = Index::new(4);
+        let a = put(&mut ix, 1);
+        let b = put(&mut ix, 1); // supersedes a: a stale
+        assert!(ix.remove(&rec(1).key)); // b stale too, no live object of the key
+        let first = ix.begin_round(&mut []);
+        assert_eq!(first, vec![a], "the older record first");
+        ix.end_round(&[], &first, true);
+        let second = ix.begin_round(&mut []);
+        assert_eq!(second, vec![b], "then the newest");
+        ix.end_round(&[], &second, true);
+        assert!(!ix.has_clears());
+        // With a live object (the newest record), older ones go at once.
+        let c = put(&mut ix, 2);
+        let d = put(&mut ix, 2); // c stale
+        ix.recover_stale_for_test(c);
+        let _e = put(&mut ix, 2); // d stale; this round cleared c
+        ix.recover_stale_for_test(c);
+        let mut both = ix.begin_round(&mut []);
+        both.sort();
+        let mut want = vec![c, d];
+        want.sort();
+        assert_eq!(both, want, "two older records of a live key in one round");
     }
 
     #[test]
