@@ -3,7 +3,12 @@
 //!
 //! Runs `tests/vm/run.sh`, which builds the guest (Debian kernel, busybox,
 //! statically linked `tutti-probe` / `tutti-bench`) and boots it under
-//! `qemu-system-x86_64` with four NVMe controllers; the guest prints
+//! `qemu-system-x86_64` with four NVMe controllers, twice over the same
+//! disk images: boot 1 runs every step and ends with a replay that saves
+//! its blocks in a tutti-kv store on the drives; boot 2 replays the same
+//! trace over the store recovered from the media (tutti-kv issue: objects
+//! written in one boot read back, verified, in a second boot). run.sh
+//! prints `TUTTI-VM-BOOT <n>` before each boot; the guest prints
 //! `TUTTI-VM-STEP <name> BEGIN` / `TUTTI-VM-STEP <name> rc=<n>` around each
 //! step (tests/vm/guest-test.sh). Skips (and passes) with the printed reason
 //! when QEMU or another host tool is missing (run.sh exits 77), unless
@@ -24,12 +29,46 @@ const CONTROLLERS: [(&str, &str); 4] = [
 /// What QEMU's NVMe controller reports as its model number.
 const QEMU_MODEL: &str = "QEMU NVMe Ctrl";
 
+/// Boot 2's steps, in order (`modules` is /init's): no checks that write,
+/// the replay over the store boot 1 left.
+const RESTART_STEPS: [&str; 5] = ["modules", "controllers", "bind", "replay-restart", "unbind"];
+
 /// One guest step: its exit status (None when the guest never finished it)
 /// and its output lines.
 #[derive(Debug, Default)]
 struct Step {
     rc: Option<i32>,
     lines: Vec<String>,
+}
+
+/// Splits run.sh's output into boots at the `TUTTI-VM-BOOT <n>` lines it
+/// prints before each QEMU run: each boot's lines by boot number (what
+/// comes before the first is run.sh's build output, left out).
+fn split_boots(out: &str) -> BTreeMap<u32, String> {
+    let mut boots: BTreeMap<u32, String> = BTreeMap::new();
+    let mut current = None;
+    for line in out.lines() {
+        if let Some(n) = line.strip_prefix("TUTTI-VM-BOOT ").and_then(|n| n.trim().parse().ok()) {
+            current = Some(n);
+            boots.entry(n).or_default();
+            continue;
+        }
+        if let Some(text) = current.and_then(|n| boots.get_mut(&n)) {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    boots
+}
+
+/// The boot number /init read from the kernel command line
+/// (`TUTTI-VM-BOOTED boot=<n> ...`; the firmware's `Booting from ROM..`
+/// ends without a newline, so the marker need not start its line).
+fn booted_as(console: &str) -> Option<u32> {
+    console.lines().find_map(|l| {
+        let (_, rest) = l.split_once("TUTTI-VM-BOOTED ")?;
+        rest.split_whitespace().find_map(|w| w.strip_prefix("boot=")?.parse().ok())
+    })
 }
 
 /// Splits the console output into steps by their markers.
@@ -77,6 +116,15 @@ fn json_u64(step: &Step, key: &str) -> Option<u64> {
     })
 }
 
+/// A floating-point field of the (pretty-printed) replay JSON summary.
+fn json_f64(step: &Step, key: &str) -> Option<f64> {
+    let quoted = format!("\"{key}\"");
+    step.lines.iter().find_map(|l| {
+        let rest = l.trim().strip_prefix(&quoted)?.trim_start().strip_prefix(':')?;
+        rest.trim().trim_end_matches(',').parse().ok()
+    })
+}
+
 /// QEMU's version (`QEMU emulator version 7.2.22 (Debian ...)`): its NVMe
 /// controller reports it as the firmware revision.
 fn qemu_version() -> Option<String> {
@@ -99,18 +147,11 @@ fn tail(path: &Path, n: usize) -> String {
     }
 }
 
-/// Checks the parsed steps; returns one message per failed expectation.
-fn check(order: &[String], steps: &BTreeMap<String, Step>, firmware: Option<&str>) -> Vec<String> {
+/// Every step of `expected` ran and exited 0, and every other step that
+/// began (`order`) finished with 0; one message per failure.
+fn check_rcs(expected: &[String], order: &[String], steps: &BTreeMap<String, Step>) -> Vec<String> {
     let mut failures = Vec::new();
-    let mut expected: Vec<String> =
-        ["modules", "controllers", "iommu", "vfio-sysfs", "list", "status", "bind", "list-json"]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect();
-    expected.extend(CONTROLLERS.iter().map(|(a, _)| format!("identify-{a}")));
-    expected.extend(CONTROLLERS.iter().map(|(a, _)| format!("conformance-{a}")));
-    expected.extend(["selftest", "replay", "unbind", "list-final"].iter().map(|s| (*s).to_owned()));
-    for name in &expected {
+    for name in expected {
         match steps.get(name) {
             None => failures.push(format!("step {name}: did not run")),
             Some(Step { rc: None, .. }) => failures.push(format!("step {name}: did not finish")),
@@ -127,6 +168,35 @@ fn check(order: &[String], steps: &BTreeMap<String, Step>, firmware: Option<&str
             }
         }
     }
+    failures
+}
+
+/// The replay's JSON: every loaded block verified, something loaded.
+fn check_verified(name: &str, s: &Step) -> Option<String> {
+    let loaded = json_u64(s, "blocks_loaded");
+    let verified = json_u64(s, "blocks_verified");
+    let bytes = json_u64(s, "bytes_loaded");
+    match (loaded, verified, bytes) {
+        (Some(l), Some(v), Some(b)) if l == v && v > 0 && b > 0 => None,
+        _ => Some(format!(
+            "{name}: blocks_loaded {loaded:?}, blocks_verified {verified:?}, bytes_loaded {bytes:?} \
+             (expected all loaded blocks verified, more than 0)"
+        )),
+    }
+}
+
+/// Checks boot 1's parsed steps; returns one message per failed
+/// expectation.
+fn check(order: &[String], steps: &BTreeMap<String, Step>, firmware: Option<&str>) -> Vec<String> {
+    let mut expected: Vec<String> =
+        ["modules", "controllers", "iommu", "vfio-sysfs", "list", "status", "bind", "list-json"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+    expected.extend(CONTROLLERS.iter().map(|(a, _)| format!("identify-{a}")));
+    expected.extend(CONTROLLERS.iter().map(|(a, _)| format!("conformance-{a}")));
+    expected.extend(["selftest", "replay", "unbind", "list-final"].iter().map(|s| (*s).to_owned()));
+    let mut failures = check_rcs(&expected, order, steps);
 
     // identify: through the project's own admin queue.
     for (addr, serial) in CONTROLLERS {
@@ -186,16 +256,86 @@ fn check(order: &[String], steps: &BTreeMap<String, Step>, firmware: Option<&str
         {
             failures.push("replay: no warning that q3 granted fewer queue pairs than asked".into());
         }
-        let loaded = json_u64(s, "blocks_loaded");
-        let verified = json_u64(s, "blocks_verified");
-        let bytes = json_u64(s, "bytes_loaded");
-        match (loaded, verified, bytes) {
-            (Some(l), Some(v), Some(b)) if l == v && v > 0 && b > 0 => {}
-            _ => failures.push(format!(
-                "replay: blocks_loaded {loaded:?}, blocks_verified {verified:?}, bytes_loaded {bytes:?} \
-                 (expected all loaded blocks verified, more than 0)"
-            )),
+        failures.extend(check_verified("replay", s));
+    }
+    failures
+}
+
+/// Checks boot 2's parsed steps against boot 1's replay (`first`, when it
+/// ran): the store was found on the drives, the blocks boot 1 saved were
+/// loaded at their first lookup and verified. One message per failed
+/// expectation.
+fn check_restart(order: &[String], steps: &BTreeMap<String, Step>, first: Option<&Step>) -> Vec<String> {
+    let expected: Vec<String> = RESTART_STEPS.iter().map(|s| (*s).to_owned()).collect();
+    let mut failures = check_rcs(&expected, order, steps);
+    let Some(s) = steps.get("replay-restart") else { return failures };
+    failures.extend(check_verified("replay-restart", s));
+    let at_open = json_u64(s, "store_objects_at_open");
+    if at_open.unwrap_or(0) == 0 {
+        failures.push(format!(
+            "replay-restart: store_objects_at_open {at_open:?}: the store boot 1 saved was not found on the drives"
+        ));
+    }
+    let hits = json_u64(s, "restart_hits");
+    let lookups = json_u64(s, "restart_lookups");
+    let ratio = json_f64(s, "restart_hit_ratio");
+    if !(ratio.is_some_and(|r| r > 0.0) && hits.is_some_and(|h| h > 0)) {
+        failures.push(format!(
+            "replay-restart: restart_hit_ratio {ratio:?} ({hits:?} of {lookups:?} distinct blocks loaded at \
+             first lookup): expected more than 0, the blocks boot 1 saved"
+        ));
+    }
+    let Some(first) = first else { return failures };
+    let first_lookups = json_u64(first, "restart_lookups");
+    if lookups != first_lookups {
+        failures.push(format!(
+            "replay-restart: {lookups:?} distinct blocks looked up, boot 1's replay {first_lookups:?}: \
+             not the same trace"
+        ));
+    }
+    // A boot 1 that kept every block it saved (nothing evicted, nothing
+    // refused for want of room) left all of the trace's blocks: every
+    // first lookup of boot 2 hits.
+    let kept_all =
+        json_u64(first, "store_evictions") == Some(0) && json_u64(first, "blocks_uncacheable") == Some(0);
+    if kept_all && hits != lookups {
+        failures.push(format!(
+            "replay-restart: {hits:?} of {lookups:?} distinct blocks loaded at first lookup (restart_hit_ratio \
+             {ratio:?}); boot 1 evicted none, so all of them should have been"
+        ));
+    }
+    failures
+}
+
+/// Checks both boots of run.sh's output; one message per failed
+/// expectation, each naming its boot.
+fn check_boots(out: &str, firmware: Option<&str>) -> Vec<String> {
+    let boots = split_boots(out);
+    let mut failures = Vec::new();
+    let mut first_replay = None;
+    for n in [1, 2] {
+        let Some(console) = boots.get(&n) else {
+            failures.push(format!("boot {n}: did not run (no TUTTI-VM-BOOT {n} line)"));
+            continue;
+        };
+        if booted_as(console) != Some(n) {
+            failures.push(format!(
+                "boot {n}: the guest reported boot={:?}, expected {n} (kernel argument tutti.boot={n})",
+                booted_as(console)
+            ));
         }
+        if !console.lines().any(|l| l == "TUTTI-VM-DONE") {
+            failures.push(format!("boot {n}: the guest did not reach TUTTI-VM-DONE"));
+        }
+        let (order, mut steps) = parse_steps(console);
+        let found = if n == 1 {
+            let f = check(&order, &steps, firmware);
+            first_replay = steps.remove("replay");
+            f
+        } else {
+            check_restart(&order, &steps, first_replay.as_ref())
+        };
+        failures.extend(found.into_iter().map(|m| format!("boot {n}: {m}")));
     }
     failures
 }
@@ -223,15 +363,11 @@ fn qemu_nvme_guest() {
         return;
     }
     println!("{stdout}");
-    let (order, steps) = parse_steps(&stdout);
     let mut failures = Vec::new();
     if !out.status.success() {
         failures.push(format!("{} exited with {}", script.display(), out.status));
     }
-    if !stdout.lines().any(|l| l == "TUTTI-VM-DONE") {
-        failures.push("the guest did not reach TUTTI-VM-DONE".into());
-    }
-    failures.extend(check(&order, &steps, qemu_version().as_deref()));
+    failures.extend(check_boots(&stdout, qemu_version().as_deref()));
     if !failures.is_empty() {
         eprintln!("--- run.sh stderr (tail) ---");
         let lines: Vec<&str> = stderr.lines().collect();
@@ -268,4 +404,101 @@ fn parses_markers() {
         f.iter().any(|m| m.starts_with("conformance 0000:00:10.0: no line \"pass  slba_nlb:\"")),
         "{f:?}"
     );
+}
+
+/// A replay step's console lines: its pretty-printed JSON summary with
+/// `fields`.
+fn replay_step(name: &str, fields: &[(&str, &str)]) -> String {
+    let json: Vec<String> = fields.iter().map(|(k, v)| format!("  \"{k}\": {v}")).collect();
+    format!("TUTTI-VM-STEP {name} BEGIN\n{{\n{}\n}}\nTUTTI-VM-STEP {name} rc=0 secs=9.5\n", json.join(",\n"))
+}
+
+#[test]
+fn parses_both_boots() {
+    let first = replay_step(
+        "replay",
+        &[
+            ("blocks_saved", "700"),
+            ("blocks_loaded", "900"),
+            ("blocks_uncacheable", "0"),
+            ("store_objects_at_open", "0"),
+            ("restart_lookups", "700"),
+            ("restart_hits", "0"),
+            ("restart_hit_ratio", "0.0"),
+            ("store_evictions", "0"),
+            ("bytes_loaded", "4096"),
+            ("blocks_verified", "900"),
+        ],
+    );
+    let second = |at_open: &str, hits: &str, ratio: &str| {
+        replay_step(
+            "replay-restart",
+            &[
+                ("blocks_saved", "0"),
+                ("blocks_loaded", "1600"),
+                ("store_objects_at_open", at_open),
+                ("restart_lookups", "700"),
+                ("restart_hits", hits),
+                ("restart_hit_ratio", ratio),
+                ("bytes_loaded", "8192"),
+                ("blocks_verified", "1600"),
+            ],
+        )
+    };
+    let steps2: String = ["modules", "controllers", "bind"]
+        .iter()
+        .map(|n| format!("TUTTI-VM-STEP {n} BEGIN\nTUTTI-VM-STEP {n} rc=0 secs=1\n"))
+        .collect();
+    let out = |boot2: &str| {
+        format!(
+            "build.sh: noise\nTUTTI-VM-BOOT 1\nTUTTI-VM-BOOTED boot=1 kernel=6.1 uptime=3.9\n{first}TUTTI-VM-DONE\n\
+             run.sh: boot 1: steps:\nTUTTI-VM-BOOT 2\nBooting from ROM..TUTTI-VM-BOOTED boot=2 kernel=6.1 uptime=4.1\n{steps2}{boot2}\
+             TUTTI-VM-STEP unbind BEGIN\nTUTTI-VM-STEP unbind rc=0\nTUTTI-VM-DONE\n"
+        )
+    };
+
+    // Everything boot 1 saved found again: boot 2 passes (boot 1 lacks
+    // most of its steps here).
+    let good = out(&second("700", "700", "1.0"));
+    let boots = split_boots(&good);
+    assert_eq!(boots.keys().copied().collect::<Vec<_>>(), [1, 2]);
+    assert!(!boots[&1].contains("build.sh"), "run.sh's build output is before the first boot");
+    assert_eq!(booted_as(&boots[&2]), Some(2));
+    let (order, steps) = parse_steps(&boots[&2]);
+    assert_eq!(order, RESTART_STEPS);
+    assert_eq!(json_f64(&steps["replay-restart"], "restart_hit_ratio"), Some(1.0));
+    let f = check_boots(&good, Some("7.2.22"));
+    assert!(!f.iter().any(|m| m.starts_with("boot 2")), "{f:?}");
+    assert!(f.iter().any(|m| m == "boot 1: step selftest: did not run"), "{f:?}");
+    assert!(!f.iter().any(|m| m.starts_with("boot 1: replay: blocks_loaded")), "{f:?}");
+
+    // A store not found: nothing at open, no restart hits.
+    let f = check_boots(&out(&second("0", "0", "0.0")), None);
+    assert!(
+        f.iter().any(|m| m.starts_with("boot 2: replay-restart: store_objects_at_open Some(0)")),
+        "{f:?}"
+    );
+    assert!(f.iter().any(|m| m.starts_with("boot 2: replay-restart: restart_hit_ratio Some(0.0)")), "{f:?}");
+
+    // Some blocks lost although boot 1 evicted none.
+    let f = check_boots(&out(&second("650", "650", "0.9285714285714286")), None);
+    assert!(
+        f.iter().any(|m| m.starts_with("boot 2: replay-restart: Some(650) of Some(700) distinct blocks")),
+        "{f:?}"
+    );
+    assert!(!f.iter().any(|m| m.starts_with("boot 2: replay-restart: restart_hit_ratio")), "{f:?}");
+
+    // No second boot, or a guest that did not see tutti.boot=2.
+    let one = good.split("TUTTI-VM-BOOT 2").next().unwrap();
+    let f = check_boots(one, None);
+    assert!(f.iter().any(|m| m == "boot 2: did not run (no TUTTI-VM-BOOT 2 line)"), "{f:?}");
+    let f = check_boots(&good.replace("boot=2 kernel", "boot=1 kernel"), None);
+    assert!(f.iter().any(|m| m.starts_with("boot 2: the guest reported boot=Some(1)")), "{f:?}");
+    // A boot 2 that failed: its replay's rc and the missing DONE.
+    let f = check_boots(
+        &good.replace("replay-restart rc=0", "replay-restart rc=1").replace("TUTTI-VM-DONE\n", ""),
+        None,
+    );
+    assert!(f.iter().any(|m| m == "boot 2: step replay-restart: rc=1"), "{f:?}");
+    assert!(f.iter().any(|m| m == "boot 2: the guest did not reach TUTTI-VM-DONE"), "{f:?}");
 }

@@ -5,12 +5,24 @@
 #   TUTTI-VM-STEP <name> rc=<exit status> secs=<guest seconds>
 # and the script ends with TUTTI-VM-DONE. tests/vm.rs parses these lines.
 #
+# run.sh boots the guest twice over the same four disk images; /init sets
+# TUTTI_VM_BOOT from the kernel argument tutti.boot=N:
+#   boot 1: every step below, ending with a replay that formats a tutti-kv
+#           store on the drives and saves its blocks there;
+#   boot 2: the drives bound again and the same replay without --format
+#           (step replay-restart): the store is recovered from the media,
+#           and the blocks boot 1 saved are loaded and verified.
+#
 # The four controllers (tests/vm/run.sh pins their addresses):
 #   0000:00:10.0 512-byte blocks      0000:00:11.0 4096-byte blocks
 #   0000:00:12.0 mdts=2               0000:00:13.0 max_ioqpairs=2
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export RUST_BACKTRACE=1
 ADDRS="0000:00:10.0 0000:00:11.0 0000:00:12.0 0000:00:13.0"
+BOOT=${TUTTI_VM_BOOT:-1}
+# The replay of both boots: the same trace (the synthetic one, 200
+# requests) over the same store, so boot 2 looks up the blocks boot 1 saved.
+REPLAY="tutti-bench replay --config /vm/replay.yaml --store kv --requests 200 --json"
 # Per-step limit (guest seconds); the host's QEMU timeout covers the rest.
 STEP_TIMEOUT=${STEP_TIMEOUT:-300}
 
@@ -154,6 +166,17 @@ check_vfio_sysfs() {
     return $rc
 }
 
+if [ "$BOOT" = 2 ]; then
+    # The store boot 1 left on the drives: no --format, no checks that
+    # write (conformance, selftest) before it.
+    step controllers check_controllers
+    step bind tutti-probe bind --all-unused
+    step replay-restart $REPLAY
+    step unbind tutti-probe unbind $ADDRS
+    echo "TUTTI-VM-DONE"
+    exit 0
+fi
+
 step controllers check_controllers
 step iommu check_iommu
 step vfio-sysfs check_vfio_sysfs
@@ -180,8 +203,9 @@ for a in $ADDRS; do
 done
 step selftest tutti-probe selftest 0000:00:10.0 --lba-range 0..2048 --yes
 # --format: conformance and selftest left their data on the drives; the
-# replay's tutti-kv store would refuse it as not a store of its own.
-step replay tutti-bench replay --config /vm/replay.yaml --store kv --format --requests 200 --json
+# replay's tutti-kv store would refuse it as not a store of its own. Boot 2
+# replays the same trace over the blocks this replay saves.
+step replay $REPLAY --format
 step unbind tutti-probe unbind $ADDRS
 step list-final tutti-probe list
 echo "TUTTI-VM-DONE"
