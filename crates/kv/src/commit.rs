@@ -84,6 +84,16 @@ impl KvStore {
 
     /// One round (see the module docs).
     fn round(&self, mut puts: Vec<PendingPut>) -> Result<(), ItemStatus> {
+        if self.stuck.load(std::sync::atomic::Ordering::Acquire) {
+            lock(&self.index).end_round(&puts, &[], false);
+            return Err(ItemStatus::Device {
+                status: None,
+                drive: None,
+                message: "a record-block write timed out earlier: the store commits nothing more; \
+                          reset the drive and reopen the store"
+                    .into(),
+            });
+        }
         let rt = &self.targets.rt;
         let flush = [Request::flush(self.targets.slot(0).map_err(runtime_status)?)];
         // Without a volatile write cache on any drive a completed write is
@@ -156,7 +166,17 @@ impl KvStore {
                     .span(Direction::Write, off, bs, st.handle, j as u64 * bs, &mut reqs)
                     .map_err(runtime_status)?;
             }
-            run(&self.targets.rt, &reqs)?;
+            if let Err(e) = run(&self.targets.rt, &reqs) {
+                if e == ItemStatus::Timeout {
+                    // The drive may still write these blocks later, with
+                    // the records of this round: the buffer must never hold
+                    // other records, and no later round may run, or that
+                    // late write could undo it (bring back a cleared record).
+                    self.stuck.store(true, std::sync::atomic::Ordering::Release);
+                    std::mem::forget(staging.take());
+                }
+                return Err(e);
+            }
         }
         Ok(())
     }

@@ -73,6 +73,15 @@ pub enum KvError {
     /// Memory registered with another store.
     #[error("memory registered with another store or already unregistered")]
     ForeignMemory,
+    /// A pending batch of another store.
+    #[error("a pending batch of another store")]
+    ForeignBatch,
+    /// Memory that a put or get not yet waited on still uses.
+    #[error("memory still used by a put or get that has not been waited on (or was dropped and is still in flight)")]
+    MemoryInUse,
+    /// The store is already open on this runtime.
+    #[error("store {0:?} is already open on this runtime: one KvStore per store")]
+    AlreadyOpen(String),
     /// The checksum kernel failed on GPU-resident objects.
     #[error("checksumming GPU memory failed")]
     Gpu(#[source] gpu_io::GpuError),

@@ -3,10 +3,13 @@
 
 use std::time::Duration;
 
-use tutti::{OpHandle, Request, RequestStatus};
+use std::sync::Arc;
+
+use tutti::{MemoryHandle, OpHandle, Request, RequestStatus};
 
 use crate::error::{ItemStatus, KvError};
 use crate::format::Record;
+use crate::inflight::{Held, Inflight};
 use crate::key::Key;
 use crate::memory::{KvMemory, Value};
 use crate::stats::Counters;
@@ -32,6 +35,25 @@ pub struct PendingGets<'a> {
     /// Per item: its final status already, or (slot, record, request index,
     /// destination).
     items: Vec<GetItem<'a>>,
+    /// Memory the batch loads into (one entry per accepted item).
+    mems: Vec<MemoryHandle>,
+    inflight: Arc<Inflight>,
+    /// Waited on: nothing left to release when dropped.
+    settled: bool,
+}
+
+impl Drop for PendingGets<'_> {
+    /// A batch dropped without a wait: its objects are unpinned and its
+    /// memory let go once the runtime reports its reads final
+    /// (`inflight.rs`).
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let held =
+            self.items.iter().filter_map(|r| r.as_ref().ok().map(|(s, ..)| Held::Pinned(*s))).collect();
+        self.inflight.orphan(self.op.take(), held, std::mem::take(&mut self.mems));
+    }
 }
 
 type GetItem<'a> = Result<(u32, Record, usize, &'a KvMemory, u64), ItemStatus>;
@@ -51,6 +73,7 @@ impl KvStore {
         if items.len() > MAX {
             return Err(KvError::BatchTooLarge { items: items.len(), max: MAX });
         }
+        self.reap_orphans();
         let mut out: Vec<GetItem<'a>> = Vec::with_capacity(items.len());
         {
             let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
@@ -71,7 +94,10 @@ impl KvStore {
                     }
                     Some((slot, rec)) => {
                         let v = Value { len: rec.len, ..g.into };
-                        match self.check_value(&g.key, &v, rec.len).and_then(|()| fits(&g.into, rec.len)) {
+                        match self
+                            .check_value(&g.key, &v, rec.len)
+                            .and_then(|()| fits(&g.into, rec.len, self.layout.padded(rec.len)))
+                        {
                             Ok(()) => Ok((slot, rec, 0, g.into.memory, g.into.offset)),
                             Err(e) => {
                                 ix.unpin(slot);
@@ -97,26 +123,77 @@ impl KvStore {
             }
         }
         let op = self.submit_gets(&reqs, &mut out);
-        Ok(PendingGets { op, store_id: self.id, items: out })
+        let mems: Vec<MemoryHandle> =
+            out.iter().filter_map(|r| r.as_ref().ok().map(|x| x.3.handle)).collect();
+        self.inflight.take(&mems);
+        Ok(PendingGets {
+            op,
+            store_id: self.id,
+            items: out,
+            mems,
+            inflight: self.inflight.clone(),
+            settled: false,
+        })
     }
 
     /// Waits for a batch of gets and verifies each payload: one status per
     /// item, in order. [`ItemStatus::Hit`] only when the bytes read have
     /// the CRC32C the object was stored with; otherwise
-    /// [`ItemStatus::ChecksumMismatch`] and the bytes must not be used.
+    /// [`ItemStatus::ChecksumMismatch`] and the bytes must not be used. The
+    /// timeout is final, as the runtime's (to poll, use
+    /// [`KvStore::try_wait_get`]).
     ///
     /// # Errors
     ///
-    /// [`KvError::ForeignMemory`] when `pending` belongs to another store;
+    /// [`KvError::ForeignBatch`] when `pending` belongs to another store;
     /// a runtime error for a consumed operation.
-    pub fn wait_get(&self, pending: PendingGets<'_>, timeout: Duration) -> Result<Vec<ItemStatus>, KvError> {
+    pub fn wait_get(
+        &self,
+        mut pending: PendingGets<'_>,
+        timeout: Duration,
+    ) -> Result<Vec<ItemStatus>, KvError> {
         if pending.store_id != self.id {
-            return Err(KvError::ForeignMemory);
+            return Err(KvError::ForeignBatch);
         }
-        let statuses = match pending.op {
-            Some(op) => self.targets.rt.wait(op, timeout),
+        let statuses = match pending.op.take() {
+            Some(op) => self.targets.rt.wait(op, timeout).map_err(|e| e.to_string()),
             None => Ok(Vec::new()),
         };
+        Ok(self.finish_get(&mut pending, statuses))
+    }
+
+    /// Polls a batch of gets: `Ok(Err(pending))` (to poll again) while a
+    /// read is in flight, otherwise as [`KvStore::wait_get`].
+    ///
+    /// # Errors
+    ///
+    /// As [`KvStore::wait_get`].
+    pub fn try_wait_get<'a>(
+        &self,
+        mut pending: PendingGets<'a>,
+    ) -> Result<Result<Vec<ItemStatus>, PendingGets<'a>>, KvError> {
+        if pending.store_id != self.id {
+            return Err(KvError::ForeignBatch);
+        }
+        let statuses = match pending.op {
+            Some(op) => match self.targets.rt.try_wait(op)? {
+                None => return Ok(Err(pending)),
+                Some(st) => st,
+            },
+            None => Vec::new(),
+        };
+        pending.op = None;
+        Ok(Ok(self.finish_get(&mut pending, Ok(statuses))))
+    }
+
+    /// Verifies a batch whose reads are final, unpins its objects and lets
+    /// its memory go (after the checksums: until then the store reads it).
+    fn finish_get(
+        &self,
+        pending: &mut PendingGets<'_>,
+        statuses: Result<Vec<RequestStatus>, String>,
+    ) -> Vec<ItemStatus> {
+        pending.settled = true;
         let ranges: Vec<Option<(&KvMemory, u64, u64)>> = pending
             .items
             .iter()
@@ -139,11 +216,12 @@ impl KvStore {
             self.unpin(*slot);
             out.push(match (&statuses, &crcs) {
                 (Ok(st), Ok(c)) => self.verdict(st.get(*at), rec, c[i]),
-                (Err(e), _) => ItemStatus::Device { status: None, drive: None, message: e.to_string() },
+                (Err(e), _) => ItemStatus::Device { status: None, drive: None, message: e.clone() },
                 (_, Err(e)) => ItemStatus::Device { status: None, drive: None, message: e.to_string() },
             });
         }
-        Ok(out)
+        self.inflight.give(&std::mem::take(&mut pending.mems));
+        out
     }
 
     /// `get` then `wait_get`.
@@ -193,11 +271,12 @@ impl KvStore {
     }
 }
 
-/// An object of `len` bytes fits in `into`.
-fn fits(into: &Value<'_>, len: u64) -> Result<(), ItemStatus> {
-    if len > into.len {
+/// An object of `len` bytes, moved as `padded` bytes (whole logical
+/// blocks), fits in `into`.
+fn fits(into: &Value<'_>, len: u64, padded: u64) -> Result<(), ItemStatus> {
+    if padded > into.len {
         return Err(ItemStatus::BadValue {
-            reason: format!("the object has {len} bytes; room for {}", into.len),
+            reason: format!("the object has {len} bytes, {padded} in whole blocks; room for {}", into.len),
         });
     }
     Ok(())

@@ -71,7 +71,8 @@ pub(crate) struct Index {
 impl Index {
     /// An index of `capacity` free slots.
     pub fn new(capacity: u32) -> Self {
-        let slot = Slot { state: SlotState::Free, media: None, clearing: false, pins: 0, prev: NIL, next: NIL };
+        let slot =
+            Slot { state: SlotState::Free, media: None, clearing: false, pins: 0, prev: NIL, next: NIL };
         Self {
             slots: vec![slot; capacity as usize],
             map: HashMap::new(),
@@ -338,7 +339,8 @@ impl Index {
     fn recover_stale_for_test(&mut self, slot: u32) {
         let s = &mut self.slots[slot as usize];
         if s.media.is_none() {
-            s.media = Some(Record { key: Key::new(&[2; 16]).unwrap(), len: 10, generation: 1, payload_crc: 1 });
+            s.media =
+                Some(Record { key: Key::new(&[2; 16]).unwrap(), len: 10, generation: 1, payload_crc: 1 });
             s.state = SlotState::Stale;
             self.free.retain(|&f| f != slot);
             self.to_clear.push(slot);

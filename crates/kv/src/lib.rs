@@ -55,6 +55,7 @@ mod error;
 pub mod format;
 mod get;
 mod index;
+mod inflight;
 mod io;
 mod key;
 mod memory;

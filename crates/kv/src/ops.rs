@@ -40,6 +40,7 @@ impl KvStore {
     ///
     /// [`KvError::Io`] when writing the records or flushing failed.
     pub fn sync(&self) -> Result<(), KvError> {
+        self.reap_orphans();
         // A key's newest stale record is cleared a round after its older
         // ones (`index.rs`), so the records to clear before this call need
         // at most two rounds; a third covers a round another thread led
@@ -99,11 +100,17 @@ impl KvStore {
     ///
     /// # Errors
     ///
-    /// [`KvError::ForeignMemory`] for memory of another store; the
-    /// runtime's error when it is still in use.
+    /// [`KvError::ForeignMemory`] for memory of another store;
+    /// [`KvError::MemoryInUse`] while a put or get using it has not been
+    /// waited on (a dropped one counts until its commands are final); the
+    /// runtime's error when a drive may still access it.
     pub fn unregister(&self, mem: KvMemory) -> Result<(), KvError> {
         if mem.store_id != self.id {
             return Err(KvError::ForeignMemory);
+        }
+        self.reap_orphans();
+        if self.inflight.in_use(mem.handle) {
+            return Err(KvError::MemoryInUse);
         }
         self.targets.rt.unregister_memory(mem.handle)?;
         Ok(())

@@ -3,12 +3,15 @@
 
 use std::time::Duration;
 
-use tutti::{OpHandle, Request, RequestStatus};
+use std::sync::Arc;
+
+use tutti::{MemoryHandle, OpHandle, Request, RequestStatus};
 
 use crate::checksum::crc32c_all;
 use crate::commit::PendingPut;
 use crate::error::{ItemStatus, KvError};
 use crate::format::Record;
+use crate::inflight::{Held, Inflight};
 use crate::key::Key;
 use crate::memory::{KvMemory, MemoryKind, Value};
 use crate::stats::Counters;
@@ -35,6 +38,25 @@ pub struct PendingPuts {
     /// Why the payload checksums could not be computed (the GPU kernel
     /// failed): every submitted item then fails once its write is done.
     crc_error: Option<String>,
+    /// Memory the batch's payloads are in (one entry per accepted item).
+    mems: Vec<MemoryHandle>,
+    inflight: Arc<Inflight>,
+    /// Waited on: nothing left to release when dropped.
+    settled: bool,
+}
+
+impl Drop for PendingPuts {
+    /// A batch dropped without a wait: its slots are freed (never
+    /// published) and its memory let go once the runtime reports its
+    /// writes final (`inflight.rs`).
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let held =
+            self.items.iter().filter_map(|r| r.as_ref().ok().map(|(s, ..)| Held::Reserved(*s))).collect();
+        self.inflight.orphan(self.op.take(), held, std::mem::take(&mut self.mems));
+    }
 }
 
 impl KvStore {
@@ -54,6 +76,7 @@ impl KvStore {
         if items.len() > MAX {
             return Err(KvError::BatchTooLarge { items: items.len(), max: MAX });
         }
+        self.reap_orphans();
         let mut out: Vec<Result<(u32, Record, usize), ItemStatus>> = items
             .iter()
             .map(|p| self.check_value(&p.key, &p.value, p.value.len).map(|()| (0, rec0(p), 0)))
@@ -95,7 +118,18 @@ impl KvStore {
         if !on_gpu {
             crc_error = self.fill_checksums(items, &mut out);
         }
-        Ok(PendingPuts { op, store_id: self.id, items: out, crc_error })
+        let mems: Vec<MemoryHandle> =
+            items.iter().zip(&out).filter(|(_, r)| r.is_ok()).map(|(p, _)| p.value.memory.handle).collect();
+        self.inflight.take(&mems);
+        Ok(PendingPuts {
+            op,
+            store_id: self.id,
+            items: out,
+            crc_error,
+            mems,
+            inflight: self.inflight.clone(),
+            settled: false,
+        })
     }
 
     /// Puts each accepted item's payload CRC32C in its record; why not,
@@ -122,22 +156,61 @@ impl KvStore {
     /// commit of their records. One status per item, in order:
     /// [`ItemStatus::Ok`] once the object is durable and visible.
     ///
+    /// The timeout bounds the wait for the payload writes; it is final: an
+    /// item not written by then is [`ItemStatus::Timeout`] and its slot is
+    /// set aside until the store is reopened (the drive may still write
+    /// it). To poll, use [`KvStore::try_wait_put`]. The commit round that
+    /// follows is bounded by the store's own 30 s limit.
+    ///
     /// # Errors
     ///
-    /// [`KvError::ForeignMemory`] when `pending` belongs to another store.
-    pub fn wait_put(&self, pending: PendingPuts, timeout: Duration) -> Result<Vec<ItemStatus>, KvError> {
+    /// [`KvError::ForeignBatch`] when `pending` belongs to another store (it
+    /// is released by its own store as if dropped).
+    pub fn wait_put(&self, mut pending: PendingPuts, timeout: Duration) -> Result<Vec<ItemStatus>, KvError> {
         if pending.store_id != self.id {
-            return Err(KvError::ForeignMemory);
+            return Err(KvError::ForeignBatch);
         }
-        let statuses = match pending.op {
+        let statuses = match pending.op.take() {
             Some(op) => self.targets.rt.wait(op, timeout)?,
             None => Vec::new(),
         };
+        Ok(self.finish_put(&mut pending, &statuses))
+    }
+
+    /// Polls a batch of puts: `Ok(Err(pending))` (to poll again) while a
+    /// payload write is in flight, otherwise as [`KvStore::wait_put`] (the
+    /// commit round runs in this call).
+    ///
+    /// # Errors
+    ///
+    /// As [`KvStore::wait_put`].
+    pub fn try_wait_put(
+        &self,
+        mut pending: PendingPuts,
+    ) -> Result<Result<Vec<ItemStatus>, PendingPuts>, KvError> {
+        if pending.store_id != self.id {
+            return Err(KvError::ForeignBatch);
+        }
+        let statuses = match pending.op {
+            Some(op) => match self.targets.rt.try_wait(op)? {
+                None => return Ok(Err(pending)),
+                Some(st) => st,
+            },
+            None => Vec::new(),
+        };
+        pending.op = None;
+        Ok(Ok(self.finish_put(&mut pending, &statuses)))
+    }
+
+    /// The statuses of a batch whose payload writes are final: commits the
+    /// written ones, frees the others' slots.
+    fn finish_put(&self, pending: &mut PendingPuts, statuses: &[RequestStatus]) -> Vec<ItemStatus> {
+        pending.settled = true;
         let mut out = Vec::with_capacity(pending.items.len());
         let mut commit: Vec<PendingPut> = Vec::new();
         {
             let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
-            for item in pending.items {
+            for item in std::mem::take(&mut pending.items) {
                 out.push(match item {
                     Err(s) => Err(s),
                     Ok((slot, rec, at)) => match (statuses.get(at), &pending.crc_error) {
@@ -159,14 +232,14 @@ impl KvStore {
                 });
             }
         }
+        self.inflight.give(&std::mem::take(&mut pending.mems));
         let committed = if commit.is_empty() { Ok(()) } else { self.commit(commit) };
-        Ok(out
-            .into_iter()
+        out.into_iter()
             .map(|r| match r {
                 Ok(()) => committed.clone().map_or_else(|e| e, |()| ItemStatus::Ok),
                 Err(s) => s,
             })
-            .collect())
+            .collect()
     }
 
     /// `put` then `wait_put`.

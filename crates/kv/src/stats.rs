@@ -33,6 +33,9 @@ pub struct KvStats {
     pub invalid_records: u64,
     /// Time spent recovering at open, nanoseconds.
     pub recovery_ns: u64,
+    /// Batches dropped without a wait whose commands are not final yet
+    /// (their slots and memory are released when they are).
+    pub orphaned_batches: u64,
 }
 
 #[derive(Debug, Default)]

@@ -12,6 +12,7 @@ use crate::commit::Committer;
 use crate::error::{ItemStatus, KvError};
 use crate::format::{Layout, Record, RecordDecode, Superblock, SuperblockError, RECORD_BYTES};
 use crate::index::Index;
+use crate::inflight::Inflight;
 use crate::io::{run, Targets};
 use crate::key::KeySize;
 use crate::staging::Staging;
@@ -56,6 +57,33 @@ impl OpenOptions {
 
 static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Stores open in this process, by (runtime, store name): two `KvStore`s
+/// over one store would keep two indexes and reuse each other's slots.
+static OPEN: Mutex<Vec<(usize, String)>> = Mutex::new(Vec::new());
+
+/// This process's claim on one runtime store; released when dropped.
+#[derive(Debug)]
+struct OpenClaim(usize, String);
+
+impl OpenClaim {
+    fn take(rt: &Arc<Runtime>, store: &str) -> Result<Self, KvError> {
+        let key = (Arc::as_ptr(rt) as usize, store.to_owned());
+        let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+        if open.contains(&key) {
+            return Err(KvError::AlreadyOpen(store.to_owned()));
+        }
+        open.push(key.clone());
+        Ok(Self(key.0, key.1))
+    }
+}
+
+impl Drop for OpenClaim {
+    fn drop(&mut self) {
+        let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+        open.retain(|(r, s)| !(*r == self.0 && *s == self.1));
+    }
+}
+
 /// A persistent, crash-consistent KV-cache block store over one runtime
 /// store. `Send + Sync`.
 #[derive(Debug)]
@@ -69,10 +97,14 @@ pub struct KvStore {
     pub(crate) committer: Committer,
     pub(crate) staging: Mutex<Option<Staging>>,
     pub(crate) stats: Counters,
+    pub(crate) inflight: Arc<Inflight>,
     pub(crate) id: u64,
+    _open: OpenClaim,
     /// Some drive of the store has a volatile write cache: commit rounds
     /// flush.
     pub(crate) volatile_write_cache: bool,
+    /// A record-block write timed out: no more commit rounds (`commit.rs`).
+    pub(crate) stuck: std::sync::atomic::AtomicBool,
     recovered: (u64, u64, u64),
 }
 
@@ -82,7 +114,8 @@ impl KvStore {
     ///
     /// # Errors
     ///
-    /// [`KvError::UnknownStore`], [`KvError::NotASlab`],
+    /// [`KvError::UnknownStore`], [`KvError::AlreadyOpen`] (one `KvStore`
+    /// per runtime store in a process), [`KvError::NotASlab`],
     /// [`KvError::Geometry`]; [`KvError::Superblock`] when block 0 is not a
     /// usable superblock (another format version, another geometry, not
     /// ours, corrupt; nothing is written then); [`KvError::KeySize`];
@@ -90,6 +123,7 @@ impl KvStore {
     pub fn open(rt: Arc<Runtime>, opts: &OpenOptions) -> Result<Self, KvError> {
         let name = opts.store.clone();
         let info = rt.store_info(&name).ok_or_else(|| KvError::UnknownStore(name.clone()))?;
+        let claim = OpenClaim::take(&rt, &name)?;
         let (Some(slot_size), Some(slots)) = (info.slot_size, info.slots) else {
             return Err(KvError::NotASlab(name));
         };
@@ -110,8 +144,11 @@ impl KvStore {
             committer: Committer::default(),
             staging: Mutex::new(Some(staging)),
             stats: Counters::default(),
+            inflight: Arc::default(),
+            _open: claim,
             id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
             volatile_write_cache: info.volatile_write_cache,
+            stuck: std::sync::atomic::AtomicBool::new(false),
             recovered: (0, 0, 0),
         };
         store.load_superblock(opts)?;
@@ -240,8 +277,10 @@ impl KvStore {
         self.targets.store_name().to_owned()
     }
 
-    /// Counters and occupancy.
+    /// Counters and occupancy (after releasing what dropped batches held,
+    /// where their commands are final).
     pub fn stats(&self) -> KvStats {
+        self.reap_orphans();
         let mut s = KvStats {
             capacity: self.layout.capacity,
             object_size: self.layout.object_size,
@@ -249,6 +288,7 @@ impl KvStore {
             recovered: self.recovered.0,
             invalid_records: self.recovered.1,
             recovery_ns: self.recovered.2,
+            orphaned_batches: self.inflight.orphans() as u64,
             ..KvStats::default()
         };
         self.stats.snapshot(&mut s);

@@ -1,7 +1,8 @@
 //! Crash consistency under power loss.
 //!
 //! Each crash point: 1 to 4 emulated drives with a volatile write cache
-//! (seeded) over named RAM disks, a random workload of puts (payloads
+//! (seeded) over named RAM disks, with 4096-byte or (odd points) 512-byte
+//! logical blocks (8 records per block: the record table spans blocks), a random workload of puts (payloads
 //! derived from key and version), overwrites, removes, gets and syncs, and
 //! a power failure at a random command of a random drive (the emulator's
 //! `power_fail` fault rule, then every other drive's power as soon as the
@@ -76,7 +77,7 @@ struct Tally {
 /// write cache seeded from the point, and the power-fail rule `(drive,
 /// skip)` on one of them.
 fn drive_yaml(point: u64, drives: usize, crash: Option<(usize, u64)>) -> String {
-    yaml(drives, 1, "16KiB", &|d| {
+    let y = yaml(drives, 1, "16KiB", &|d| {
         let mut b = format!(
             "{{ ram_disk: crash-{point}-d{d} }}\n      write_cache: {{ seed: {} }}",
             point * 7 + d as u64
@@ -85,7 +86,14 @@ fn drive_yaml(point: u64, drives: usize, crash: Option<(usize, u64)>) -> String 
             b += &format!("\n      faults: [{{ action: power_fail, skip: {skip} }}]");
         }
         b
-    })
+    });
+    // Odd points use 512-byte blocks: 8 records per block, so a store's
+    // records span several blocks and a round's record writes can tear.
+    if point % 2 == 1 {
+        y.replace("block_size: 4096", "block_size: 512")
+    } else {
+        y
+    }
 }
 
 /// Payload length of (key, version): 1 byte to a whole slot, often not a
