@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
-use tutti::{MemoryHandle, OpHandle};
+use tutti::{MemoryHandle, OpHandle, RequestStatus};
 
 use crate::store::KvStore;
 
@@ -84,6 +84,16 @@ impl Inflight {
 }
 
 impl KvStore {
+    /// The statuses of a batch's operation once final (none for a batch
+    /// that submitted nothing), or `None` while it is in flight; the
+    /// operation is consumed only when final.
+    pub(crate) fn poll_op(&self, op: Option<OpHandle>) -> Result<Option<Vec<RequestStatus>>, tutti::Error> {
+        match op {
+            Some(op) => self.targets.rt.try_wait(op),
+            None => Ok(Some(Vec::new())),
+        }
+    }
+
     /// Releases what dropped batches held, for those whose commands are
     /// final.
     pub(crate) fn reap_orphans(&self) {
@@ -93,11 +103,8 @@ impl KvStore {
         }
         let mut keep = Vec::new();
         for o in orphans {
-            let done = match o.op {
-                None => true,
-                // A stale handle (someone else consumed it) is final too.
-                Some(op) => !matches!(self.targets.rt.try_wait(op), Ok(None)),
-            };
+            // A stale handle (someone else consumed it) is final too.
+            let done = !matches!(self.poll_op(o.op), Ok(None));
             if !done {
                 keep.push(o);
                 continue;

@@ -191,13 +191,7 @@ impl KvStore {
         if pending.store_id != self.id {
             return Err(KvError::ForeignBatch);
         }
-        let statuses = match pending.op {
-            Some(op) => match self.targets.rt.try_wait(op)? {
-                None => return Ok(Err(pending)),
-                Some(st) => st,
-            },
-            None => Vec::new(),
-        };
+        let Some(statuses) = self.poll_op(pending.op)? else { return Ok(Err(pending)) };
         pending.op = None;
         Ok(Ok(self.finish_put(&mut pending, &statuses)))
     }
