@@ -4,7 +4,7 @@ use nvme_regs::Status;
 
 use crate::binding::ResolveError;
 use crate::config::ConfigError;
-use crate::handle::HandleError;
+use crate::handle::{HandleError, HandleKind};
 
 /// What is wrong with a URI given to [`crate::Runtime::open`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -150,6 +150,24 @@ pub enum Error {
     /// The runtime is shutting down and accepts no new work.
     #[error("the runtime is shutting down")]
     ShuttingDown,
+    /// A handle table is full: `limit` objects of this kind are open at
+    /// once (or their slots retired after 2^24 reuses each; handles fit in
+    /// 64 bits, [`crate::handle`]). Close or unregister some first.
+    #[error("too many {kind} handles: every one of the {limit} slots is in use or retired")]
+    TooManyHandles {
+        /// Which table.
+        kind: HandleKind,
+        /// Slots a table has.
+        limit: u64,
+    },
+    /// This process has created [`crate::handle::RUNTIME_ID_MAX`] runtimes
+    /// already; runtime ids are never reused (old handles would become
+    /// valid again), so it cannot create another.
+    #[error("this process has created {limit} runtimes, the most it may; reuse one")]
+    TooManyRuntimes {
+        /// Runtimes a process may create.
+        limit: u32,
+    },
 }
 
 /// Why one request of a batch was not accepted. Nothing was sent to a drive

@@ -2,7 +2,7 @@
 //!
 //! Every object the runtime hands out (an open target, a registered memory
 //! region, an in-flight operation) is named by a handle made of three
-//! 32-bit numbers: the identity of the runtime that minted it, a slot index
+//! numbers: the identity of the runtime that minted it, a slot index
 //! in that runtime's table, and the slot's generation when it was minted.
 //! Every use is checked against the table (`HandleTable`):
 //!
@@ -15,6 +15,20 @@
 //! Generations start at 1 and runtime ids at 1, so an all-zero handle is
 //! never valid. None of these cases can crash or reach the wrong object:
 //! each is a [`HandleError`].
+//!
+//! Each part is bounded so that a handle fits in 64 bits, the form the C
+//! and Python bindings carry (`to_u64` / `from_u64` on every handle type):
+//!
+//! | bits   | part                                          |
+//! | ------ | --------------------------------------------- |
+//! | 63..48 | runtime id, 1..=[`RUNTIME_ID_MAX`]            |
+//! | 47..24 | slot index, 0..=[`SLOT_MAX`]                  |
+//! | 23..0  | generation, 1..=[`GENERATION_MAX`]            |
+//!
+//! A slot whose generation reaches [`GENERATION_MAX`] is retired, never
+//! reused, so a generation never wraps and a stale handle never becomes
+//! valid again; a table refuses a value when every slot index is taken or
+//! retired. A process gets at most [`RUNTIME_ID_MAX`] runtimes.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -78,21 +92,25 @@ pub enum HandleError {
     },
 }
 
+/// Largest runtime id (16 bits): runtimes a process may create.
+pub const RUNTIME_ID_MAX: u32 = 0xFFFF;
+/// Largest slot index of a handle table (24 bits).
+pub const SLOT_MAX: u32 = 0xFF_FFFF;
+/// Largest generation of a slot (24 bits); a slot that reaches it is
+/// retired.
+pub const GENERATION_MAX: u32 = 0xFF_FFFF;
+
 static NEXT_RUNTIME_ID: AtomicU32 = AtomicU32::new(1);
 
 /// A fresh process-wide runtime identity (1, 2, ...), one per runtime
-/// instance, so that handles of one instance are foreign to every other.
-///
-/// # Panics
-///
-/// After 2^32 - 1 runtimes have been created in one process (the id would
-/// wrap and make old handles valid again).
-pub(crate) fn next_runtime_id() -> u32 {
-    let id = NEXT_RUNTIME_ID
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |id| id.checked_add(1))
-        .expect("runtime ids exhausted");
-    assert_ne!(id, 0);
-    id
+/// instance, so that handles of one instance are foreign to every other;
+/// `None` once [`RUNTIME_ID_MAX`] runtimes have been created in this
+/// process (an id is never reused: that would make old handles valid
+/// again).
+pub(crate) fn next_runtime_id() -> Option<u32> {
+    NEXT_RUNTIME_ID
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |id| (id <= RUNTIME_ID_MAX).then_some(id + 1))
+        .ok()
 }
 
 /// The three numbers behind every handle.
@@ -139,6 +157,28 @@ macro_rules! public_handle {
             pub fn to_raw_parts(self) -> (u32, u32, u32) {
                 (self.0.runtime, self.0.slot, self.0.generation)
             }
+
+            /// The handle as one 64-bit value: runtime id in bits 63..48,
+            /// slot in 47..24, generation in 23..0 (module docs). Every
+            /// handle the runtime mints fits; the value is as opaque as the
+            /// handle and is what the C and Python bindings carry.
+            pub fn to_u64(self) -> u64 {
+                (u64::from(self.0.runtime & RUNTIME_ID_MAX) << 48)
+                    | (u64::from(self.0.slot & SLOT_MAX) << 24)
+                    | u64::from(self.0.generation & GENERATION_MAX)
+            }
+
+            /// The handle a 64-bit value of [`Self::to_u64`] stands for.
+            /// Any value decodes; whatever it names is still checked on
+            /// every use (a made-up value is a foreign, stale or forged
+            /// handle, never another object).
+            pub fn from_u64(v: u64) -> Self {
+                Self(RawHandle {
+                    runtime: (v >> 48) as u32,
+                    slot: ((v >> 24) as u32) & SLOT_MAX,
+                    generation: (v as u32) & GENERATION_MAX,
+                })
+            }
         }
 
         impl From<RawHandle> for $name {
@@ -175,7 +215,7 @@ struct Slot<T> {
 ///
 /// Free slots are reused (most recently freed first); each reuse takes the
 /// next generation, so handles to earlier occupants stay stale. A slot whose
-/// generation would wrap past `u32::MAX` is retired and never reused.
+/// generation reaches [`GENERATION_MAX`] is retired and never reused.
 #[derive(Debug)]
 pub(crate) struct HandleTable<T> {
     runtime: u32,
@@ -204,27 +244,26 @@ impl<T> HandleTable<T> {
         self.kind
     }
 
-    /// Stores `value` and returns a fresh handle to it.
-    ///
-    /// # Panics
-    ///
-    /// If the table already holds 2^32 values.
-    pub(crate) fn insert(&mut self, value: T) -> RawHandle {
+    /// Stores `value` and returns a fresh handle to it; `None` (and `value`
+    /// dropped) when every slot index up to [`SLOT_MAX`] is in use or
+    /// retired.
+    pub(crate) fn insert(&mut self, value: T) -> Option<RawHandle> {
         let slot = match self.free.pop() {
             Some(slot) => slot,
             None => {
-                let slot = u32::try_from(self.slots.len()).expect("handle table full");
+                let slot = u32::try_from(self.slots.len()).ok().filter(|s| *s <= SLOT_MAX)?;
                 self.slots.push(Slot { generation: 0, value: None });
                 slot
             }
         };
         let entry = &mut self.slots[slot as usize];
         debug_assert!(entry.value.is_none());
-        // Free slots never sit at u32::MAX (see `remove`), so this cannot wrap.
+        // Free slots never sit at GENERATION_MAX (see `remove`), so this
+        // stays within 24 bits.
         entry.generation += 1;
         entry.value = Some(value);
         self.len += 1;
-        RawHandle { runtime: self.runtime, slot, generation: entry.generation }
+        Some(RawHandle { runtime: self.runtime, slot, generation: entry.generation })
     }
 
     fn check(&self, h: RawHandle) -> Result<usize, HandleError> {
@@ -275,8 +314,8 @@ impl<T> HandleTable<T> {
         let entry = &mut self.slots[i];
         let value = entry.value.take().expect("checked live");
         self.len -= 1;
-        // Retire a slot whose next generation would wrap.
-        if entry.generation != u32::MAX {
+        // Retire a slot whose next generation would not fit in 24 bits.
+        if entry.generation < GENERATION_MAX {
             self.free.push(h.slot);
         }
         Ok(value)
@@ -340,15 +379,15 @@ mod tests {
     use std::collections::HashMap;
 
     fn table() -> HandleTable<String> {
-        HandleTable::new(next_runtime_id(), HandleKind::Target)
+        HandleTable::new(next_runtime_id().unwrap(), HandleKind::Target)
     }
 
     #[test]
     fn insert_get_remove() {
         let mut t = table();
         assert!(t.is_empty());
-        let a = t.insert("a".to_owned());
-        let b = t.insert("b".to_owned());
+        let a = t.insert("a".to_owned()).unwrap();
+        let b = t.insert("b".to_owned()).unwrap();
         assert_eq!(t.len(), 2);
         assert_eq!(t.get(a).unwrap(), "a");
         assert_eq!(t.get(b).unwrap(), "b");
@@ -364,12 +403,12 @@ mod tests {
     #[test]
     fn stale_after_remove_and_reuse() {
         let mut t = table();
-        let a = t.insert("a".to_owned());
+        let a = t.insert("a".to_owned()).unwrap();
         t.remove(a).unwrap();
         let stale = HandleError::Stale { kind: HandleKind::Target, slot: a.slot, generation: a.generation };
         assert_eq!(t.get(a), Err(stale));
         assert_eq!(t.remove(a), Err(stale));
-        let c = t.insert("c".to_owned());
+        let c = t.insert("c".to_owned()).unwrap();
         assert_eq!(c.slot, a.slot, "free slot reused");
         assert_eq!(c.generation, a.generation + 1);
         assert_eq!(t.get(a), Err(stale));
@@ -381,10 +420,10 @@ mod tests {
     #[test]
     fn foreign_runtime_refused() {
         let mut t1 = table();
-        let mut t2: HandleTable<String> = HandleTable::new(next_runtime_id(), HandleKind::Memory);
+        let mut t2: HandleTable<String> = HandleTable::new(next_runtime_id().unwrap(), HandleKind::Memory);
         assert_ne!(t1.runtime_id(), t2.runtime_id());
-        let h1 = t1.insert("one".to_owned());
-        let _h2 = t2.insert("two".to_owned());
+        let h1 = t1.insert("one".to_owned()).unwrap();
+        let _h2 = t2.insert("two".to_owned()).unwrap();
         // Same slot and generation, other runtime.
         let err = t2.get(h1).unwrap_err();
         assert_eq!(
@@ -400,8 +439,8 @@ mod tests {
 
     #[test]
     fn forged_refused() {
-        let mut t: HandleTable<u8> = HandleTable::new(next_runtime_id(), HandleKind::Operation);
-        let h = t.insert(7);
+        let mut t: HandleTable<u8> = HandleTable::new(next_runtime_id().unwrap(), HandleKind::Operation);
+        let h = t.insert(7).unwrap();
         let past_end = RawHandle { slot: 5, ..h };
         let future_gen = RawHandle { generation: 2, ..h };
         let zero_gen = RawHandle { generation: 0, ..h };
@@ -431,22 +470,41 @@ mod tests {
 
     #[test]
     fn runtime_ids_distinct_and_non_zero() {
-        let a = next_runtime_id();
-        let b = next_runtime_id();
+        let a = next_runtime_id().unwrap();
+        let b = next_runtime_id().unwrap();
         assert_ne!(a, 0);
         assert_ne!(a, b);
     }
 
     #[test]
     fn slot_at_max_generation_is_retired() {
-        let mut t: HandleTable<u8> = HandleTable::new(next_runtime_id(), HandleKind::Target);
-        let h = t.insert(1);
-        t.slots[0].generation = u32::MAX;
-        let h = RawHandle { generation: u32::MAX, ..h };
+        let mut t: HandleTable<u8> = HandleTable::new(next_runtime_id().unwrap(), HandleKind::Target);
+        let h = t.insert(1).unwrap();
+        t.slots[0].generation = GENERATION_MAX;
+        let h = RawHandle { generation: GENERATION_MAX, ..h };
         t.remove(h).unwrap();
-        let n = t.insert(2);
-        assert_ne!(n.slot, h.slot, "a slot at u32::MAX is never reused");
+        let n = t.insert(2).unwrap();
+        assert_ne!(n.slot, h.slot, "a slot at GENERATION_MAX is never reused");
         assert!(matches!(t.get(h), Err(HandleError::Stale { .. })));
+    }
+
+    #[test]
+    fn u64_form_round_trips_and_bounds_hold() {
+        let h = TargetHandle::from_raw_parts(RUNTIME_ID_MAX, SLOT_MAX, GENERATION_MAX);
+        assert_eq!(h.to_u64(), u64::MAX);
+        assert_eq!(TargetHandle::from_u64(u64::MAX), h);
+        let m = MemoryHandle::from_raw_parts(7, 0x12_3456, 0xAB_CDEF);
+        assert_eq!(m.to_u64(), 0x0007_1234_56AB_CDEF);
+        assert_eq!(MemoryHandle::from_u64(m.to_u64()), m);
+        assert_eq!(OpHandle::from_u64(0).to_raw_parts(), (0, 0, 0));
+        // Minted handles fit: the table refuses slots past SLOT_MAX.
+        let mut t: HandleTable<u8> = HandleTable::new(next_runtime_id().unwrap(), HandleKind::Memory);
+        t.slots.resize_with(SLOT_MAX as usize + 1, || Slot { generation: GENERATION_MAX, value: None });
+        assert!(t.insert(1).is_none(), "every slot index is taken or retired");
+        let mut t: HandleTable<u8> = HandleTable::new(next_runtime_id().unwrap(), HandleKind::Memory);
+        let h = t.insert(1).unwrap();
+        let via = MemoryHandle::from_u64(MemoryHandle(h).to_u64());
+        assert_eq!(*t.get(via.0).unwrap(), 1);
     }
 
     #[derive(Clone, Debug)]
@@ -465,7 +523,7 @@ mod tests {
                 0..300,
             )
         ) {
-            let mut t: HandleTable<u64> = HandleTable::new(next_runtime_id(), HandleKind::Target);
+            let mut t: HandleTable<u64> = HandleTable::new(next_runtime_id().unwrap(), HandleKind::Target);
             let mut live: HashMap<RawHandle, u64> = HashMap::new();
             let mut live_order: Vec<RawHandle> = Vec::new();
             let mut dead: Vec<RawHandle> = Vec::new();
@@ -473,7 +531,7 @@ mod tests {
             for op in ops {
                 match op {
                     Op::Insert => {
-                        let h = t.insert(next);
+                        let h = t.insert(next).unwrap();
                         prop_assert!(h.generation >= 1);
                         prop_assert!(live.insert(h, next).is_none());
                         prop_assert!(!dead.contains(&h), "a handle was minted twice");

@@ -23,7 +23,7 @@ use crate::config::{
 use crate::datapath::{DataPath, LocalNvme, StripedLocalNvme};
 use crate::drive::{Drive, DriveUse};
 use crate::error::Error;
-use crate::handle::{next_runtime_id, HandleKind, HandleTable};
+use crate::handle::{next_runtime_id, HandleKind, HandleTable, RUNTIME_ID_MAX};
 use crate::resolver::Slab;
 
 impl Runtime {
@@ -62,7 +62,7 @@ impl Runtime {
         }
         let (datapaths, dp_index) = build_datapaths(&config, &drives)?;
         let (stores, store_index) = build_stores(&config, &datapaths, &dp_index)?;
-        let id = next_runtime_id();
+        let id = next_runtime_id().ok_or(Error::TooManyRuntimes { limit: RUNTIME_ID_MAX })?;
         Ok(Self {
             drives,
             datapaths,

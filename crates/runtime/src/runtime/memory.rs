@@ -19,7 +19,7 @@ use nvm_queue::{DmaMapping, NvmeDevice, HOST_PAGE_SIZE};
 
 use super::Runtime;
 use crate::error::Error;
-use crate::handle::MemoryHandle;
+use crate::handle::{HandleKind, MemoryHandle, SLOT_MAX};
 
 /// A registered memory range and its DMA mapping on every drive.
 #[derive(Debug)]
@@ -179,7 +179,9 @@ impl Runtime {
         mapped.region.gpu_regions = self.gpu_regions(&mapped.region.mappings, mapped_len)?;
         let region = Arc::new(mapped.region);
         let mut m = self.memory.write().unwrap_or_else(|p| p.into_inner());
-        Ok(MemoryHandle(m.insert(region)))
+        m.insert(region)
+            .map(MemoryHandle)
+            .ok_or(Error::TooManyHandles { kind: HandleKind::Memory, limit: u64::from(SLOT_MAX) + 1 })
     }
 
     /// A region's page addresses for every drive with GPU queues.

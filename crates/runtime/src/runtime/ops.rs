@@ -32,8 +32,9 @@ use super::memory::Region;
 use crate::error::{RequestError, RequestStatus};
 use crate::handle::{HandleTable, RawHandle};
 
-/// Largest operation slot a command tag can carry (24 bits).
-pub(crate) const TAG_SLOT_MAX: u32 = 0xFF_FFFF;
+/// Largest operation slot a command tag can carry (24 bits): the handle
+/// tables' own bound, so every operation slot fits.
+pub(crate) const TAG_SLOT_MAX: u32 = crate::handle::SLOT_MAX;
 
 /// Tag layout: op slot (24 bits) | op generation, low 16 bits | request
 /// index (24 bits).

@@ -80,8 +80,8 @@ impl Runtime {
         Submission { op: Some(OpHandle(op)), states }
     }
 
-    /// Registers the batch as an operation; `None` when its slot would not
-    /// fit in a command tag.
+    /// Registers the batch as an operation; `None` when the operations
+    /// table is full (its slots, like a command tag's, are 24 bits).
     fn register_op(&self, plan: &BatchPlan) -> Option<RawHandle> {
         let mut datapaths: Vec<usize> = Vec::with_capacity(1);
         for (_, r) in plan.accepted() {
@@ -94,12 +94,8 @@ impl Runtime {
         let regions = plan.regions.clone();
         let counts = plan.requests.iter().map(|r| r.as_ref().map(|r| r.commands).map_err(Clone::clone));
         let mut ops = lock(&self.ops);
-        let op = ops.insert(OpState::new(counts, datapaths.into(), regions));
-        if op.slot > TAG_SLOT_MAX {
-            let _ = ops.remove(op);
-            return None;
-        }
-        Some(op)
+        // The table's SLOT_MAX is the tag's TAG_SLOT_MAX: every slot fits.
+        ops.insert(OpState::new(counts, datapaths.into(), regions))
     }
 
     /// Writes every CPU-executed command of the batch, grouped per drive,

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use super::{Runtime, Target, URI_SCHEME};
 use crate::error::{Error, UriError};
-use crate::handle::TargetHandle;
+use crate::handle::{HandleKind, TargetHandle, SLOT_MAX};
 
 impl Runtime {
     /// Opens `tutti://<store>/<key>` and returns a handle naming the byte
@@ -35,7 +35,9 @@ impl Runtime {
         let extent =
             s.resolver.resolve(key, self.datapaths[s.datapath].capacity()).map_err(|e| bad(e.into()))?;
         let mut t = self.targets.write().unwrap_or_else(|p| p.into_inner());
-        Ok(TargetHandle(t.insert(Target { store: si, extent })))
+        t.insert(Target { store: si, extent })
+            .map(TargetHandle)
+            .ok_or(Error::TooManyHandles { kind: HandleKind::Target, limit: u64::from(SLOT_MAX) + 1 })
     }
 
     /// Opens several URIs; one result per URI, in order.
