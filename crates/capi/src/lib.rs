@@ -41,12 +41,19 @@
 // pointer contracts are documented on each function, as rustls-ffi does.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
-mod ffi_util;
-mod io;
-mod memory;
-mod runtime;
+// In the order tutti.h presents them (cbindgen follows it).
 mod status;
+
+mod runtime;
+
 mod targets;
+
+mod memory;
+
+mod io;
+
+// The boundary machinery, no entry points.
+mod ffi_util;
 
 pub use io::{
     tutti_direction, tutti_outcome, tutti_request, tutti_request_status, tutti_submit, tutti_try_wait,

@@ -7,7 +7,7 @@ use std::ffi::{c_char, CStr};
 use crate::ffi_util::{copy_out_str, with_last_error, Fail};
 
 /// Result of every fallible `tutti_` call. `TUTTI_STATUS_OK` is 0; every
-/// other value is an error whose text [`tutti_last_error_message`] gives
+/// other value is an error whose text `tutti_last_error_message` gives
 /// on the same thread until the next `tutti_` call.
 ///
 /// Values 1..=99 are the binding's own; values from 100 map the runtime's
