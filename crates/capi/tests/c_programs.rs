@@ -1,6 +1,7 @@
 //! C programs compiled with the system compiler against the committed
 //! `include/tutti.h` and the static library this build made, then run:
-//! `examples/save_load.c` and the C snippet of README.md ("Use from C").
+//! `examples/save_load.c` and the C snippet of README.md ("Use from C"),
+//! and the header alone as C99 and C++17 (`$CXX`, default `c++`).
 //!
 //! The compiler is `$CC` (default `cc`). Without one the tests skip with a
 //! printed reason, unless `TUTTI_C_REQUIRED=1` (CI), where they fail.
@@ -11,10 +12,15 @@ use std::time::SystemTime;
 
 const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
 
-/// The compiler command (`$CC` split on whitespace, or `cc`), or `None`
+/// The C compiler command (`$CC` split on whitespace, or `cc`), or `None`
 /// (after saying why) when there is none and none is required.
 fn compiler() -> Option<Vec<String>> {
-    let cc = std::env::var("CC").ok().filter(|c| !c.trim().is_empty()).unwrap_or_else(|| "cc".to_owned());
+    find_compiler("CC", "cc")
+}
+
+/// The compiler named by env `var` (split on whitespace), else `default`.
+fn find_compiler(var: &str, default: &str) -> Option<Vec<String>> {
+    let cc = std::env::var(var).ok().filter(|c| !c.trim().is_empty()).unwrap_or_else(|| default.to_owned());
     let words: Vec<String> = cc.split_whitespace().map(str::to_owned).collect();
     let works =
         Command::new(&words[0]).args(&words[1..]).arg("--version").output().is_ok_and(|o| o.status.success());
@@ -22,7 +28,7 @@ fn compiler() -> Option<Vec<String>> {
         return Some(words);
     }
     let required = std::env::var("TUTTI_C_REQUIRED").is_ok_and(|v| v == "1");
-    assert!(!required, "TUTTI_C_REQUIRED=1 but the C compiler {cc:?} does not run");
+    assert!(!required, "TUTTI_C_REQUIRED=1 but the compiler {cc:?} does not run");
     eprintln!(
         "SKIPPED: no C compiler ({cc:?} does not run); set CC, or TUTTI_C_REQUIRED=1 to make this fail"
     );
@@ -119,4 +125,40 @@ fn the_readme_c_snippet_compiles_and_runs() {
     let Some(out) = compile_and_run(&src, "readme_snippet") else { return };
     let stdout = succeeded(&out, "the README snippet");
     assert_eq!(stdout, "saved and loaded 1 MiB at tutti://kv/42\n");
+}
+
+#[test]
+fn the_header_compiles_as_c99_and_as_cpp() {
+    let include = Path::new(MANIFEST_DIR).join("include");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let c_src = dir.join("header_c99.c");
+    std::fs::write(
+        &c_src,
+        "#include \"tutti.h\"\nint main(void) { tutti_request r = {TUTTI_DIRECTION_READ, 0, 0, 0, 0, 0};\n\
+         return (int)r.len + (int)TUTTI_STATUS_OK + (int)TUTTI_OUTCOME_SUCCESS; }\n",
+    )
+    .unwrap();
+    let cpp_src = dir.join("header.cpp");
+    std::fs::write(
+        &cpp_src,
+        "#include \"tutti.h\"\nint main() { tutti_runtime *rt = nullptr; tutti_status s = TUTTI_STATUS_OK;\n\
+         tutti_runtime_destroy(rt); return s == TUTTI_STATUS_OK ? 0 : 1; }\n",
+    )
+    .unwrap();
+    for (var, default, std, src) in [("CC", "cc", "-std=c99", &c_src), ("CXX", "c++", "-std=c++17", &cpp_src)]
+    {
+        let Some(cc) = find_compiler(var, default) else { continue };
+        let out = Command::new(&cc[0])
+            .args(&cc[1..])
+            .args([std, "-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only", "-I"])
+            .arg(&include)
+            .arg(src)
+            .output()
+            .expect("running the compiler");
+        assert!(
+            out.status.success(),
+            "{std}: tutti.h does not compile:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
