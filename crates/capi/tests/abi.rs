@@ -451,3 +451,46 @@ fn unregistering_memory_in_use_is_memory_busy_until_waited() {
     assert_eq!(tutti_unregister_memory(rt, m), tutti_status::Handle, "stale now");
     tutti_runtime_destroy(rt);
 }
+
+/// A runtime pointer shared with other threads (the API is thread-safe).
+#[derive(Clone, Copy)]
+struct Shared(*const tutti_runtime);
+// SAFETY: every call but `tutti_runtime_destroy` may come from any thread
+// (`tutti_runtime` wraps the `Send + Sync` runtime); the runtime is
+// destroyed only after the threads are joined.
+unsafe impl Send for Shared {}
+
+#[test]
+fn threads_share_one_runtime() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<tutti_runtime>();
+    let rt = Shared(emulated());
+    let threads: Vec<_> = (0..4u8)
+        .map(|k| {
+            std::thread::spawn(move || {
+                let rt = rt;
+                let t = open(rt.0, &format!("tutti://kv/{k}"));
+                let mut buf = vec![0u8; 2 * 65536];
+                let m = register(rt.0, &mut buf);
+                for round in 0..8u8 {
+                    let fill = k.wrapping_mul(16).wrapping_add(round);
+                    buf[..65536].fill(fill);
+                    let (op, _) = submit(rt.0, &[request(TUTTI_DIRECTION_WRITE, t, 65536, m, 0)]);
+                    assert_eq!(wait(rt.0, op, 1)[0].kind, tutti_outcome::Success);
+                    let (op, _) = submit(rt.0, &[request(TUTTI_DIRECTION_READ, t, 65536, m, 65536)]);
+                    assert_eq!(wait(rt.0, op, 1)[0].kind, tutti_outcome::Success);
+                    assert!(buf[65536..].iter().all(|b| *b == fill), "thread {k} round {round}");
+                }
+                assert_eq!(tutti_unregister_memory(rt.0, m), tutti_status::Ok);
+                assert_eq!(tutti_close(rt.0, t), tutti_status::Ok);
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let mut stats = tutti_stats::default();
+    assert_eq!(tutti_stats_get(rt.0, &mut stats), tutti_status::Ok);
+    assert!(stats.commands_completed >= 64, "{stats:?}");
+    tutti_runtime_destroy(rt.0.cast_mut());
+}
