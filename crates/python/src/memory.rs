@@ -101,7 +101,7 @@ impl Export {
         }
         match Self::from_buffer(obj) {
             Ok(e) => Ok(e),
-            Err(e) if obj.hasattr("__dlpack__")? => Self::from_dlpack(obj).map_err(|_| e),
+            Err(_) if obj.hasattr("__dlpack__")? => Self::from_dlpack(obj),
             Err(e) => Err(e),
         }
     }

@@ -392,3 +392,31 @@ def test_docstrings_are_present():
     for obj in [tutti.Runtime, tutti.Runtime.register, tutti.Runtime.submit, tutti.Operation.wait, tutti.read]:
         assert obj.__doc__ and len(obj.__doc__) > 20, obj
     assert "bytes" in tutti.Runtime.__doc__
+
+
+class DlpackOnly:
+    """Exposes an array through DLPack alone (no buffer protocol)."""
+
+    def __init__(self, array):
+        self._a = array
+
+    def __dlpack__(self, stream=None):
+        return self._a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_host_dlpack_tensor_round_trip(rt):
+    t = rt.open("tutti://kv/7")
+    src = pattern(8192, seed=21).view(np.uint32)
+    dst = np.zeros(2048, dtype=np.uint32)
+    ms, md = rt.register(DlpackOnly(src)), rt.register(DlpackOnly(dst))
+    assert (ms.kind, ms.nbytes, ms.readonly) == ("host", 8192, False)
+    assert rt.submit([tutti.write(t, 0, 8192, ms)]).wait()[0].ok
+    assert rt.submit([tutti.read(t, 0, 8192, md)]).wait()[0].ok
+    assert np.array_equal(src, dst)
+    rt.unregister(ms)  # runs the DLPack deleter
+    rt.unregister(md)
+    with pytest.raises(tutti.MemoryRegistrationError, match="not compact"):
+        rt.register(DlpackOnly(np.zeros((64, 64), dtype=np.uint8).T))
