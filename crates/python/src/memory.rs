@@ -99,10 +99,10 @@ impl Export {
         if obj.hasattr("__dlpack__")? && !Self::dlpack_on_cpu(obj)? {
             return Self::from_dlpack(obj);
         }
-        match Self::from_buffer(obj) {
+        match Self::from_buffer(obj)? {
             Ok(e) => Ok(e),
             Err(_) if obj.hasattr("__dlpack__")? => Self::from_dlpack(obj),
-            Err(e) => Err(e),
+            Err(not_a_buffer) => Err(not_a_buffer),
         }
     }
 
@@ -144,8 +144,9 @@ impl Export {
     }
 
     /// A contiguous buffer-protocol object (bytes, bytearray, memoryview,
-    /// numpy array, array.array, mmap...).
-    fn from_buffer(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
+    /// numpy array, array.array, mmap...). `Ok(Err(e))` when `obj` exports
+    /// no buffer at all; `Err` when its buffer cannot be registered.
+    fn from_buffer(obj: &Bound<'_, PyAny>) -> PyResult<PyResult<Self>> {
         let mut view = Box::new(PyBuffer::empty());
         // SAFETY: `obj` is a live object (we hold the GIL through `obj`'s
         // token) and `view` points to a writable, properly laid out
@@ -153,10 +154,10 @@ impl Export {
         let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, ffi::PYBUF_RECORDS_RO) };
         if rc != 0 {
             let cause = PyErr::take(obj.py()).map(|e| e.to_string()).unwrap_or_default();
-            return Err(refuse(format!(
+            return Ok(Err(refuse(format!(
                 "cannot register a {}: not a buffer, CUDA array or DLPack tensor ({cause})",
                 obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
-            )));
+            ))));
         }
         let export = Export {
             ptr: view.buf as u64,
@@ -172,7 +173,7 @@ impl Export {
                 return Err(refuse("the buffer is not C-contiguous (e.g. a strided slice a[::2]); register a contiguous array (np.ascontiguousarray)"));
             }
         }
-        Ok(export)
+        Ok(Ok(export))
     }
 
     fn buffer_contiguous(v: &PyBuffer) -> bool {
