@@ -25,8 +25,18 @@ use tutti_kv::KvError as RsKvError;
 
 pyo3::create_exception!(tutti, TuttiError, PyException, "Base class of every tutti error.");
 pyo3::create_exception!(tutti, ConfigError, TuttiError, "The runtime configuration was refused.");
-pyo3::create_exception!(tutti, HandleError, TuttiError, "A handle is stale (closed, released), foreign (another runtime's) or forged.");
-pyo3::create_exception!(tutti, UriError, TuttiError, "A URI does not parse, names an unknown store, or its key is refused.");
+pyo3::create_exception!(
+    tutti,
+    HandleError,
+    TuttiError,
+    "A handle is stale (closed, released), foreign (another runtime's) or forged."
+);
+pyo3::create_exception!(
+    tutti,
+    UriError,
+    TuttiError,
+    "A URI does not parse, names an unknown store, or its key is refused."
+);
 pyo3::create_exception!(
     tutti,
     MemoryRegistrationError,
@@ -39,15 +49,30 @@ pyo3::create_exception!(
     TuttiError,
     "A drive failed: controller, PCI device, emulator, drive busy, or an unknown drive name."
 );
-pyo3::create_exception!(tutti, GpuError, TuttiError, "The GPU path failed (no CUDA driver or GPU, or a CUDA call).");
+pyo3::create_exception!(
+    tutti,
+    GpuError,
+    TuttiError,
+    "The GPU path failed (no CUDA driver or GPU, or a CUDA call)."
+);
 pyo3::create_exception!(
     tutti,
     RequestError,
     TuttiError,
     "Requests were not accepted at submit. `.statuses` holds one Status per request (the refused ones are \"not_accepted\"); `.operation` is the Operation of the accepted ones, or None."
 );
-pyo3::create_exception!(tutti, ShutdownError, TuttiError, "The runtime is shutting down and accepts no new work.");
-pyo3::create_exception!(tutti, KvError, TuttiError, "A tutti-kv store could not be opened or a call could not run.");
+pyo3::create_exception!(
+    tutti,
+    ShutdownError,
+    TuttiError,
+    "The runtime is shutting down and accepts no new work."
+);
+pyo3::create_exception!(
+    tutti,
+    KvError,
+    TuttiError,
+    "A tutti-kv store could not be opened or a call could not run."
+);
 
 static TIMEOUT_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
@@ -77,7 +102,9 @@ pub fn runtime_error_with(e: &tutti::Error, msg: String) -> PyErr {
         tutti::Error::Config(_) => ConfigError::new_err(msg),
         tutti::Error::Handle(_) => HandleError::new_err(msg),
         tutti::Error::Uri { .. } => UriError::new_err(msg),
-        tutti::Error::Memory { .. } | tutti::Error::MemoryBusy { .. } => MemoryRegistrationError::new_err(msg),
+        tutti::Error::Memory { .. } | tutti::Error::MemoryBusy { .. } => {
+            MemoryRegistrationError::new_err(msg)
+        }
         tutti::Error::UnknownDrive { .. }
         | tutti::Error::Emulator { .. }
         | tutti::Error::Pci { .. }

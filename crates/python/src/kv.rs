@@ -8,8 +8,8 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use tutti_kv::{
-    ChunkKeys as RsChunkKeys, Create, Get, Key, KeySize, KvMemory as RsKvMemory, KvStore as RsKvStore, OpenOptions,
-    PendingGets, PendingPuts, Put, Value,
+    ChunkKeys as RsChunkKeys, Create, Get, Key, KeySize, KvMemory as RsKvMemory, KvStore as RsKvStore,
+    OpenOptions, PendingGets, PendingPuts, Put, Value,
 };
 
 use crate::errors::{IntoPyResult, MemoryRegistrationError, TuttiError};
@@ -101,13 +101,12 @@ impl Drop for KvMemory {
 /// offset and length in bytes.
 type Item<'py> = (Vec<u8>, Bound<'py, KvMemory>, u64, u64);
 
+/// A checked item: key, registration, offset and length (bytes).
+type Parsed = (Key, Arc<RsKvMemory>, u64, u64);
+
 /// The items' keys, memories and ranges, checked (key size, store,
 /// registration, read-only for loads).
-fn parse_items(
-    kv: &Arc<RsKvStore>,
-    items: &[Item<'_>],
-    load: bool,
-) -> PyResult<Vec<(Key, Arc<RsKvMemory>, u64, u64)>> {
+fn parse_items(kv: &Arc<RsKvStore>, items: &[Item<'_>], load: bool) -> PyResult<Vec<Parsed>> {
     items
         .iter()
         .enumerate()
@@ -146,7 +145,7 @@ struct GetBatch {
 }
 
 impl GetBatch {
-    fn start(kv: &RsKvStore, parsed: Vec<(Key, Arc<RsKvMemory>, u64, u64)>) -> PyResult<Self> {
+    fn start(kv: &RsKvStore, parsed: Vec<Parsed>) -> PyResult<Self> {
         let mems: Vec<Arc<RsKvMemory>> = parsed.iter().map(|p| p.1.clone()).collect();
         let gets: Vec<Get<'static>> = parsed
             .iter()
@@ -286,7 +285,11 @@ impl KvStore {
             "if_blank" => Create::IfBlank,
             "never" => Create::Never,
             "always" => Create::Always,
-            other => return Err(PyValueError::new_err(format!("create is if_blank, never or always, not {other:?}"))),
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "create is if_blank, never or always, not {other:?}"
+                )))
+            }
         };
         let rt = runtime.get().rt.clone();
         let kv = py.detach(move || RsKvStore::open(rt, &opts)).py()?;
@@ -479,7 +482,12 @@ impl ChunkKeys {
     /// The key after `prev` (the previous chunk's key, None for the first
     /// chunk) of a chunk holding `tokens`.
     #[pyo3(signature = (prev, tokens))]
-    fn next<'py>(&self, py: Python<'py>, prev: Option<Vec<u8>>, tokens: Vec<u32>) -> PyResult<Bound<'py, PyBytes>> {
+    fn next<'py>(
+        &self,
+        py: Python<'py>,
+        prev: Option<Vec<u8>>,
+        tokens: Vec<u32>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
         let prev = prev.map(|p| key(&p)).transpose()?;
         Ok(PyBytes::new(py, self.inner.next(prev.as_ref(), &tokens).as_bytes()))
     }

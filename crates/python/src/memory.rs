@@ -85,7 +85,9 @@ fn c_contiguous(shape: &[i64], strides: &[i64], itemsize: i64) -> bool {
 /// Product of `shape` times `itemsize`, bytes; `None` on overflow or a
 /// negative extent.
 fn byte_len(shape: &[i64], itemsize: i64) -> Option<usize> {
-    shape.iter().try_fold(usize::try_from(itemsize).ok()?, |acc, &n| acc.checked_mul(usize::try_from(n).ok()?))
+    shape
+        .iter()
+        .try_fold(usize::try_from(itemsize).ok()?, |acc, &n| acc.checked_mul(usize::try_from(n).ok()?))
 }
 
 impl Export {
@@ -186,9 +188,8 @@ impl Export {
         let n = usize::try_from(v.ndim).unwrap_or(0);
         // SAFETY: a filled Py_buffer with PyBUF_STRIDES has `ndim` entries
         // in `shape` and `strides`, valid while the view is held.
-        let (shape, strides) = unsafe {
-            (std::slice::from_raw_parts(v.shape, n), std::slice::from_raw_parts(v.strides, n))
-        };
+        let (shape, strides) =
+            unsafe { (std::slice::from_raw_parts(v.shape, n), std::slice::from_raw_parts(v.strides, n)) };
         let shape: Vec<i64> = shape.iter().map(|&x| x as i64).collect();
         let strides: Vec<i64> = strides.iter().map(|&x| x as i64).collect();
         c_contiguous(&shape, &strides, v.itemsize as i64)
@@ -213,7 +214,9 @@ impl Export {
         if let Some(strides) = cai.get_item("strides")?.filter(|s| !s.is_none()) {
             let strides: Vec<i64> = strides.extract()?;
             if strides.len() != shape.len() || !c_contiguous(&shape, &strides, itemsize) {
-                return Err(refuse("the CUDA array is not C-contiguous; register a contiguous array (.contiguous())"));
+                return Err(refuse(
+                    "the CUDA array is not C-contiguous; register a contiguous array (.contiguous())",
+                ));
             }
         }
         let len = byte_len(&shape, itemsize).ok_or_else(|| refuse("the CUDA array's size overflows"))?;
@@ -238,7 +241,9 @@ impl Export {
             .cast::<DlManagedTensor>();
         if managed.is_null() {
             let cause = PyErr::take(obj.py()).map(|e| e.to_string()).unwrap_or_default();
-            return Err(refuse(format!("__dlpack__ did not return an unused \"dltensor\" capsule ({cause})")));
+            return Err(refuse(format!(
+                "__dlpack__ did not return an unused \"dltensor\" capsule ({cause})"
+            )));
         }
         // SAFETY: as above; the name is a static C string, as the capsule
         // keeps the pointer.
@@ -269,10 +274,13 @@ impl Export {
         if let Some(strides) = strides {
             let bytes: Vec<i64> = strides.iter().map(|s| s.saturating_mul(itemsize)).collect();
             if !c_contiguous(&shape, &bytes, itemsize) {
-                return Err(refuse("the DLPack tensor is not compact (C-contiguous); register a contiguous tensor"));
+                return Err(refuse(
+                    "the DLPack tensor is not compact (C-contiguous); register a contiguous tensor",
+                ));
             }
         }
-        export.len = byte_len(&shape, itemsize).ok_or_else(|| refuse("the DLPack tensor's size overflows"))?;
+        export.len =
+            byte_len(&shape, itemsize).ok_or_else(|| refuse("the DLPack tensor's size overflows"))?;
         export.ptr = (t.data as u64).wrapping_add(t.byte_offset);
         export.location = location;
         Ok(export)

@@ -75,7 +75,9 @@ fn memory_handle(memory: &Bound<'_, PyAny>) -> PyResult<u64> {
     if let Ok(m) = memory.cast::<Memory>() {
         return Ok(m.get().handle_u64());
     }
-    memory.extract::<u64>().map_err(|_| PyValueError::new_err("memory must be a tutti.Memory or an int handle"))
+    memory
+        .extract::<u64>()
+        .map_err(|_| PyValueError::new_err("memory must be a tutti.Memory or an int handle"))
 }
 
 /// A read of `length` bytes at byte `offset` of `target` into `memory` at
@@ -83,7 +85,13 @@ fn memory_handle(memory: &Bound<'_, PyAny>) -> PyResult<u64> {
 /// or its integer handle.
 #[pyfunction]
 #[pyo3(signature = (target, offset, length, memory, memory_offset = 0))]
-pub fn read(target: u64, offset: u64, length: u64, memory: &Bound<'_, PyAny>, memory_offset: u64) -> PyResult<Request> {
+pub fn read(
+    target: u64,
+    offset: u64,
+    length: u64,
+    memory: &Bound<'_, PyAny>,
+    memory_offset: u64,
+) -> PyResult<Request> {
     let memory = memory_handle(memory)?;
     Ok(Request { kind: "read", target, offset, length, memory, memory_offset })
 }
@@ -92,7 +100,13 @@ pub fn read(target: u64, offset: u64, length: u64, memory: &Bound<'_, PyAny>, me
 /// `offset` of `target`.
 #[pyfunction]
 #[pyo3(signature = (target, offset, length, memory, memory_offset = 0))]
-pub fn write(target: u64, offset: u64, length: u64, memory: &Bound<'_, PyAny>, memory_offset: u64) -> PyResult<Request> {
+pub fn write(
+    target: u64,
+    offset: u64,
+    length: u64,
+    memory: &Bound<'_, PyAny>,
+    memory_offset: u64,
+) -> PyResult<Request> {
     let memory = memory_handle(memory)?;
     Ok(Request { kind: "write", target, offset, length, memory, memory_offset })
 }
@@ -170,7 +184,8 @@ impl Operation {
     /// longer knows the operation.
     #[pyo3(signature = (timeout = 5.0))]
     fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<Vec<Status>> {
-        let timeout = Duration::try_from_secs_f64(timeout).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let timeout =
+            Duration::try_from_secs_f64(timeout).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let op = {
             let mut st = self.lock();
             match std::mem::replace(&mut *st, OpState::Waiting) {
@@ -228,7 +243,11 @@ impl Operation {
             OpState::Pending(op) => format!("Operation(pending, handle={:#x})", op.to_u64()),
             OpState::Waiting => "Operation(being waited on)".into(),
             OpState::Done(s) => {
-                format!("Operation(done, {} of {} ok)", s.iter().filter(|s| s.kind() == "success").count(), s.len())
+                format!(
+                    "Operation(done, {} of {} ok)",
+                    s.iter().filter(|s| s.kind() == "success").count(),
+                    s.len()
+                )
             }
         }
     }

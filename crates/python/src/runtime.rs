@@ -168,8 +168,12 @@ impl PyRuntime {
     /// exception to raise (nothing submitted) when one fails.
     fn precheck(&self, py: Python<'_>, requests: &[Request]) -> PyResult<Option<PyErr>> {
         let ro = self.readonly();
-        let bad: Vec<usize> =
-            requests.iter().enumerate().filter(|(_, r)| r.is_read() && ro.contains(&r.memory)).map(|(i, _)| i).collect();
+        let bad: Vec<usize> = requests
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.is_read() && ro.contains(&r.memory))
+            .map(|(i, _)| i)
+            .collect();
         drop(ro);
         let Some(&first) = bad.first() else { return Ok(None) };
         let statuses: Vec<Status> = (0..requests.len())
@@ -254,7 +258,8 @@ impl PyRuntime {
     fn open_batch(&self, uris: Vec<String>) -> PyResult<Vec<u64>> {
         let refs: Vec<&str> = uris.iter().map(String::as_str).collect();
         let results = self.rt.open_batch(&refs);
-        let Some((i, e)) = results.iter().enumerate().find_map(|(i, r)| r.as_ref().err().map(|e| (i, e))) else {
+        let Some((i, e)) = results.iter().enumerate().find_map(|(i, r)| r.as_ref().err().map(|e| (i, e)))
+        else {
             return Ok(results.into_iter().flatten().map(TargetHandle::to_u64).collect());
         };
         let err = runtime_error_with(e, format!("uris[{i}]: {}", error_chain(e)));
@@ -325,7 +330,10 @@ impl PyRuntime {
         let m = memory.get();
         let mut export = m.export();
         if export.is_none() {
-            return Err(TuttiError::new_err(format!("memory {:#x} is already unregistered", m.handle.to_u64())));
+            return Err(TuttiError::new_err(format!(
+                "memory {:#x} is already unregistered",
+                m.handle.to_u64()
+            )));
         }
         self.rt.unregister_memory(m.handle).py()?;
         self.readonly().remove(&m.handle.to_u64());

@@ -42,7 +42,8 @@ pub struct Status {
 impl Status {
     /// The Python status for a runtime status.
     pub fn from_request(s: &RequestStatus) -> Self {
-        let base = |kind, message: String| Self { kind, sct: None, sc: None, dnr: None, drive: None, message };
+        let base =
+            |kind, message: String| Self { kind, sct: None, sc: None, dnr: None, drive: None, message };
         match s {
             RequestStatus::Success => base("success", "success".into()),
             RequestStatus::NotAccepted(e) => base("not_accepted", error_chain(e)),
@@ -55,7 +56,9 @@ impl Status {
                 drive: Some(drive.clone()),
                 ..base(
                     "controller_fatal",
-                    format!("drive {drive:?} failed (controller fatal status or gone); reset it with reset_drive"),
+                    format!(
+                        "drive {drive:?} failed (controller fatal status or gone); reset it with reset_drive"
+                    ),
                 )
             },
             RequestStatus::SubmitFailed { reason } => base("submit_failed", reason.clone()),
@@ -155,7 +158,8 @@ pub struct ItemStatus {
 impl ItemStatus {
     /// The Python status for a kv item status.
     pub fn from_item(s: &RsItemStatus) -> Self {
-        let base = |kind, message: String| Self { kind, length: None, sct: None, sc: None, dnr: None, message };
+        let base =
+            |kind, message: String| Self { kind, length: None, sct: None, sc: None, dnr: None, message };
         match s {
             RsItemStatus::Ok => base("ok", "ok".into()),
             RsItemStatus::Hit { len } => Self { length: Some(*len), ..base("hit", format!("hit, {len} bytes")) },
