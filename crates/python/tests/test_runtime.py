@@ -420,3 +420,13 @@ def test_host_dlpack_tensor_round_trip(rt):
     rt.unregister(md)
     with pytest.raises(tutti.MemoryRegistrationError, match="not compact"):
         rt.register(DlpackOnly(np.zeros((64, 64), dtype=np.uint8).T))
+
+
+def test_stubs_name_every_public_class_and_function():
+    import pathlib
+
+    stub = (pathlib.Path(tutti.__file__).parent / "_tutti.pyi").read_text()
+    for name in tutti.__all__:
+        if name == "check":
+            continue
+        assert f"class {name}" in stub or f"def {name}(" in stub, name
