@@ -234,6 +234,7 @@ impl PyRuntime {
         Self::build(py, Config::builtin_striped_ram(drives, drive_bytes, slot_bytes))
     }
 
+    /// Returns the runtime itself; `__exit__` shuts it down.
     fn __enter__(slf: Py<Self>) -> Py<Self> {
         slf
     }
