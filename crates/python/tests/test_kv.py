@@ -248,3 +248,19 @@ def test_chunk_keys_chain_properties():
         tutti.ChunkKeys(b"x", key_size=20)
     with pytest.raises(OverflowError):
         ck.chain([-1], 1)
+
+
+def test_chunk_keys_known_values():
+    # Computed independently with the `blake3` Python package from the
+    # derivation docs/python.md describes (derive_key("tutti-kv chunk key
+    # v1", namespace), then BLAKE3(prev key or root || u32 LE tokens),
+    # truncated): keys persisted by one build must name the same objects in
+    # the next.
+    toks = list(range(32))
+    k = tutti.ChunkKeys(b"llama-3-8b bf16").chain(toks, 16)
+    assert [x.hex() for x in k] == [
+        "03979aa9dd9c0a9761f2574ab067150e5fafa180a7e00924c82dc6167df7287c",
+        "c722ff914df83c625110dc7fafead350f80f81c13555b9ae1d68838f458f6528",
+    ]
+    s = tutti.ChunkKeys(b"llama-3-8b bf16", key_size=16).chain(toks, 16)
+    assert [x.hex() for x in s] == ["03979aa9dd9c0a9761f2574ab067150e", "233ab75d40ec747e7430e7a30ad24877"]

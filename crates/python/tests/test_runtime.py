@@ -430,3 +430,43 @@ def test_stubs_name_every_public_class_and_function():
         if name == "check":
             continue
         assert f"class {name}" in stub or f"def {name}(" in stub, name
+
+
+def test_gpu_array_on_another_device_is_refused_by_name(rt):
+    class Device:
+        index = 1
+
+    class OnGpu1:
+        device = Device()
+        __cuda_array_interface__ = {"data": (0x7F0000000000, False), "shape": (4096,), "typestr": "|u1", "version": 3}
+
+    with pytest.raises(tutti.MemoryRegistrationError, match="GPU 1, but the runtime drives GPU 0"):
+        rt.register(OnGpu1())
+
+
+def test_threads_submit_and_wait_concurrently(rt):
+    n_threads, rounds = 4, 25
+    errors = []
+
+    def worker(i):
+        try:
+            t = rt.open(f"tutti://kv/{10 + i}")
+            src, dst = pattern(65536, seed=100 + i), poisoned(65536)
+            ms, md = rt.register(src), rt.register(dst)
+            for r in range(rounds):
+                off = (r % 16) * 65536
+                assert rt.submit([tutti.write(t, off, 65536, ms)]).wait()[0].ok
+                dst[:] = 0xA5
+                assert rt.submit([tutti.read(t, off, 65536, md)]).wait()[0].ok
+                assert np.array_equal(src, dst)
+            rt.unregister(ms)
+            rt.unregister(md)
+        except Exception as e:  # collected and asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
