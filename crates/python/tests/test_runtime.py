@@ -470,3 +470,22 @@ def test_threads_submit_and_wait_concurrently(rt):
     for th in threads:
         th.join()
     assert errors == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, where",
+    [
+        ({"drives": 0}, "2 to 4 drives"),
+        ({"drives": 5}, "2 to 4 drives"),
+        ({"drive_bytes": 1000}, "capacity"),
+        ({"slot_bytes": 100}, "slot_size"),
+    ],
+)
+def test_emulated_arguments_are_validated(kwargs, where):
+    with pytest.raises(tutti.ConfigError, match=where):
+        tutti.Runtime.emulated(**kwargs)
+
+
+def test_one_emulated_drive_uses_local_nvme():
+    with tutti.Runtime.emulated(drives=1, drive_bytes=16 * MiB) as rt:
+        assert rt.drive_names() == ["d0"] and rt.store_info("kv")["capacity"] == 16 * MiB
