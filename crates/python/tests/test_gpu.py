@@ -143,3 +143,27 @@ def test_cpu_tensor_through_dlpack_is_host_memory():
         y = torch.zeros(4096, dtype=torch.uint8)
         assert rt.submit([tutti.read(t, 0, 4096, rt.register(y))]).wait()[0].ok
         assert torch.equal(x, y)
+
+
+def test_gpu_batch_mixing_memory_regions_is_refused_per_request(grt):
+    t0, t1 = grt.open("tutti://kv/0"), grt.open("tutti://kv/1")
+    a = torch.zeros(4096, dtype=torch.uint8, device="cuda:0")
+    b = torch.zeros(4096, dtype=torch.uint8, device="cuda:0")
+    ma, mb = grt.register(a), grt.register(b)
+    with pytest.raises(tutti.RequestError, match="one memory region") as e:
+        grt.submit([tutti.read(t0, 0, 4096, ma), tutti.read(t1, 0, 4096, mb)])
+    assert e.value.statuses[0] is None and e.value.statuses[1].kind == "not_accepted"
+    final = e.value.operation.wait(timeout=10.0)
+    assert [s.kind for s in final] == ["success", "not_accepted"]
+
+
+def test_host_numpy_memory_on_a_gpu_runtime(grt):
+    np = pytest.importorskip("numpy")
+    t = grt.open("tutti://kv/6")
+    src = np.arange(MiB, dtype=np.uint32).view(np.uint8)[:MiB].copy()
+    dst = np.zeros(MiB, dtype=np.uint8)
+    ms, md = grt.register(src), grt.register(dst)
+    assert ms.kind == "host"
+    assert grt.submit([tutti.write(t, 0, MiB, ms)]).wait(timeout=10.0)[0].ok
+    assert grt.submit([tutti.read(t, 0, MiB, md)]).wait(timeout=10.0)[0].ok
+    assert np.array_equal(src, dst)
