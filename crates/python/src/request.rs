@@ -1,0 +1,265 @@
+//! Requests (`tutti.read`, `tutti.write`, `tutti.flush`) and operations
+//! (`tutti.Operation`: `wait`, `done`, `try_wait`).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use tutti::{Direction, MemoryHandle, OpHandle, Runtime, TargetHandle};
+
+use crate::errors::IntoPyResult;
+use crate::runtime::Memory;
+use crate::status::Status;
+
+/// One I/O request: `length` bytes at byte `offset` of an opened target,
+/// to (read) or from (write) byte `memory_offset` of registered memory, or a
+/// flush of the target's drives. Make one with `tutti.read`, `tutti.write`
+/// or `tutti.flush`. All offsets and lengths are bytes.
+#[pyclass(frozen, module = "tutti", name = "Request")]
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// "read", "write" or "flush".
+    #[pyo3(get)]
+    pub kind: &'static str,
+    /// Target handle (from `Runtime.open`).
+    #[pyo3(get)]
+    pub target: u64,
+    /// Offset in the target, bytes (a multiple of the logical block size).
+    #[pyo3(get)]
+    pub offset: u64,
+    /// Length, bytes (a non-zero multiple of the logical block size).
+    #[pyo3(get)]
+    pub length: u64,
+    /// Memory handle (`Memory.handle`), 0 for a flush.
+    #[pyo3(get)]
+    pub memory: u64,
+    /// Offset in the memory region, bytes (4-byte aligned).
+    #[pyo3(get)]
+    pub memory_offset: u64,
+}
+
+impl Request {
+    /// The runtime's request.
+    pub fn to_rust(&self) -> tutti::Request {
+        let target = TargetHandle::from_u64(self.target);
+        let memory = MemoryHandle::from_u64(self.memory);
+        match self.kind {
+            "read" => tutti::Request::read(target, self.offset, self.length, memory, self.memory_offset),
+            "write" => tutti::Request::write(target, self.offset, self.length, memory, self.memory_offset),
+            _ => tutti::Request::flush(target),
+        }
+    }
+
+    /// Whether it reads from a drive into memory.
+    pub fn is_read(&self) -> bool {
+        self.to_rust().direction == Direction::Read
+    }
+}
+
+#[pymethods]
+impl Request {
+    fn __repr__(&self) -> String {
+        match self.kind {
+            "flush" => format!("flush(target={:#x})", self.target),
+            k => format!(
+                "{k}(target={:#x}, offset={}, length={}, memory={:#x}, memory_offset={})",
+                self.target, self.offset, self.length, self.memory, self.memory_offset
+            ),
+        }
+    }
+}
+
+/// A memory argument: a `Memory` object or its integer handle.
+fn memory_handle(memory: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if let Ok(m) = memory.cast::<Memory>() {
+        return Ok(m.get().handle_u64());
+    }
+    memory
+        .extract::<u64>()
+        .map_err(|_| PyValueError::new_err("memory must be a tutti.Memory or an int handle"))
+}
+
+/// A read of `length` bytes at byte `offset` of `target` into `memory` at
+/// byte `memory_offset`. `memory` is a `Memory` (from `Runtime.register`)
+/// or its integer handle.
+#[pyfunction]
+#[pyo3(signature = (target, offset, length, memory, memory_offset = 0))]
+pub fn read(
+    target: u64,
+    offset: u64,
+    length: u64,
+    memory: &Bound<'_, PyAny>,
+    memory_offset: u64,
+) -> PyResult<Request> {
+    let memory = memory_handle(memory)?;
+    Ok(Request { kind: "read", target, offset, length, memory, memory_offset })
+}
+
+/// A write of `length` bytes from `memory` at byte `memory_offset` to byte
+/// `offset` of `target`.
+#[pyfunction]
+#[pyo3(signature = (target, offset, length, memory, memory_offset = 0))]
+pub fn write(
+    target: u64,
+    offset: u64,
+    length: u64,
+    memory: &Bound<'_, PyAny>,
+    memory_offset: u64,
+) -> PyResult<Request> {
+    let memory = memory_handle(memory)?;
+    Ok(Request { kind: "write", target, offset, length, memory, memory_offset })
+}
+
+/// A flush of every drive of `target`'s store (NVMe Flush, NVMe Base 2.0
+/// §7.1): writes completed before it was submitted are durable when it
+/// completes.
+#[pyfunction]
+pub fn flush(target: u64) -> Request {
+    Request { kind: "flush", target, offset: 0, length: 0, memory: 0, memory_offset: 0 }
+}
+
+/// Where an operation stands.
+#[derive(Debug)]
+enum OpState {
+    /// Submitted; not yet final as far as we know.
+    Pending(OpHandle),
+    /// Another thread is in `wait`.
+    Waiting,
+    /// Final: the statuses, one per request of the batch.
+    Done(Vec<Status>),
+}
+
+/// A submitted batch. `wait` (or `try_wait` until it returns a list) gives
+/// one `Status` per request, in the batch's order; the result is kept, so
+/// later calls return it again.
+#[pyclass(frozen, module = "tutti", name = "Operation")]
+#[derive(Debug)]
+pub struct Operation {
+    rt: Arc<Runtime>,
+    /// Statuses of requests refused at submit, by index (merged in).
+    refused: Vec<Option<Status>>,
+    state: Mutex<OpState>,
+}
+
+impl Operation {
+    /// An operation on `op`; `refused[i]` is the status of request `i` when
+    /// it was refused at submit (its runtime status is then reported too).
+    pub fn new(rt: Arc<Runtime>, op: Option<OpHandle>, refused: Vec<Option<Status>>) -> Self {
+        let state = match op {
+            Some(op) => OpState::Pending(op),
+            None => OpState::Done(refused.iter().flatten().cloned().collect()),
+        };
+        Self { rt, refused, state: Mutex::new(state) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, OpState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn finish(&self, statuses: &[tutti::RequestStatus]) -> Vec<Status> {
+        let mut out: Vec<Status> = statuses.iter().map(Status::from_request).collect();
+        // The runtime already reports refused requests as NotAccepted; keep
+        // the binding's own refusals when it has them.
+        for (i, r) in self.refused.iter().enumerate() {
+            if let (Some(s), Some(slot)) = (r, out.get_mut(i)) {
+                *slot = s.clone();
+            }
+        }
+        out
+    }
+}
+
+fn busy() -> PyErr {
+    PyRuntimeError::new_err("another thread is waiting on this operation")
+}
+
+#[pymethods]
+impl Operation {
+    /// Waits (with the GIL released) until every request is final or
+    /// `timeout` seconds pass, and returns one Status per request, in the
+    /// batch's order. Requests not final by then are Status "timeout": the
+    /// deadline is final (the runtime keeps their memory busy until the
+    /// drive completes them). Raises `tutti.HandleError` if the runtime no
+    /// longer knows the operation.
+    #[pyo3(signature = (timeout = 5.0))]
+    fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<Vec<Status>> {
+        let timeout =
+            Duration::try_from_secs_f64(timeout).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let op = {
+            let mut st = self.lock();
+            match std::mem::replace(&mut *st, OpState::Waiting) {
+                OpState::Pending(op) => op,
+                OpState::Waiting => return Err(busy()),
+                OpState::Done(s) => {
+                    *st = OpState::Done(s.clone());
+                    return Ok(s);
+                }
+            }
+        };
+        let rt = self.rt.clone();
+        let result = py.detach(move || rt.wait(op, timeout));
+        let mut st = self.lock();
+        match result {
+            Ok(statuses) => {
+                let out = self.finish(&statuses);
+                *st = OpState::Done(out.clone());
+                Ok(out)
+            }
+            Err(e) => {
+                *st = OpState::Pending(op);
+                Err(e).py()
+            }
+        }
+    }
+
+    /// Polls once without blocking: the statuses if every request is final
+    /// (kept for later calls), else None.
+    fn try_wait(&self) -> PyResult<Option<Vec<Status>>> {
+        let mut st = self.lock();
+        let op = match &*st {
+            OpState::Pending(op) => *op,
+            OpState::Waiting => return Ok(None),
+            OpState::Done(s) => return Ok(Some(s.clone())),
+        };
+        match self.rt.try_wait(op).py()? {
+            Some(statuses) => {
+                let out = self.finish(&statuses);
+                *st = OpState::Done(out.clone());
+                Ok(Some(out))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Whether every request is final (polls once; the statuses are kept
+    /// for `wait`).
+    fn done(&self) -> PyResult<bool> {
+        Ok(self.try_wait()?.is_some())
+    }
+
+    fn __repr__(&self) -> String {
+        match &*self.lock() {
+            OpState::Pending(op) => format!("Operation(pending, handle={:#x})", op.to_u64()),
+            OpState::Waiting => "Operation(being waited on)".into(),
+            OpState::Done(s) => {
+                format!(
+                    "Operation(done, {} of {} ok)",
+                    s.iter().filter(|s| s.kind() == "success").count(),
+                    s.len()
+                )
+            }
+        }
+    }
+}
+
+impl Drop for Operation {
+    /// An operation dropped before it was final is handed back to the
+    /// runtime with a zero-timeout wait: its handle is released and its
+    /// memory stays busy until the drives complete its commands.
+    fn drop(&mut self) {
+        if let OpState::Pending(op) = &*self.lock() {
+            let _ = self.rt.wait(*op, Duration::ZERO);
+        }
+    }
+}
