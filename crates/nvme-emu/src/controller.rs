@@ -7,7 +7,7 @@
 //! completions, post due completions of the timing model, then fetch and
 //! execute up to [`BATCH`] commands from each SQ (admin first), reading each
 //! tail doorbell once. The thread polls without pause while it finds work
-//! and backs off when idle: it spins for [`SPIN`], then sleeps 50 us at a
+//! and backs off when idle: it spins for `EmulatorConfig::idle_spin` (30 us by default), then sleeps 50 us at a
 //! time, 200 us after 5 ms and 1 ms after 50 ms without work (no
 //! `sched_yield` phase; see [`run`]).
 
@@ -29,8 +29,6 @@ use crate::timing::Timing;
 
 /// Most SQEs fetched from one SQ per poll iteration.
 pub(crate) const BATCH: u32 = 256;
-/// Idle time spent spinning before sleeping.
-const SPIN: Duration = Duration::from_micros(30);
 /// Sleep of a briefly idle controller.
 const SLEEP: Duration = Duration::from_micros(50);
 /// How early the thread wakes before a scheduled completion.
@@ -826,7 +824,7 @@ pub(crate) fn run(shared: Arc<Shared>, mut ctrl: Controller) {
         }
         // No sched_yield phase: on small (virtual) machines a yield is a
         // costly system call that mostly returns at once.
-        if idle < SPIN || until_due.is_some_and(|d| d < WAKE_MARGIN * 2) {
+        if idle < ctrl.config.idle_spin || until_due.is_some_and(|d| d < WAKE_MARGIN * 2) {
             std::hint::spin_loop();
         } else {
             // Deeper sleeps the longer the controller has been idle, so idle

@@ -258,7 +258,9 @@ mod timing;
 mod undo;
 
 pub use admin::{CONTROLLER_ID, VENDOR_ID};
-pub use config::{BackingSpec, EmulatorConfig, NamespaceSpec, TimingModel, WriteCacheSpec};
+pub use config::{
+    BackingSpec, EmulatorConfig, NamespaceSpec, TimingModel, WriteCacheSpec, DEFAULT_IDLE_SPIN,
+};
 pub use dma::{ExternalMemory, IOVA_BASE};
 pub use fault::{FaultAction, FaultMatch, FaultRule};
 pub use media::{MediaAccessError, PowerFailReport};

@@ -11,8 +11,15 @@
     through a KvStore, `--kv-batch` blocks per call.
 
 Build the extension with `maturin develop --release` first (crates/python).
-Drives are emulated (RAM, no timing model): the numbers measure software
-cost, not a device.
+Drives are emulated (RAM; no timing model unless `--latency-us`): the
+numbers measure software cost, not a device. Without a timing model an
+emulated controller that found nothing to do for 30 us naps 50 us, so a
+loop whose host side takes a little longer can meet a sleeping controller
+(the round trip jumps from ~40 to ~135 us on the GPU machine, for Rust and
+Python alike, depending on how long the host paused); `--idle-spin-us
+10000` keeps the emulated drives awake through the host's pauses, so the
+two loops meet the same device; `--latency-us 80` adds a Gen4 drive's
+latency per command.
 """
 
 from __future__ import annotations
@@ -39,15 +46,22 @@ def roundtrip(rt: tutti.Runtime, batch: int, iterations: int, rounds: int) -> di
     _tutti._rust_roundtrip(rt, reqs, iterations)
     for _ in range(iterations):
         rt.submit(reqs).wait()
-    py_us, rust_us = [], []
+    py_us, rust_us, py_sub_us, rust_sub_us = [], [], [], []
     for _ in range(rounds):
+        in_submit = 0.0
         start = time.perf_counter()
         for _ in range(iterations):
-            st = rt.submit(reqs).wait()
+            t = time.perf_counter()
+            op = rt.submit(reqs)
+            in_submit += time.perf_counter() - t
+            st = op.wait()
             if not all(s.ok for s in st):
                 raise RuntimeError(st)
         py_us.append((time.perf_counter() - start) / iterations * 1e6)
-        rust_us.append(_tutti._rust_roundtrip(rt, reqs, iterations) / iterations * 1e6)
+        py_sub_us.append(in_submit / iterations * 1e6)
+        total, rust_submit = _tutti._rust_roundtrip(rt, reqs, iterations)
+        rust_us.append(total / iterations * 1e6)
+        rust_sub_us.append(rust_submit / iterations * 1e6)
     rt.unregister(mem)
     py, rust = statistics.median(py_us), statistics.median(rust_us)
     return {
@@ -57,6 +71,8 @@ def roundtrip(rt: tutti.Runtime, batch: int, iterations: int, rounds: int) -> di
         "rounds": rounds,
         "python_us_per_batch": round(py, 2),
         "rust_us_per_batch": round(rust, 2),
+        "python_submit_us": round(statistics.median(py_sub_us), 2),
+        "rust_submit_us": round(statistics.median(rust_sub_us), 2),
         "python_over_rust": round(py / rust, 3),
         "binding_overhead_us_per_batch": round(py - rust, 2),
     }
@@ -95,6 +111,26 @@ def kv_throughput(rt: tutti.Runtime, blocks: int, per_call: int) -> dict:
     }
 
 
+def timed_runtime(latency_us: int, idle_spin_us: int = 0) -> tutti.Runtime:
+    """Four emulated RAM drives of 256 MiB striped into store "kv" (1 MiB
+    slots), each with a timing model of `latency_us` per command (0: none)
+    and `idle_spin_us` of polling before the controller naps (0: its
+    default); both 0: the built-in default runtime."""
+    if latency_us == 0 and idle_spin_us == 0:
+        return tutti.Runtime.emulated(drives=4, drive_bytes=256 * MiB, slot_bytes=MiB)
+    extra = f", timing: {{ latency_us: {latency_us} }}" if latency_us else ""
+    extra += f", idle_spin_us: {idle_spin_us}" if idle_spin_us else ""
+    drive = f"{{ emulated: {{ namespaces: [{{ capacity: 256MiB, block_size: 4096 }}]{extra} }} }}"
+    yaml = (
+        "drives:\n"
+        + "".join(f"  d{i}: {drive}\n" for i in range(4))
+        + "resolvers:\n  kv: { slab: { slot_size: 1MiB } }\n"
+        "datapaths:\n  stripe: { striped_local_nvme: { drives: [d0, d1, d2, d3], nsid: 1, stripe_unit: 128KiB } }\n"
+        "stores:\n  kv: { resolver: kv, datapath: stripe }\n"
+    )
+    return tutti.Runtime.from_yaml(yaml)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=64)
@@ -102,10 +138,24 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--blocks", type=int, default=512)
     p.add_argument("--kv-batch", type=int, default=16)
+    p.add_argument(
+        "--latency-us",
+        type=int,
+        default=0,
+        help="round trip on drives with a timing model of this latency per command (0: none)",
+    )
+    p.add_argument(
+        "--idle-spin-us",
+        type=int,
+        default=0,
+        help="round trip on drives that poll this long before napping (0: the emulator's 30 us)",
+    )
     a = p.parse_args()
     out = {}
-    with tutti.Runtime.emulated(drives=4, drive_bytes=256 * MiB, slot_bytes=MiB) as rt:
+    with timed_runtime(a.latency_us, a.idle_spin_us) as rt:
         out["roundtrip"] = roundtrip(rt, a.batch, a.iterations, a.rounds)
+        out["roundtrip"]["drive_latency_us"] = a.latency_us
+        out["roundtrip"]["drive_idle_spin_us"] = a.idle_spin_us
     with tutti.Runtime.emulated(drives=4, drive_bytes=256 * MiB, slot_bytes=MiB) as rt:
         out["kv"] = kv_throughput(rt, a.blocks, a.kv_batch)
     print(json.dumps(out, indent=2))

@@ -17,7 +17,7 @@ use crate::status::Status;
 /// flush of the target's drives. Make one with `tutti.read`, `tutti.write`
 /// or `tutti.flush`. All offsets and lengths are bytes.
 #[pyclass(frozen, module = "tutti", name = "Request")]
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Request {
     /// "read", "write" or "flush".
     #[pyo3(get)]
@@ -37,6 +37,11 @@ pub struct Request {
     /// Offset in the memory region, bytes (4-byte aligned).
     #[pyo3(get)]
     pub memory_offset: u64,
+    /// The `Memory` object when one was given (not its int handle): kept
+    /// alive by the request and by its operation until it is final, so a
+    /// temporary registration (`tutti.read(t, 0, n, rt.register(buf))`) is
+    /// not unregistered under the drive.
+    pub keep: Option<Py<Memory>>,
 }
 
 impl Request {
@@ -70,14 +75,15 @@ impl Request {
     }
 }
 
-/// A memory argument: a `Memory` object or its integer handle.
-fn memory_handle(memory: &Bound<'_, PyAny>) -> PyResult<u64> {
+/// A memory argument: a `Memory` object (kept) or its integer handle.
+fn memory_handle(memory: &Bound<'_, PyAny>) -> PyResult<(u64, Option<Py<Memory>>)> {
     if let Ok(m) = memory.cast::<Memory>() {
-        return Ok(m.get().handle_u64());
+        return Ok((m.get().handle_u64(), Some(m.clone().unbind())));
     }
-    memory
+    let handle = memory
         .extract::<u64>()
-        .map_err(|_| PyValueError::new_err("memory must be a tutti.Memory or an int handle"))
+        .map_err(|_| PyValueError::new_err("memory must be a tutti.Memory or an int handle"))?;
+    Ok((handle, None))
 }
 
 /// A read of `length` bytes at byte `offset` of `target` into `memory` at
@@ -92,8 +98,8 @@ pub fn read(
     memory: &Bound<'_, PyAny>,
     memory_offset: u64,
 ) -> PyResult<Request> {
-    let memory = memory_handle(memory)?;
-    Ok(Request { kind: "read", target, offset, length, memory, memory_offset })
+    let (memory, keep) = memory_handle(memory)?;
+    Ok(Request { kind: "read", target, offset, length, memory, memory_offset, keep })
 }
 
 /// A write of `length` bytes from `memory` at byte `memory_offset` to byte
@@ -107,8 +113,8 @@ pub fn write(
     memory: &Bound<'_, PyAny>,
     memory_offset: u64,
 ) -> PyResult<Request> {
-    let memory = memory_handle(memory)?;
-    Ok(Request { kind: "write", target, offset, length, memory, memory_offset })
+    let (memory, keep) = memory_handle(memory)?;
+    Ok(Request { kind: "write", target, offset, length, memory, memory_offset, keep })
 }
 
 /// A flush of every drive of `target`'s store (NVMe Flush, NVMe Base 2.0
@@ -116,7 +122,7 @@ pub fn write(
 /// completes.
 #[pyfunction]
 pub fn flush(target: u64) -> Request {
-    Request { kind: "flush", target, offset: 0, length: 0, memory: 0, memory_offset: 0 }
+    Request { kind: "flush", target, offset: 0, length: 0, memory: 0, memory_offset: 0, keep: None }
 }
 
 /// Where an operation stands.
@@ -127,7 +133,7 @@ enum OpState {
     /// Another thread is in `wait`.
     Waiting,
     /// Final: the statuses, one per request of the batch.
-    Done(Vec<Status>),
+    Done(Vec<Py<Status>>),
 }
 
 /// A submitted batch. `wait` (or `try_wait` until it returns a list) gives
@@ -140,34 +146,56 @@ pub struct Operation {
     /// Statuses of requests refused at submit, by index (merged in).
     refused: Vec<Option<Status>>,
     state: Mutex<OpState>,
+    /// The `Memory` objects its requests named, alive until it is final.
+    keep: Mutex<Vec<Py<Memory>>>,
 }
 
 impl Operation {
     /// An operation on `op`; `refused[i]` is the status of request `i` when
-    /// it was refused at submit (its runtime status is then reported too).
-    pub fn new(rt: Arc<Runtime>, op: Option<OpHandle>, refused: Vec<Option<Status>>) -> Self {
-        let state = match op {
-            Some(op) => OpState::Pending(op),
-            None => OpState::Done(refused.iter().flatten().cloned().collect()),
+    /// it was refused at submit (its runtime status is then reported too);
+    /// `keep` are the `Memory` objects its requests named.
+    pub fn new(
+        py: Python<'_>,
+        rt: Arc<Runtime>,
+        op: Option<OpHandle>,
+        refused: Vec<Option<Status>>,
+        keep: Vec<Py<Memory>>,
+    ) -> PyResult<Self> {
+        let (state, keep) = match op {
+            Some(op) => (OpState::Pending(op), keep),
+            None => {
+                let done =
+                    refused.iter().flatten().map(|s| Py::new(py, s.clone())).collect::<PyResult<_>>()?;
+                (OpState::Done(done), Vec::new())
+            }
         };
-        Self { rt, refused, state: Mutex::new(state) }
+        Ok(Self { rt, refused, state: Mutex::new(state), keep: Mutex::new(keep) })
     }
 
     fn lock(&self) -> MutexGuard<'_, OpState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn finish(&self, statuses: &[tutti::RequestStatus]) -> Vec<Status> {
-        let mut out: Vec<Status> = statuses.iter().map(Status::from_request).collect();
-        // The runtime already reports refused requests as NotAccepted; keep
-        // the binding's own refusals when it has them.
-        for (i, r) in self.refused.iter().enumerate() {
-            if let (Some(s), Some(slot)) = (r, out.get_mut(i)) {
-                *slot = s.clone();
-            }
+    /// The Python statuses of a final batch; lets go of its `Memory`
+    /// objects (the runtime no longer uses them).
+    fn finish(&self, py: Python<'_>, statuses: &[tutti::RequestStatus]) -> PyResult<Vec<Py<Status>>> {
+        let mut out = Vec::with_capacity(statuses.len());
+        for (i, s) in statuses.iter().enumerate() {
+            out.push(match self.refused.get(i) {
+                // The runtime already reports refused requests as
+                // NotAccepted; keep the binding's own refusals when it has
+                // them.
+                Some(Some(r)) => Py::new(py, r.clone())?,
+                _ => Status::to_py(py, s)?,
+            });
         }
-        out
+        std::mem::take(&mut *self.keep.lock().unwrap_or_else(|p| p.into_inner()));
+        Ok(out)
     }
+}
+
+fn clone_all(py: Python<'_>, v: &[Py<Status>]) -> Vec<Py<Status>> {
+    v.iter().map(|s| s.clone_ref(py)).collect()
 }
 
 fn busy() -> PyErr {
@@ -183,7 +211,7 @@ impl Operation {
     /// drive completes them). Raises `tutti.HandleError` if the runtime no
     /// longer knows the operation.
     #[pyo3(signature = (timeout = 5.0))]
-    fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<Vec<Status>> {
+    fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<Vec<Py<Status>>> {
         let timeout =
             Duration::try_from_secs_f64(timeout).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let op = {
@@ -192,7 +220,7 @@ impl Operation {
                 OpState::Pending(op) => op,
                 OpState::Waiting => return Err(busy()),
                 OpState::Done(s) => {
-                    *st = OpState::Done(s.clone());
+                    *st = OpState::Done(clone_all(py, &s));
                     return Ok(s);
                 }
             }
@@ -202,8 +230,8 @@ impl Operation {
         let mut st = self.lock();
         match result {
             Ok(statuses) => {
-                let out = self.finish(&statuses);
-                *st = OpState::Done(out.clone());
+                let out = self.finish(py, &statuses)?;
+                *st = OpState::Done(clone_all(py, &out));
                 Ok(out)
             }
             Err(e) => {
@@ -215,17 +243,17 @@ impl Operation {
 
     /// Polls once without blocking: the statuses if every request is final
     /// (kept for later calls), else None.
-    fn try_wait(&self) -> PyResult<Option<Vec<Status>>> {
+    fn try_wait(&self, py: Python<'_>) -> PyResult<Option<Vec<Py<Status>>>> {
         let mut st = self.lock();
         let op = match &*st {
             OpState::Pending(op) => *op,
             OpState::Waiting => return Ok(None),
-            OpState::Done(s) => return Ok(Some(s.clone())),
+            OpState::Done(s) => return Ok(Some(clone_all(py, s))),
         };
         match self.rt.try_wait(op).py()? {
             Some(statuses) => {
-                let out = self.finish(&statuses);
-                *st = OpState::Done(out.clone());
+                let out = self.finish(py, &statuses)?;
+                *st = OpState::Done(clone_all(py, &out));
                 Ok(Some(out))
             }
             None => Ok(None),
@@ -234,8 +262,8 @@ impl Operation {
 
     /// Whether every request is final (polls once; the statuses are kept
     /// for `wait`).
-    fn done(&self) -> PyResult<bool> {
-        Ok(self.try_wait()?.is_some())
+    fn done(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.try_wait(py)?.is_some())
     }
 
     fn __repr__(&self) -> String {
@@ -245,7 +273,7 @@ impl Operation {
             OpState::Done(s) => {
                 format!(
                     "Operation(done, {} of {} ok)",
-                    s.iter().filter(|s| s.kind() == "success").count(),
+                    s.iter().filter(|s| s.get().kind() == "success").count(),
                     s.len()
                 )
             }

@@ -166,8 +166,11 @@ impl PyRuntime {
 
     /// The binding's own checks: a read into read-only memory. Returns the
     /// exception to raise (nothing submitted) when one fails.
-    fn precheck(&self, py: Python<'_>, requests: &[Request]) -> PyResult<Option<PyErr>> {
+    fn precheck(&self, py: Python<'_>, requests: &[PyRef<'_, Request>]) -> PyResult<Option<PyErr>> {
         let ro = self.readonly();
+        if ro.is_empty() {
+            return Ok(None);
+        }
         let bad: Vec<usize> = requests
             .iter()
             .enumerate()
@@ -188,6 +191,18 @@ impl PyRuntime {
         let msg = format!("request {first}: read into read-only memory; nothing was submitted");
         Ok(Some(request_error(py, msg, statuses.into_iter().map(Some).collect(), None)?))
     }
+}
+
+/// The distinct `Memory` objects a batch names (most batches name one), for
+/// its operation to keep alive.
+fn distinct_memory(py: Python<'_>, requests: &[PyRef<'_, Request>]) -> Vec<Py<Memory>> {
+    let mut keep: Vec<Py<Memory>> = Vec::with_capacity(1);
+    for m in requests.iter().filter_map(|r| r.keep.as_ref()) {
+        if !keep.iter().any(|k| k.is(m)) {
+            keep.push(m.clone_ref(py));
+        }
+    }
+    keep
 }
 
 /// `tutti.RequestError(msg)` with `.statuses` and `.operation`.
@@ -356,18 +371,18 @@ impl PyRuntime {
     /// is the Operation of the accepted requests (wait on it), or None. A
     /// read into read-only memory is caught before anything is submitted.
     fn submit(&self, py: Python<'_>, requests: Vec<PyRef<'_, Request>>) -> PyResult<Operation> {
-        let requests: Vec<Request> = requests.iter().map(|r| (**r).clone()).collect();
         if let Some(e) = self.precheck(py, &requests)? {
             return Err(e);
         }
-        let reqs: Vec<tutti::Request> = requests.iter().map(Request::to_rust).collect();
+        let reqs: Vec<tutti::Request> = requests.iter().map(|r| r.to_rust()).collect();
+        let keep = distinct_memory(py, &requests);
         let rt = self.rt.clone();
         let sub = py.detach(move || rt.submit(&reqs));
         let refused: Vec<Option<Status>> =
             sub.states().iter().map(|s| s.as_ref().err().map(Status::not_accepted)).collect();
         let n_refused = refused.iter().flatten().count();
         if n_refused == 0 {
-            return Ok(Operation::new(self.rt.clone(), sub.op(), Vec::new()));
+            return Operation::new(py, self.rt.clone(), sub.op(), Vec::new(), keep);
         }
         let first = refused.iter().position(Option::is_some).unwrap_or(0);
         let msg = format!(
@@ -375,7 +390,10 @@ impl PyRuntime {
             refused.len(),
             refused[first].as_ref().map(|s| s.message()).unwrap_or_default()
         );
-        let op = sub.op().map(|op| Operation::new(self.rt.clone(), Some(op), refused.clone()));
+        let op = match sub.op() {
+            Some(op) => Some(Operation::new(py, self.rt.clone(), Some(op), refused.clone(), keep)?),
+            None => None,
+        };
         Err(request_error(py, msg, refused, op)?)
     }
 
@@ -453,28 +471,31 @@ impl PyRuntime {
 }
 
 /// Benchmark helper: `iterations` rounds of submit + wait of `requests`
-/// done in Rust on `runtime` (GIL released); returns the seconds taken.
-/// Raises if a request fails.
+/// done in Rust on `runtime` (GIL released); returns `(seconds in all,
+/// seconds inside submit)`. Raises if a request fails.
 #[pyfunction]
 pub fn _rust_roundtrip(
     py: Python<'_>,
     runtime: &Bound<'_, PyRuntime>,
     requests: Vec<PyRef<'_, Request>>,
     iterations: u64,
-) -> PyResult<f64> {
+) -> PyResult<(f64, f64)> {
     let reqs: Vec<tutti::Request> = requests.iter().map(|r| r.to_rust()).collect();
     let rt = runtime.get().rt.clone();
-    let result = py.detach(move || -> Result<f64, String> {
+    let result = py.detach(move || -> Result<(f64, f64), String> {
         let start = Instant::now();
+        let mut in_submit = Duration::ZERO;
         for _ in 0..iterations {
+            let t = Instant::now();
             let sub = rt.submit(&reqs);
+            in_submit += t.elapsed();
             let op: OpHandle = sub.op().ok_or("no request accepted")?;
             let st = rt.wait(op, Duration::from_secs(10)).map_err(|e| error_chain(&e))?;
             if let Some(bad) = st.iter().find(|s| !s.is_success()) {
                 return Err(format!("{bad:?}"));
             }
         }
-        Ok(start.elapsed().as_secs_f64())
+        Ok((start.elapsed().as_secs_f64(), in_submit.as_secs_f64()))
     });
     result.map_err(TuttiError::new_err)
 }

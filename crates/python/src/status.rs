@@ -2,6 +2,7 @@
 //! store (`tutti.ItemStatus`), as small frozen Python objects.
 
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use tutti::{error_chain, NvmeStatus, RequestStatus};
 use tutti_kv::ItemStatus as RsItemStatus;
 
@@ -39,7 +40,22 @@ pub struct Status {
     message: String,
 }
 
+/// The one `Status(success)` object every successful request shares
+/// (statuses are frozen), so a batch of successes costs a reference each,
+/// not an object each.
+static SUCCESS: PyOnceLock<Py<Status>> = PyOnceLock::new();
+
 impl Status {
+    /// The Python object for a runtime status: the shared success object,
+    /// or a new one.
+    pub fn to_py(py: Python<'_>, s: &RequestStatus) -> PyResult<Py<Status>> {
+        if s.is_success() {
+            let ok = SUCCESS.get_or_try_init(py, || Py::new(py, Self::from_request(s)))?;
+            return Ok(ok.clone_ref(py));
+        }
+        Py::new(py, Self::from_request(s))
+    }
+
     /// The Python status for a runtime status.
     pub fn from_request(s: &RequestStatus) -> Self {
         let base =

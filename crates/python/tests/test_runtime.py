@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -386,6 +387,31 @@ def test_dropping_a_pending_operation_and_memory_is_safe():
         del m  # still busy: kept alive rather than freed under the drive
         m2 = rt.register(np.zeros(4096, dtype=np.uint8))
         assert rt.submit([tutti.write(t, 0, 4096, m2)]).wait()[0].ok
+
+
+def test_a_temporary_registration_lives_until_its_operation_is_final():
+    # The Memory objects exist only inside the requests: the requests and
+    # then the operation keep them registered until the batch is final.
+    yaml = one_drive_yaml(faults="- { op: read, action: { delay_us: 100000 } }")
+    with tutti.Runtime.from_yaml(yaml) as rt:
+        t = rt.open("tutti://kv/0")
+        src, dst = pattern(4096, seed=9), poisoned(4096)
+        assert rt.submit([tutti.write(t, 0, 4096, rt.register(src))]).wait()[0].ok
+        op = rt.submit([tutti.read(t, 0, 4096, rt.register(dst))])
+        gc.collect()
+        assert not op.done(), "the delayed read is still in flight"
+        st = op.wait()
+        assert st[0].ok, st
+        assert np.array_equal(src, dst)
+        gc.collect()
+        assert rt.stats()["commands_completed"] == 2
+
+
+def test_successes_share_one_status_object(rt):
+    t = rt.open("tutti://kv/1")
+    m = rt.register(np.zeros(2 * 4096, dtype=np.uint8))
+    st = rt.submit([tutti.write(t, 0, 4096, m), tutti.write(t, 4096, 4096, m, 4096)]).wait()
+    assert st[0] is st[1] and st[0].ok and st[0].kind == "success"
 
 
 def test_docstrings_are_present():

@@ -137,6 +137,9 @@ fn emulator_config(name: &str, cfg: &EmulatedDriveConfig) -> EmulatorConfig {
     e.mdts = cfg.mdts;
     e.io_queues = cfg.io_queues;
     e.faults = cfg.faults.iter().map(fault_rule).collect();
+    if let Some(us) = cfg.idle_spin_us {
+        e.idle_spin = Duration::from_micros(us);
+    }
     e.timing = cfg.timing.map(|t| TimingModel {
         latency: Duration::from_micros(t.latency_us),
         bandwidth_bytes_per_s: t.bandwidth_mb_s.map(|b| b.saturating_mul(1_000_000)),

@@ -85,6 +85,12 @@ pub struct EmulatedDriveConfig {
     /// Absent (the default): no cache, every completed write is durable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_cache: Option<WriteCacheConfig>,
+    /// Microseconds the controller thread keeps polling after its last
+    /// work before it naps (default 30). Longer keeps the emulated drive
+    /// awake through short host pauses (for measuring host-side costs) at
+    /// the price of a busy core per drive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_spin_us: Option<u64>,
 }
 
 /// An emulated drive's volatile write cache (the emulator's
@@ -229,6 +235,7 @@ impl EmulatedDriveConfig {
             timing: None,
             faults: Vec::new(),
             write_cache: None,
+            idle_spin_us: None,
         }
     }
 }

@@ -13,6 +13,7 @@ drives:
       dstrd: 0
       mdts: 5
       io_queues: 8
+      idle_spin_us: 500
       timing:
         latency_us: 80
         bandwidth_mb_s: 2000
@@ -96,7 +97,9 @@ fn full_config_parses_and_validates() {
         d0.timing,
         Some(TimingConfig { latency_us: 80, bandwidth_mb_s: Some(2000), iops: Some(500_000) })
     );
+    assert_eq!(d0.idle_spin_us, Some(500));
     let DriveConfig::Emulated(d1) = &c.drives["d1"] else { panic!("not an emulated drive") };
+    assert_eq!(d1.idle_spin_us, None);
     assert_eq!(d1.backing, Backing::Null);
     let DriveConfig::Emulated(d2) = &c.drives["d2"] else { panic!("not an emulated drive") };
     assert_eq!(d2.backing, Backing::File("/tmp/tutti-d2.img".into()));
