@@ -53,9 +53,8 @@ def build_model(kind: str, device: str, tokens: int):
             max_position_embeddings=max(8192, tokens + 64),
         )
         dtype = torch.bfloat16
-    cfg._attn_implementation = "sdpa"
     with torch.device(device):
-        model = transformers.LlamaForCausalLM._from_config(cfg, dtype=dtype)
+        model = transformers.LlamaForCausalLM._from_config(cfg, dtype=dtype, attn_implementation="sdpa")
     return model.eval()
 
 

@@ -284,14 +284,20 @@ class KvCacheClient:
 
 
 def _sync_cuda(layout: Layout) -> None:
-    """Make the engine's writes to CUDA tensors visible before the drive
-    reads them (they run on the caller's streams, the I/O on the runtime's)."""
+    """Before a put: wait for the work queued on the current CUDA stream of
+    each device holding the layout's tensors, so that the engine's writes
+    are in memory before the drive reads it (the I/O runs on the runtime's
+    own stream). Writes on other streams are the caller's to finish.
+
+    Loads need no such step: ``KvBatch.wait`` returns after the bytes are in
+    memory, so work the caller launches afterwards sees them."""
+    seen = set()
     for t in layout.tensors:
-        if getattr(t, "is_cuda", False):
+        if getattr(t, "is_cuda", False) and t.device not in seen:
             import torch
 
-            torch.cuda.synchronize(t.device)
-            return
+            seen.add(t.device)
+            torch.cuda.current_stream(t.device).synchronize()
 
 
 class LayerLoad:
@@ -363,8 +369,6 @@ class LayerLoad:
             # Bytes that failed their checksum are never loaded again: the
             # next save of the chunk writes it anew.
             self.client.store.remove(corrupt)
-        if batches and any(getattr(t, "is_cuda", False) for t in self.client.layout.tensors):
-            _sync_cuda(self.client.layout)
         self._layer_ok[layer] = ok
         return ok
 
