@@ -317,9 +317,9 @@ class ContiguousChunks(Layout):
     def check_placement(self, placement: Optional[Sequence[int]], num_chunks: int) -> None:
         """Each of the first ``num_chunks`` chunks needs a distinct slot in
         ``[0, num_slots)``."""
-        slots = [self._slot(c, placement) for c in range(num_chunks)] if placement is None or len(placement) >= num_chunks else None
-        if slots is None:
-            raise ValueError(f"{self.name}: {num_chunks} chunks but {len(placement or [])} slots given")
+        if placement is not None and len(placement) < num_chunks:
+            raise ValueError(f"{self.name}: {num_chunks} chunks but {len(placement)} slots given")
+        slots = [self._slot(c, placement) for c in range(num_chunks)]
         if len(set(slots)) != len(slots):
             raise ValueError(f"{self.name}: two chunks share a slot: {slots}")
 

@@ -127,6 +127,10 @@ class PrefixCache:
         self.chunk_tokens = chunk_tokens
         self.timeout = timeout
         self.num_layers, self.kv_heads, self.head_dim = model_kv_shape(model)
+        cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+        kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+        if kinds != {"full_attention"}:
+            raise ValueError(f"only full-attention layers are handled, the model has {sorted(kinds)}")
         self.max_chunks = max_tokens // chunk_tokens
         if self.max_chunks < 1:
             raise ValueError(f"max_tokens ({max_tokens}) is less than one chunk ({chunk_tokens} tokens)")
@@ -145,6 +149,14 @@ class PrefixCache:
         so they are kept (registered, never reused) and new ones made."""
         self._retired.append((self.client, self.staging))
         self._new_staging()
+
+    def _empty_cache(self) -> DynamicCache:
+        """An empty DynamicCache laid out for the model (its config names
+        each layer's kind); without a config where transformers takes none."""
+        try:
+            return DynamicCache(config=self.model.config)
+        except TypeError:
+            return DynamicCache()
 
     def lookup(self, input_ids: Any) -> int:
         """Tokens of the longest cached prefix of the prompt (a multiple of
@@ -194,7 +206,7 @@ class PrefixCache:
         info = RestoreInfo(n * self.chunk_tokens, len(tokens), result if result.found_chunks else None)
         if n == 0:
             return None, info
-        cache = DynamicCache(config=self.model.config)
+        cache = self._empty_cache()
         h, d, t = self.kv_heads, self.head_dim, n * self.chunk_tokens
         for layer in range(self.num_layers):
             buf = staging[layer][:n]  # [n, 2, h, c, d]
@@ -212,7 +224,7 @@ class PrefixCache:
             input_ids = torch.tensor([_tokens(input_ids)], device=self.device)
         cache, info = self.restore(input_ids)
         if cache is None:
-            cache = DynamicCache(config=self.model.config)
+            cache = self._empty_cache()
         kwargs.setdefault("attention_mask", torch.ones_like(input_ids))
         kwargs[CACHE_KWARG] = cache
         out = self.model.generate(input_ids, return_dict_in_generate=True, **kwargs)
