@@ -392,7 +392,9 @@ def test_dropping_a_pending_operation_and_memory_is_safe():
 def test_a_temporary_registration_lives_until_its_operation_is_final():
     # The Memory objects exist only inside the requests: the requests and
     # then the operation keep them registered until the batch is final.
-    yaml = one_drive_yaml(faults="- { op: read, action: { delay_us: 100000 } }")
+    # The read's delay (1 s) outlasts gc.collect(), which takes ~0.15 s
+    # once torch is imported (test_gpu.py imports it where installed).
+    yaml = one_drive_yaml(faults="- { op: read, action: { delay_us: 1000000 } }")
     with tutti.Runtime.from_yaml(yaml) as rt:
         t = rt.open("tutti://kv/0")
         src, dst = pattern(4096, seed=9), poisoned(4096)
