@@ -76,6 +76,24 @@ def test_non_contiguous_array_is_refused(rt):
         rt.register(np.zeros((64, 64), dtype=np.uint8).T)
 
 
+def test_buffers_of_object_pointers_are_refused(rt):
+    # Reading a drive's bytes into PyObject pointers would make Python
+    # dereference forged pointers (a segfault on the next a[0]).
+    objs = np.empty(512, dtype=object)
+    objs[:] = [object() for _ in range(512)]
+    with pytest.raises(tutti.MemoryRegistrationError, match="object pointers"):
+        rt.register(objs)
+    with_object_field = np.zeros(4, dtype=[("Oa", np.int32), ("b", object)])
+    with pytest.raises(tutti.MemoryRegistrationError, match="object pointers"):
+        rt.register(with_object_field)
+    # A field merely named with an O is plain data.
+    plain = np.zeros(1024, dtype=[("Oa", np.int32), ("b", np.float64)])
+    assert rt.register(plain).nbytes == 1024 * 12
+    kv = tutti.KvStore.open(rt, "kv")
+    with pytest.raises(tutti.MemoryRegistrationError, match="object pointers"):
+        kv.register(objs)
+
+
 def test_unsupported_object_is_refused(rt):
     with pytest.raises(tutti.MemoryRegistrationError, match="cannot register a int"):
         rt.register(42)
