@@ -172,6 +172,22 @@ impl GetBatch {
 pub struct KvBatch {
     kv: Arc<RsKvStore>,
     state: Mutex<Batch>,
+    /// The `KvMemory` objects its items named, alive until it is final, so
+    /// a temporary registration (`kv.put([(k, kv.register(a), 0, n)])`) is
+    /// unregistered once the batch is done instead of being refused while
+    /// in flight and then kept forever.
+    keep: Mutex<Vec<Py<KvMemory>>>,
+}
+
+/// The distinct `KvMemory` objects of `items`, for their batch to keep.
+fn distinct_memory(items: &[Item<'_>]) -> Vec<Py<KvMemory>> {
+    let mut keep: Vec<Py<KvMemory>> = Vec::with_capacity(1);
+    for (_, m, _, _) in items {
+        if !keep.iter().any(|k| k.is(m)) {
+            keep.push(m.clone().unbind());
+        }
+    }
+    keep
 }
 
 fn item_statuses(v: &[tutti_kv::ItemStatus]) -> Vec<ItemStatus> {
@@ -179,8 +195,18 @@ fn item_statuses(v: &[tutti_kv::ItemStatus]) -> Vec<ItemStatus> {
 }
 
 impl KvBatch {
+    fn new(kv: Arc<RsKvStore>, batch: Batch, keep: Vec<Py<KvMemory>>) -> Self {
+        Self { kv, state: Mutex::new(batch), keep: Mutex::new(keep) }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Batch> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lets go of the batch's `KvMemory` objects (it is final: the store no
+    /// longer uses their memory). Called with the GIL held.
+    fn release_memory(&self, _py: Python<'_>) {
+        std::mem::take(&mut *self.keep.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
     fn poll(&self, batch: Batch) -> PyResult<Batch> {
@@ -226,25 +252,31 @@ impl KvBatch {
         };
         let out = item_statuses(&result.py()?);
         *self.lock() = Batch::Done(out.clone());
+        self.release_memory(py);
         Ok(out)
     }
 
     /// Polls once without blocking: the statuses when every item is final
     /// (kept), else None.
-    fn try_wait(&self) -> PyResult<Option<Vec<ItemStatus>>> {
+    fn try_wait(&self, py: Python<'_>) -> PyResult<Option<Vec<ItemStatus>>> {
         let mut st = self.lock();
         let batch = std::mem::replace(&mut *st, Batch::Waiting);
         let was_waiting = matches!(batch, Batch::Waiting);
         *st = self.poll(batch)?;
-        Ok(match &*st {
+        let out = match &*st {
             Batch::Done(s) if !was_waiting => Some(s.clone()),
             _ => None,
-        })
+        };
+        drop(st);
+        if out.is_some() {
+            self.release_memory(py);
+        }
+        Ok(out)
     }
 
     /// Whether every item is final (polls once; the statuses are kept).
-    fn done(&self) -> PyResult<bool> {
-        Ok(self.try_wait()?.is_some())
+    fn done(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.try_wait(py)?.is_some())
     }
 }
 
@@ -349,6 +381,7 @@ impl KvStore {
     fn put(&self, py: Python<'_>, items: Vec<Item<'_>>) -> PyResult<KvBatch> {
         let parsed = parse_items(&self.kv, &items, false)?;
         let kv = self.kv.clone();
+        let keep = distinct_memory(&items);
         let pending = py.detach(move || {
             let puts: Vec<Put<'_>> = parsed
                 .iter()
@@ -356,7 +389,7 @@ impl KvStore {
                 .collect();
             kv.put(&puts)
         });
-        Ok(KvBatch { kv: self.kv.clone(), state: Mutex::new(Batch::Puts(pending.py()?)) })
+        Ok(KvBatch::new(self.kv.clone(), Batch::Puts(pending.py()?), keep))
     }
 
     /// Starts loading `items`, each `(key, memory, offset, length)`: the
@@ -367,7 +400,7 @@ impl KvStore {
     fn get(&self, items: Vec<Item<'_>>) -> PyResult<KvBatch> {
         let parsed = parse_items(&self.kv, &items, true)?;
         let batch = GetBatch::start(&self.kv, parsed)?;
-        Ok(KvBatch { kv: self.kv.clone(), state: Mutex::new(Batch::Gets(batch)) })
+        Ok(KvBatch::new(self.kv.clone(), Batch::Gets(batch), distinct_memory(&items)))
     }
 
     /// `put(items).wait(timeout)`.

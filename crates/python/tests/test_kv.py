@@ -119,6 +119,34 @@ def test_memory_in_use_cannot_be_unregistered(kv):
         kv.put([(keys(1)[0], m, 0, BLOCK)])
 
 
+def test_a_temporary_registration_lives_until_its_batch_is_final(kv):
+    # Memory registered inline is kept by its batch, then unregistered and
+    # let go once the batch is final (it used to be refused while in flight
+    # and kept alive, registered, for good).
+    import gc
+    import weakref
+
+    k = keys(1)[0]
+    src = pattern(BLOCK, seed=13)
+    gone = weakref.ref(src)
+    batch = kv.put([(k, kv.register(src), 0, BLOCK)])
+    del src
+    gc.collect()
+    assert gone() is not None, "the batch keeps the memory alive while in flight"
+    assert [s.kind for s in batch.wait()] == ["ok"]
+    gc.collect()
+    assert gone() is None, "a final batch lets its temporary registration go"
+    dst = poisoned(BLOCK)
+    gone = weakref.ref(dst)
+    got = kv.get([(k, kv.register(dst), 0, BLOCK)])
+    while not got.done():
+        pass
+    assert np.array_equal(dst, pattern(BLOCK, seed=13))
+    del dst
+    gc.collect()
+    assert gone() is None
+
+
 def test_store_opens_once_per_runtime_and_keeps_its_runtime(rt):
     kv = tutti.KvStore.open(rt, "kv")
     assert kv.runtime is rt and kv.key_size == 32
