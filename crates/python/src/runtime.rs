@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use tutti::config::MAX_STRIPE_DRIVES;
 use tutti::{error_chain, Config, MemoryHandle, OpHandle, Runtime, TargetHandle};
 
 use crate::errors::{runtime_error_with, ConfigError, IntoPyResult, RequestError, TuttiError};
@@ -242,10 +243,19 @@ impl PyRuntime {
 
     /// A runtime over `drives` emulated RAM drives of `drive_bytes` bytes
     /// each, striped into one store "kv" whose `slab` resolver cuts it into
-    /// slots of `slot_bytes` bytes (`tutti://kv/<slot>`).
+    /// slots of `slot_bytes` bytes (`tutti://kv/<slot>`). `drives` is 1 to
+    /// 4; raises `tutti.ConfigError` for other values or sizes that are not
+    /// non-zero multiples of 4096 bytes.
     #[staticmethod]
     #[pyo3(signature = (drives = 4, drive_bytes = 256 << 20, slot_bytes = 1 << 20))]
     fn emulated(py: Python<'_>, drives: usize, drive_bytes: u64, slot_bytes: u64) -> PyResult<Self> {
+        // Checked first: the config builder makes one entry per drive, so a
+        // huge count would exhaust memory (or overflow) before validation.
+        if drives == 0 || drives > MAX_STRIPE_DRIVES {
+            return Err(ConfigError::new_err(format!(
+                "drives is {drives}: an emulated runtime has 1 to {MAX_STRIPE_DRIVES} drives"
+            )));
+        }
         Self::build(py, Config::builtin_striped_ram(drives, drive_bytes, slot_bytes))
     }
 

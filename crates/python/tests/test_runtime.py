@@ -519,8 +519,12 @@ def test_threads_submit_and_wait_concurrently(rt):
 @pytest.mark.parametrize(
     "kwargs, where",
     [
-        ({"drives": 0}, "2 to 4 drives"),
-        ({"drives": 5}, "2 to 4 drives"),
+        ({"drives": 0}, "1 to 4 drives"),
+        ({"drives": 5}, "1 to 4 drives"),
+        # Refused before a config entry is made per drive: these used to
+        # abort the process (allocation failure) or raise PanicException.
+        ({"drives": 1 << 40}, "1 to 4 drives"),
+        ({"drives": 1 << 62}, "1 to 4 drives"),
         ({"drive_bytes": 1000}, "capacity"),
         ({"slot_bytes": 100}, "slot_size"),
     ],
