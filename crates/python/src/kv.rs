@@ -12,7 +12,7 @@ use tutti_kv::{
     OpenOptions, PendingGets, PendingPuts, Put, Value,
 };
 
-use crate::errors::{IntoPyResult, MemoryRegistrationError, TuttiError};
+use crate::errors::{HandleError, IntoPyResult, MemoryRegistrationError};
 use crate::memory::{describe, Export, Location};
 use crate::runtime::{seconds, PyRuntime, RUNTIME_GPU};
 use crate::status::ItemStatus;
@@ -358,7 +358,8 @@ impl KvStore {
 
     /// Unregisters memory and lets go of its object. Raises
     /// `tutti.MemoryRegistrationError` while a put or get not yet waited on
-    /// uses it, or for memory of another store.
+    /// uses it, or for memory of another store, and `tutti.HandleError`
+    /// for memory already unregistered.
     fn unregister(&self, py: Python<'_>, memory: &Bound<'_, KvMemory>) -> PyResult<()> {
         let m = memory.get();
         if !Arc::ptr_eq(&m.kv, &self.kv) {
@@ -366,7 +367,7 @@ impl KvStore {
         }
         let mut export = m.export();
         if export.is_none() {
-            return Err(TuttiError::new_err("memory is already unregistered"));
+            return Err(HandleError::new_err("memory is already unregistered"));
         }
         self.kv.unregister(*m.mem).py()?;
         if let Some(e) = export.take() {
@@ -380,8 +381,8 @@ impl KvStore {
     /// `KvBatch`; nothing is durable or visible until its status is "ok".
     fn put(&self, py: Python<'_>, items: Vec<Item<'_>>) -> PyResult<KvBatch> {
         let parsed = parse_items(&self.kv, &items, false)?;
-        let kv = self.kv.clone();
         let keep = distinct_memory(&items);
+        let kv = self.kv.clone();
         let pending = py.detach(move || {
             let puts: Vec<Put<'_>> = parsed
                 .iter()

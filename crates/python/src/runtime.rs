@@ -11,7 +11,7 @@ use pyo3::types::{PyDict, PyList};
 use tutti::config::MAX_STRIPE_DRIVES;
 use tutti::{error_chain, Config, MemoryHandle, OpHandle, Runtime, TargetHandle};
 
-use crate::errors::{runtime_error_with, ConfigError, IntoPyResult, RequestError, TuttiError};
+use crate::errors::{runtime_error_with, ConfigError, HandleError, IntoPyResult, RequestError, TuttiError};
 use crate::memory::{describe, Export, Location};
 use crate::request::{Operation, Request};
 use crate::status::Status;
@@ -356,7 +356,7 @@ impl PyRuntime {
         let m = memory.get();
         let mut export = m.export();
         if export.is_none() {
-            return Err(TuttiError::new_err(format!(
+            return Err(HandleError::new_err(format!(
                 "memory {:#x} is already unregistered",
                 m.handle.to_u64()
             )));

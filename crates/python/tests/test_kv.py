@@ -113,7 +113,7 @@ def test_memory_in_use_cannot_be_unregistered(kv):
         kv.unregister(m)
     assert batch.wait()[0].ok
     kv.unregister(m)
-    with pytest.raises(tutti.TuttiError, match="already unregistered"):
+    with pytest.raises(tutti.HandleError, match="already unregistered"):
         kv.unregister(m)
     with pytest.raises(tutti.MemoryRegistrationError):
         kv.put([(keys(1)[0], m, 0, BLOCK)])

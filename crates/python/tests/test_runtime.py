@@ -157,7 +157,9 @@ def test_freed_registration_is_refused(rt):
     with pytest.raises(tutti.RequestError, match="memory") as e:
         rt.submit([tutti.write(t, 0, 4096, m)])
     assert "stale" in e.value.statuses[0].message
-    with pytest.raises(tutti.TuttiError, match="already unregistered"):
+    # HandleError, as Runtime.unregister's docstring says (it was the base
+    # TuttiError).
+    with pytest.raises(tutti.HandleError, match="already unregistered"):
         rt.unregister(m)
 
 
