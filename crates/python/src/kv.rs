@@ -12,6 +12,7 @@ use tutti_kv::{
     OpenOptions, PendingGets, PendingPuts, Put, Value,
 };
 
+use crate::deferred;
 use crate::errors::{HandleError, IntoPyResult, MemoryRegistrationError};
 use crate::memory::{describe, Export, Location};
 use crate::runtime::{seconds, PyRuntime, RUNTIME_GPU};
@@ -84,14 +85,18 @@ impl KvMemory {
 }
 
 impl Drop for KvMemory {
-    /// As `tutti.Memory`: unregistered here if still registered, or leaked
-    /// when the store refuses.
+    /// As `tutti.Memory`: unregistered here if still registered, or kept
+    /// alive until a later call finds the store done with it
+    /// (`deferred.rs`).
     fn drop(&mut self) {
         let export = self.export.get_mut().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(e) = export {
             match self.kv.unregister(*self.mem) {
                 Ok(()) => drop(e),
-                Err(_) => e.leak(),
+                Err(_) => {
+                    let (kv, mem) = (self.kv.clone(), *self.mem);
+                    deferred::defer(move || kv.unregister(mem).is_ok(), e);
+                }
             }
         }
     }
@@ -205,8 +210,9 @@ impl KvBatch {
 
     /// Lets go of the batch's `KvMemory` objects (it is final: the store no
     /// longer uses their memory). Called with the GIL held.
-    fn release_memory(&self, _py: Python<'_>) {
+    fn release_memory(&self, py: Python<'_>) {
         std::mem::take(&mut *self.keep.lock().unwrap_or_else(|p| p.into_inner()));
+        deferred::retry(py);
     }
 
     fn poll(&self, batch: Batch) -> PyResult<Batch> {
@@ -331,6 +337,7 @@ impl KvStore {
     /// Registers `obj`'s memory for values (the objects `Runtime.register`
     /// takes); returns a `KvMemory`.
     fn register(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<KvMemory> {
+        deferred::retry(py);
         let export = Export::from_object(obj)?;
         if export.location == Location::Gpu {
             Export::check_gpu_device(obj, RUNTIME_GPU)?;
@@ -340,8 +347,8 @@ impl KvStore {
         let mem = py
             .detach(move || match location {
                 // SAFETY: `export` keeps the memory allocated and in place
-                // until `unregister` succeeds (or forever, when a dropped
-                // KvMemory cannot be unregistered); Python code must not
+                // until `unregister` succeeds (a dropped KvMemory the store
+                // refuses to let go waits in `deferred.rs`); Python code must not
                 // touch it while a put or get on it runs (documented).
                 Location::Host => unsafe { kv.register_host(ptr as usize as *mut u8, len) },
                 // SAFETY: as above, for a device pointer of the runtime's GPU.
@@ -361,6 +368,7 @@ impl KvStore {
     /// uses it, or for memory of another store, and `tutti.HandleError`
     /// for memory already unregistered.
     fn unregister(&self, py: Python<'_>, memory: &Bound<'_, KvMemory>) -> PyResult<()> {
+        deferred::retry(py);
         let m = memory.get();
         if !Arc::ptr_eq(&m.kv, &self.kv) {
             return Err(MemoryRegistrationError::new_err("memory registered with another store"));
@@ -380,6 +388,7 @@ impl KvStore {
     /// bytes at byte `offset` of a `KvMemory` stored under `key`. Returns a
     /// `KvBatch`; nothing is durable or visible until its status is "ok".
     fn put(&self, py: Python<'_>, items: Vec<Item<'_>>) -> PyResult<KvBatch> {
+        deferred::retry(py);
         let parsed = parse_items(&self.kv, &items, false)?;
         let keep = distinct_memory(&items);
         let kv = self.kv.clone();
@@ -398,7 +407,8 @@ impl KvStore {
     /// `length` bytes (at least the object's length rounded up to the
     /// logical block size). Returns a `KvBatch` whose statuses are "hit"
     /// (with `.length`), "miss", "checksum_mismatch"...
-    fn get(&self, items: Vec<Item<'_>>) -> PyResult<KvBatch> {
+    fn get(&self, py: Python<'_>, items: Vec<Item<'_>>) -> PyResult<KvBatch> {
+        deferred::retry(py);
         let parsed = parse_items(&self.kv, &items, true)?;
         let batch = GetBatch::start(&self.kv, parsed)?;
         Ok(KvBatch::new(self.kv.clone(), Batch::Gets(batch), distinct_memory(&items)))
@@ -413,7 +423,7 @@ impl KvStore {
     /// `get(items).wait(timeout)`.
     #[pyo3(signature = (items, timeout = 5.0))]
     fn get_sync(&self, py: Python<'_>, items: Vec<Item<'_>>, timeout: f64) -> PyResult<Vec<ItemStatus>> {
-        self.get(items)?.wait(py, timeout)
+        self.get(py, items)?.wait(py, timeout)
     }
 
     /// For each key, whether the store holds an object of it.

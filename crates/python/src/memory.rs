@@ -342,12 +342,6 @@ impl Export {
         }
         self.owner = None;
     }
-
-    /// Keeps the memory alive forever: used when a registration cannot be
-    /// ended (a drive may still access the memory).
-    pub fn leak(self) {
-        std::mem::forget(self);
-    }
 }
 
 impl Drop for Export {

@@ -8,6 +8,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use tutti::{Direction, MemoryHandle, OpHandle, Runtime, TargetHandle};
 
+use crate::deferred;
 use crate::errors::IntoPyResult;
 use crate::runtime::Memory;
 use crate::status::Status;
@@ -232,6 +233,8 @@ impl Operation {
             Ok(statuses) => {
                 let out = self.finish(py, &statuses)?;
                 *st = OpState::Done(clone_all(py, &out));
+                drop(st);
+                deferred::retry(py);
                 Ok(out)
             }
             Err(e) => {
@@ -254,6 +257,8 @@ impl Operation {
             Some(statuses) => {
                 let out = self.finish(py, &statuses)?;
                 *st = OpState::Done(clone_all(py, &out));
+                drop(st);
+                deferred::retry(py);
                 Ok(Some(out))
             }
             None => Ok(None),

@@ -11,6 +11,7 @@ use pyo3::types::{PyDict, PyList};
 use tutti::config::MAX_STRIPE_DRIVES;
 use tutti::{error_chain, Config, MemoryHandle, OpHandle, Runtime, TargetHandle};
 
+use crate::deferred;
 use crate::errors::{runtime_error_with, ConfigError, HandleError, IntoPyResult, RequestError, TuttiError};
 use crate::memory::{describe, Export, Location};
 use crate::request::{Operation, Request};
@@ -97,13 +98,17 @@ impl Memory {
 impl Drop for Memory {
     /// A registration dropped without `unregister` is ended here; if the
     /// runtime refuses (an operation may still use it), the memory is kept
-    /// alive for good rather than freed under a drive.
+    /// alive until a later call finds the drives done with it
+    /// (`deferred.rs`), rather than freed under a drive.
     fn drop(&mut self) {
         let export = self.export.get_mut().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(e) = export {
             match self.rt.unregister_memory(self.handle) {
                 Ok(()) => drop(e),
-                Err(_) => e.leak(),
+                Err(_) => {
+                    let (rt, handle) = (self.rt.clone(), self.handle);
+                    deferred::defer(move || rt.unregister_memory(handle).is_ok(), e);
+                }
             }
         }
     }
@@ -314,6 +319,7 @@ impl PyRuntime {
     /// `execution: gpu`. Raises `tutti.MemoryRegistrationError` for a
     /// non-contiguous or unsupported object, or a GPU array on another GPU.
     fn register(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Memory> {
+        deferred::retry(py);
         let export = Export::from_object(obj)?;
         if export.location == Location::Gpu {
             Export::check_gpu_device(obj, RUNTIME_GPU)?;
@@ -325,8 +331,9 @@ impl PyRuntime {
                 // SAFETY: `export` keeps the memory allocated and in place
                 // (a strong reference to the exporter and its buffer view
                 // or DLPack tensor) until `unregister` succeeds; a Memory
-                // dropped while the runtime refuses to let it go leaks the
-                // export instead of freeing it. Python code must not touch
+                // dropped while the runtime refuses to let it go hands the
+                // export to `deferred.rs`, which keeps it until a retried
+                // unregister succeeds. Python code must not touch
                 // the bytes while an operation on them runs (documented).
                 Location::Host => unsafe { rt.register_memory(ptr as usize as *mut u8, len) },
                 // SAFETY: as above, for a device pointer of the runtime's
@@ -353,6 +360,7 @@ impl PyRuntime {
     /// `tutti.HandleError` for memory of another runtime or already
     /// unregistered.
     fn unregister(&self, py: Python<'_>, memory: &Bound<'_, Memory>) -> PyResult<()> {
+        deferred::retry(py);
         let m = memory.get();
         let mut export = m.export();
         if export.is_none() {
@@ -381,6 +389,7 @@ impl PyRuntime {
     /// is the Operation of the accepted requests (wait on it), or None. A
     /// read into read-only memory is caught before anything is submitted.
     fn submit(&self, py: Python<'_>, requests: Vec<PyRef<'_, Request>>) -> PyResult<Operation> {
+        deferred::retry(py);
         if let Some(e) = self.precheck(py, &requests)? {
             return Err(e);
         }
@@ -424,6 +433,7 @@ impl PyRuntime {
         let drain = seconds(drain)?;
         let rt = self.rt.clone();
         let r = py.detach(move || rt.shutdown(drain));
+        deferred::retry(py);
         Ok(ShutdownReport {
             ops_in_flight: r.ops_in_flight,
             commands_in_flight: r.commands_in_flight,

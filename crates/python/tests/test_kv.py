@@ -147,6 +147,35 @@ def test_a_temporary_registration_lives_until_its_batch_is_final(kv):
     assert gone() is None
 
 
+def test_kv_memory_dropped_with_its_batch_in_flight_is_let_go_later():
+    # The batch is dropped unwaited while its write is delayed: the store
+    # refuses to unregister the memory then; a later call does it once the
+    # drive is done, and the array is freed (it used to be kept for good).
+    import gc
+    import weakref
+
+    from conftest import wait_until
+
+    yaml = one_drive_yaml(faults="- { op: write, action: { delay_us: 100000 } }")
+    with tutti.Runtime.from_yaml(yaml) as rt:
+        kv = tutti.KvStore.open(rt, "kv")
+        k = keys(1)[0]
+        src = pattern(BLOCK, seed=14)
+        gone = weakref.ref(src)
+        batch = kv.put([(k, kv.register(src), 0, BLOCK)])
+        del batch, src
+        gc.collect()
+        assert gone() is not None, "kept alive while the drive may read it"
+
+        def released():
+            kv.contains([k])
+            kv.register(np.zeros(4096, dtype=np.uint8))
+            gc.collect()
+            return gone() is None
+
+        assert wait_until(released, 5.0), "never let go"
+
+
 def test_store_opens_once_per_runtime_and_keeps_its_runtime(rt):
     kv = tutti.KvStore.open(rt, "kv")
     assert kv.runtime is rt and kv.key_size == 32

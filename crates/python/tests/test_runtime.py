@@ -409,6 +409,33 @@ def test_dropping_a_pending_operation_and_memory_is_safe():
         assert rt.submit([tutti.write(t, 0, 4096, m2)]).wait()[0].ok
 
 
+@pytest.mark.parametrize("how", ["dropped", "timed_out"])
+def test_memory_dropped_while_busy_is_let_go_once_the_drive_is_done(how):
+    # A Memory dropped while a drive may still write it is kept alive, but
+    # only until then: a later call unregisters it and releases the object
+    # (it used to stay registered, and the array alive, for good).
+    import weakref
+
+    yaml = one_drive_yaml(faults="- { op: read, action: { delay_us: 100000 } }")
+    with tutti.Runtime.from_yaml(yaml) as rt:
+        t = rt.open("tutti://kv/0")
+        buf = np.zeros(4096, dtype=np.uint8)
+        gone = weakref.ref(buf)
+        op = rt.submit([tutti.read(t, 0, 4096, rt.register(buf))])
+        if how == "timed_out":
+            assert op.wait(timeout=0.001)[0].kind == "timeout"
+        del op, buf
+        gc.collect()
+        assert gone() is not None, "kept alive while the drive may write it"
+
+        def released():
+            rt.submit([tutti.flush(t)]).wait()
+            gc.collect()
+            return gone() is None
+
+        assert wait_until(released, 5.0), "never let go"
+
+
 def test_a_temporary_registration_lives_until_its_operation_is_final():
     # The Memory objects exist only inside the requests: the requests and
     # then the operation keep them registered until the batch is final.
