@@ -20,6 +20,9 @@ use crate::status::Status;
 /// The GPU the runtime drives (`gpu-io` opens ordinal 0).
 pub const RUNTIME_GPU: i64 = 0;
 
+/// The longest shutdown drain bound (2^32 s, about 136 years).
+pub const MAX_DRAIN: Duration = Duration::from_secs(1 << 32);
+
 /// Seconds as a `Duration`, or `ValueError`.
 pub fn seconds(s: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(s).map_err(|e| PyValueError::new_err(format!("{s} seconds: {e}")))
@@ -426,11 +429,15 @@ impl PyRuntime {
     }
 
     /// Orderly shutdown: stops accepting work, drains operations for up to
-    /// `drain` seconds, deletes the queues and shuts the controllers down.
+    /// `drain` seconds (at most 2^32, about 136 years), deletes the queues
+    /// and shuts the controllers down.
     /// A second call returns an empty report.
     #[pyo3(signature = (drain = 5.0))]
     fn shutdown(&self, py: Python<'_>, drain: f64) -> PyResult<ShutdownReport> {
-        let drain = seconds(drain)?;
+        // Capped: the runtime adds it to `Instant::now()`, which panics on
+        // overflow after marking the runtime shut down (the drives were
+        // then never shut down).
+        let drain = seconds(drain)?.min(MAX_DRAIN);
         let rt = self.rt.clone();
         let r = py.detach(move || rt.shutdown(drain));
         deferred::retry(py);

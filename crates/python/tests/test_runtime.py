@@ -366,6 +366,18 @@ def test_shutdown_and_context_manager():
     assert report.clean and [d for d, _ in report.drives] == ["d0", "d1"]
 
 
+def test_a_huge_shutdown_drain_is_capped_not_a_panic():
+    # 1e19 s overflowed the runtime's Instant::now() + drain: PanicException,
+    # with the runtime marked shut down and its drives never shut down.
+    rt = tutti.Runtime.emulated(drives=2, drive_bytes=16 * MiB)
+    t = rt.open("tutti://kv/1")
+    m = rt.register(pattern(MiB, seed=21))
+    op = rt.submit([tutti.write(t, 0, MiB, m)])
+    report = rt.shutdown(drain=1e19)
+    assert report.clean and [d for d, _ in report.drives] == ["d0", "d1"]
+    assert op.wait()[0].ok, "drained, not cut short"
+
+
 def test_stats_count_commands(rt):
     t = rt.open("tutti://kv/0")
     m = rt.register(np.zeros(SLOT, dtype=np.uint8))
