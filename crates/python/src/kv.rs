@@ -2,19 +2,22 @@
 //! tutti-kv with keys as bytes, memory exported by Python objects, and
 //! per-item statuses.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
 
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
+use tutti::error_chain;
 use tutti_kv::{
     ChunkKeys as RsChunkKeys, Create, Get, Key, KeySize, KvMemory as RsKvMemory, KvStore as RsKvStore,
     OpenOptions, PendingGets, PendingPuts, Put, Value,
 };
 
 use crate::deferred;
-use crate::errors::{HandleError, IntoPyResult, MemoryRegistrationError};
+use crate::errors::{HandleError, IntoPyResult, MemoryRegistrationError, TuttiError};
 use crate::memory::{describe, Export, Location};
+use crate::request::{still_waited_on, wait_for_other};
 use crate::runtime::{seconds, PyRuntime, RUNTIME_GPU};
 use crate::status::ItemStatus;
 
@@ -139,6 +142,8 @@ enum Batch {
     Gets(GetBatch),
     Waiting,
     Done(Vec<ItemStatus>),
+    /// A wait failed (the batch is gone): the error's text, raised again.
+    Failed(String),
 }
 
 /// Gets in flight and the registrations their `Value`s borrow.
@@ -177,6 +182,8 @@ impl GetBatch {
 pub struct KvBatch {
     kv: Arc<RsKvStore>,
     state: Mutex<Batch>,
+    /// Signalled when a thread's wait leaves `Batch::Waiting`.
+    waited: Condvar,
     /// The `KvMemory` objects its items named, alive until it is final, so
     /// a temporary registration (`kv.put([(k, kv.register(a), 0, n)])`) is
     /// unregistered once the batch is done instead of being refused while
@@ -201,7 +208,7 @@ fn item_statuses(v: &[tutti_kv::ItemStatus]) -> Vec<ItemStatus> {
 
 impl KvBatch {
     fn new(kv: Arc<RsKvStore>, batch: Batch, keep: Vec<Py<KvMemory>>) -> Self {
-        Self { kv, state: Mutex::new(batch), keep: Mutex::new(keep) }
+        Self { kv, state: Mutex::new(batch), waited: Condvar::new(), keep: Mutex::new(keep) }
     }
 
     fn lock(&self) -> MutexGuard<'_, Batch> {
@@ -238,28 +245,54 @@ impl KvBatch {
     /// Waits (GIL released) until every item is final or `timeout` seconds
     /// pass; one ItemStatus per item. Items not final by then are
     /// "timeout" (final: the store releases them when the drives finish).
+    /// A thread that calls `wait` while another thread's wait runs waits
+    /// for that one and returns its result (or raises `tutti.TimeoutError`
+    /// if its own deadline passes first).
     #[pyo3(signature = (timeout = 5.0))]
     fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<Vec<ItemStatus>> {
         let timeout = seconds(timeout)?;
-        let batch = std::mem::replace(&mut *self.lock(), Batch::Waiting);
+        let deadline = Instant::now().checked_add(timeout);
         let kv = self.kv.clone();
-        let result = match batch {
-            Batch::Puts(p) => py.detach(move || kv.wait_put(p, timeout)),
-            Batch::Gets(GetBatch { pending, mems }) => py.detach(move || {
-                let r = kv.wait_get(pending, timeout);
-                drop(mems);
-                r
-            }),
-            Batch::Waiting => return Err(PyRuntimeError::new_err("another thread is waiting on this batch")),
-            Batch::Done(s) => {
-                *self.lock() = Batch::Done(s.clone());
-                return Ok(s);
+        let result = loop {
+            let mut st = self.lock();
+            match std::mem::replace(&mut *st, Batch::Waiting) {
+                Batch::Puts(p) => {
+                    drop(st);
+                    break py.detach(move || kv.wait_put(p, timeout));
+                }
+                Batch::Gets(GetBatch { pending, mems }) => {
+                    drop(st);
+                    break py.detach(move || {
+                        let r = kv.wait_get(pending, timeout);
+                        drop(mems);
+                        r
+                    });
+                }
+                Batch::Waiting => {
+                    drop(st);
+                    let busy = |b: &Batch| matches!(b, Batch::Waiting);
+                    if py.detach(|| wait_for_other(&self.state, &self.waited, busy, deadline)) {
+                        return Err(still_waited_on(py, "batch"));
+                    }
+                }
+                Batch::Done(s) => {
+                    *st = Batch::Done(s.clone());
+                    return Ok(s);
+                }
+                Batch::Failed(m) => {
+                    *st = Batch::Failed(m.clone());
+                    return Err(TuttiError::new_err(m));
+                }
             }
         };
-        let out = item_statuses(&result.py()?);
-        *self.lock() = Batch::Done(out.clone());
+        let out = result.map(|s| item_statuses(&s));
+        *self.lock() = match &out {
+            Ok(s) => Batch::Done(s.clone()),
+            Err(e) => Batch::Failed(format!("an earlier wait on this batch failed: {}", error_chain(e))),
+        };
+        self.waited.notify_all();
         self.release_memory(py);
-        Ok(out)
+        out.py()
     }
 
     /// Polls once without blocking: the statuses when every item is final
@@ -268,10 +301,20 @@ impl KvBatch {
         let mut st = self.lock();
         let batch = std::mem::replace(&mut *st, Batch::Waiting);
         let was_waiting = matches!(batch, Batch::Waiting);
-        *st = self.poll(batch)?;
-        let out = match &*st {
-            Batch::Done(s) if !was_waiting => Some(s.clone()),
-            _ => None,
+        let out = match self.poll(batch) {
+            Ok(next) => {
+                *st = next;
+                match &*st {
+                    Batch::Done(s) if !was_waiting => Some(s.clone()),
+                    Batch::Failed(m) => return Err(TuttiError::new_err(m.clone())),
+                    _ => None,
+                }
+            }
+            Err(e) => {
+                // The batch is gone: later calls raise this again.
+                *st = Batch::Failed(format!("an earlier poll of this batch failed: {e}"));
+                return Err(e);
+            }
         };
         drop(st);
         if out.is_some() {

@@ -176,6 +176,30 @@ def test_kv_memory_dropped_with_its_batch_in_flight_is_let_go_later():
         assert wait_until(released, 5.0), "never let go"
 
 
+def test_threads_waiting_on_one_batch_share_its_result():
+    import threading
+
+    yaml = one_drive_yaml(faults="- { op: write, action: { delay_us: 200000 } }")
+    with tutti.Runtime.from_yaml(yaml) as rt:
+        kv = tutti.KvStore.open(rt, "kv")
+        m = kv.register(pattern(BLOCK, seed=15))
+        batch = kv.put([(keys(1)[0], m, 0, BLOCK)])
+        results = []
+
+        def waiter():
+            try:
+                results.append([s.kind for s in batch.wait(timeout=5.0)])
+            except Exception as e:  # collected and asserted below
+                results.append(e)
+
+        threads = [threading.Thread(target=waiter) for _ in range(3)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert results == [["ok"]] * 3
+
+
 def test_store_opens_once_per_runtime_and_keeps_its_runtime(rt):
     kv = tutti.KvStore.open(rt, "kv")
     assert kv.runtime is rt and kv.key_size == 32

@@ -557,6 +557,34 @@ def test_threads_submit_and_wait_concurrently(rt):
     assert errors == []
 
 
+def test_threads_waiting_on_one_operation_share_its_result():
+    # A second concurrent wait used to raise RuntimeError("another thread
+    # is waiting on this operation"); it now waits for the first.
+    yaml = one_drive_yaml(faults="- { op: read, action: { delay_us: 300000 } }")
+    with tutti.Runtime.from_yaml(yaml) as rt:
+        t = rt.open("tutti://kv/0")
+        m = rt.register(np.zeros(4096, dtype=np.uint8))
+        op = rt.submit([tutti.read(t, 0, 4096, m)])
+        results = []
+
+        def waiter():
+            try:
+                results.append(op.wait(timeout=5.0))
+            except Exception as e:  # collected and asserted below
+                results.append(e)
+
+        threads = [threading.Thread(target=waiter) for _ in range(3)]
+        for th in threads:
+            th.start()
+        time.sleep(0.05)
+        with pytest.raises(tutti.TimeoutError, match="another thread"):
+            op.wait(timeout=0.01)  # the others' wait runs past this deadline
+        for th in threads:
+            th.join()
+        assert [[s.kind for s in r] for r in results] == [["success"]] * 3, results
+        assert all(r[0] is results[0][0] for r in results), "one result, shared"
+
+
 @pytest.mark.parametrize(
     "kwargs, where",
     [
