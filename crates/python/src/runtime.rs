@@ -499,7 +499,8 @@ impl PyRuntime {
 
 /// Benchmark helper: `iterations` rounds of submit + wait of `requests`
 /// done in Rust on `runtime` (GIL released); returns `(seconds in all,
-/// seconds inside submit)`. Raises if a request fails.
+/// seconds inside submit)`. Raises if a request fails, and, as `submit`
+/// does, for a read into read-only memory (before anything is submitted).
 #[pyfunction]
 pub fn _rust_roundtrip(
     py: Python<'_>,
@@ -507,6 +508,9 @@ pub fn _rust_roundtrip(
     requests: Vec<PyRef<'_, Request>>,
     iterations: u64,
 ) -> PyResult<(f64, f64)> {
+    if let Some(e) = runtime.get().precheck(py, &requests)? {
+        return Err(e);
+    }
     let reqs: Vec<tutti::Request> = requests.iter().map(|r| r.to_rust()).collect();
     let rt = runtime.get().rt.clone();
     let result = py.detach(move || -> Result<(f64, f64), String> {
