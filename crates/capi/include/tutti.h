@@ -280,7 +280,8 @@ const char *tutti_status_name(uint32_t status);
 //
 // `buf`: `len` writable bytes, or NULL when `len` is 0. Returns
 // `TUTTI_STATUS_BUFFER_TOO_SMALL` when the message and its NUL do not fit
-// (the buffer then holds its first `len - 1` bytes and a NUL),
+// (the buffer then holds as much of it as fits in `len - 1` bytes, cut at
+// a UTF-8 character boundary, and a NUL),
 // `TUTTI_STATUS_NULL_ARGUMENT` when `out_len` is NULL.
 tutti_status tutti_last_error_message(char *buf, size_t len, size_t *out_len);
 

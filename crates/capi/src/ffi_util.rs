@@ -170,8 +170,9 @@ impl<T> OutArray<T> {
 }
 
 /// Copies `text` into the caller's buffer `buf` of `len` bytes as a
-/// NUL-terminated string (truncated to `len - 1` bytes when it does not
-/// fit) and stores the full length of `text` in bytes (without the NUL) in
+/// NUL-terminated string (cut at a UTF-8 character boundary to at most
+/// `len - 1` bytes when it does not fit, so the cut text is still UTF-8)
+/// and stores the full length of `text` in bytes (without the NUL) in
 /// `written`. [`tutti_status::BufferTooSmall`] when it did not fit. `buf`
 /// may be NULL when `len` is 0 (a query of the length).
 pub(crate) fn copy_out_str(
@@ -189,7 +190,10 @@ pub(crate) fn copy_out_str(
     };
     written.write(text.len());
     let fits = text.len() < len;
-    let n = if fits { text.len() } else { len.saturating_sub(1) };
+    let mut n = if fits { text.len() } else { len.saturating_sub(1) };
+    while !text.is_char_boundary(n) {
+        n -= 1;
+    }
     for (i, b) in text.as_bytes()[..n].iter().enumerate() {
         buf.write(i, *b);
     }
@@ -256,6 +260,21 @@ mod tests {
         // But a NULL buffer with a length is refused.
         let r = copy_out_str("xy", std::ptr::null_mut(), 8, &mut n);
         assert_eq!(r.unwrap_err().status, tutti_status::NullArgument);
+    }
+
+    #[test]
+    fn copy_out_str_cuts_at_a_char_boundary() {
+        // "aé€" is 1 + 2 + 3 bytes; a cut inside "é" or "€" would leave
+        // invalid UTF-8 (the header promises UTF-8).
+        let mut n = 0usize;
+        let mut buf = [1 as c_char; 3];
+        let r = copy_out_str("aé€", buf.as_mut_ptr(), buf.len(), &mut n);
+        assert_eq!(r.unwrap_err().status, tutti_status::BufferTooSmall);
+        assert_eq!((n, buf.map(|c| c as u8)), (6, [b'a', 0, 1]));
+        let mut buf = [1 as c_char; 6];
+        let r = copy_out_str("aé€", buf.as_mut_ptr(), buf.len(), &mut n);
+        assert_eq!(r.unwrap_err().status, tutti_status::BufferTooSmall);
+        assert_eq!(buf.map(|c| c as u8), [b'a', 0xC3, 0xA9, 0, 1, 1]);
     }
 
     #[test]

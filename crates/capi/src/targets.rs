@@ -56,7 +56,7 @@ pub extern "C" fn tutti_open_batch(
         let statuses = out_array(out_statuses, n, "out_statuses")?;
         let mut first: Option<Fail> = None;
         for (i, &u) in uris.iter().enumerate() {
-            let r = c_str(u, "uris[i]").and_then(|u| rt.rt.open(u).map_err(Fail::from));
+            let r = c_str(u, "the URI").and_then(|u| rt.rt.open(u).map_err(Fail::from));
             match r {
                 Ok(t) => {
                     targets.write(i, t.to_u64());

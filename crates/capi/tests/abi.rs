@@ -494,3 +494,19 @@ fn threads_share_one_runtime() {
     assert!(stats.commands_completed >= 64, "{stats:?}");
     tutti_runtime_destroy(rt.0.cast_mut());
 }
+
+#[test]
+fn a_null_uri_in_a_batch_is_named_by_its_index() {
+    // The message said "uris[1]: uris[i] is NULL".
+    let rt = emulated();
+    let ptrs = [c"tutti://kv/0".as_ptr(), null()];
+    let mut targets = [7u64; 2];
+    let mut sts = [tutti_status::Panic; 2];
+    let st = tutti_open_batch(rt, ptrs.as_ptr(), 2, targets.as_mut_ptr(), sts.as_mut_ptr());
+    assert_eq!(st, tutti_status::NullArgument);
+    assert_eq!(last_error(), "uris[1]: the URI is NULL");
+    assert_eq!(sts, [tutti_status::Ok, tutti_status::NullArgument]);
+    assert_eq!(targets[1], 0);
+    assert_eq!(tutti_close(rt, targets[0]), tutti_status::Ok);
+    tutti_runtime_destroy(rt);
+}

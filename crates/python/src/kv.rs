@@ -2,18 +2,22 @@
 //! tutti-kv with keys as bytes, memory exported by Python objects, and
 //! per-item statuses.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
 
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
+use tutti::error_chain;
 use tutti_kv::{
     ChunkKeys as RsChunkKeys, Create, Get, Key, KeySize, KvMemory as RsKvMemory, KvStore as RsKvStore,
     OpenOptions, PendingGets, PendingPuts, Put, Value,
 };
 
-use crate::errors::{IntoPyResult, MemoryRegistrationError, TuttiError};
+use crate::deferred;
+use crate::errors::{HandleError, IntoPyResult, MemoryRegistrationError, TuttiError};
 use crate::memory::{describe, Export, Location};
+use crate::request::{still_waited_on, wait_for_other};
 use crate::runtime::{seconds, PyRuntime, RUNTIME_GPU};
 use crate::status::ItemStatus;
 
@@ -84,14 +88,18 @@ impl KvMemory {
 }
 
 impl Drop for KvMemory {
-    /// As `tutti.Memory`: unregistered here if still registered, or leaked
-    /// when the store refuses.
+    /// As `tutti.Memory`: unregistered here if still registered, or kept
+    /// alive until a later call finds the store done with it
+    /// (`deferred.rs`).
     fn drop(&mut self) {
         let export = self.export.get_mut().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(e) = export {
             match self.kv.unregister(*self.mem) {
                 Ok(()) => drop(e),
-                Err(_) => e.leak(),
+                Err(_) => {
+                    let (kv, mem) = (self.kv.clone(), *self.mem);
+                    deferred::defer(move || kv.unregister(mem).is_ok(), e);
+                }
             }
         }
     }
@@ -134,6 +142,8 @@ enum Batch {
     Gets(GetBatch),
     Waiting,
     Done(Vec<ItemStatus>),
+    /// A wait failed (the batch is gone): the error's text, raised again.
+    Failed(String),
 }
 
 /// Gets in flight and the registrations their `Value`s borrow.
@@ -172,6 +182,24 @@ impl GetBatch {
 pub struct KvBatch {
     kv: Arc<RsKvStore>,
     state: Mutex<Batch>,
+    /// Signalled when a thread's wait leaves `Batch::Waiting`.
+    waited: Condvar,
+    /// The `KvMemory` objects its items named, alive until it is final, so
+    /// a temporary registration (`kv.put([(k, kv.register(a), 0, n)])`) is
+    /// unregistered once the batch is done instead of being refused while
+    /// in flight and then kept forever.
+    keep: Mutex<Vec<Py<KvMemory>>>,
+}
+
+/// The distinct `KvMemory` objects of `items`, for their batch to keep.
+fn distinct_memory(items: &[Item<'_>]) -> Vec<Py<KvMemory>> {
+    let mut keep: Vec<Py<KvMemory>> = Vec::with_capacity(1);
+    for (_, m, _, _) in items {
+        if !keep.iter().any(|k| k.is(m)) {
+            keep.push(m.clone().unbind());
+        }
+    }
+    keep
 }
 
 fn item_statuses(v: &[tutti_kv::ItemStatus]) -> Vec<ItemStatus> {
@@ -179,8 +207,19 @@ fn item_statuses(v: &[tutti_kv::ItemStatus]) -> Vec<ItemStatus> {
 }
 
 impl KvBatch {
+    fn new(kv: Arc<RsKvStore>, batch: Batch, keep: Vec<Py<KvMemory>>) -> Self {
+        Self { kv, state: Mutex::new(batch), waited: Condvar::new(), keep: Mutex::new(keep) }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Batch> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lets go of the batch's `KvMemory` objects (it is final: the store no
+    /// longer uses their memory). Called with the GIL held.
+    fn release_memory(&self, py: Python<'_>) {
+        std::mem::take(&mut *self.keep.lock().unwrap_or_else(|p| p.into_inner()));
+        deferred::retry(py);
     }
 
     fn poll(&self, batch: Batch) -> PyResult<Batch> {
@@ -206,45 +245,87 @@ impl KvBatch {
     /// Waits (GIL released) until every item is final or `timeout` seconds
     /// pass; one ItemStatus per item. Items not final by then are
     /// "timeout" (final: the store releases them when the drives finish).
+    /// A thread that calls `wait` while another thread's wait runs waits
+    /// for that one and returns its result (or raises `tutti.TimeoutError`
+    /// if its own deadline passes first).
     #[pyo3(signature = (timeout = 5.0))]
     fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<Vec<ItemStatus>> {
         let timeout = seconds(timeout)?;
-        let batch = std::mem::replace(&mut *self.lock(), Batch::Waiting);
+        let deadline = Instant::now().checked_add(timeout);
         let kv = self.kv.clone();
-        let result = match batch {
-            Batch::Puts(p) => py.detach(move || kv.wait_put(p, timeout)),
-            Batch::Gets(GetBatch { pending, mems }) => py.detach(move || {
-                let r = kv.wait_get(pending, timeout);
-                drop(mems);
-                r
-            }),
-            Batch::Waiting => return Err(PyRuntimeError::new_err("another thread is waiting on this batch")),
-            Batch::Done(s) => {
-                *self.lock() = Batch::Done(s.clone());
-                return Ok(s);
+        let result = loop {
+            let mut st = self.lock();
+            match std::mem::replace(&mut *st, Batch::Waiting) {
+                Batch::Puts(p) => {
+                    drop(st);
+                    break py.detach(move || kv.wait_put(p, timeout));
+                }
+                Batch::Gets(GetBatch { pending, mems }) => {
+                    drop(st);
+                    break py.detach(move || {
+                        let r = kv.wait_get(pending, timeout);
+                        drop(mems);
+                        r
+                    });
+                }
+                Batch::Waiting => {
+                    drop(st);
+                    let busy = |b: &Batch| matches!(b, Batch::Waiting);
+                    if py.detach(|| wait_for_other(&self.state, &self.waited, busy, deadline)) {
+                        return Err(still_waited_on(py, "batch"));
+                    }
+                }
+                Batch::Done(s) => {
+                    *st = Batch::Done(s.clone());
+                    return Ok(s);
+                }
+                Batch::Failed(m) => {
+                    *st = Batch::Failed(m.clone());
+                    return Err(TuttiError::new_err(m));
+                }
             }
         };
-        let out = item_statuses(&result.py()?);
-        *self.lock() = Batch::Done(out.clone());
-        Ok(out)
+        let out = result.map(|s| item_statuses(&s));
+        *self.lock() = match &out {
+            Ok(s) => Batch::Done(s.clone()),
+            Err(e) => Batch::Failed(format!("an earlier wait on this batch failed: {}", error_chain(e))),
+        };
+        self.waited.notify_all();
+        self.release_memory(py);
+        out.py()
     }
 
     /// Polls once without blocking: the statuses when every item is final
     /// (kept), else None.
-    fn try_wait(&self) -> PyResult<Option<Vec<ItemStatus>>> {
+    fn try_wait(&self, py: Python<'_>) -> PyResult<Option<Vec<ItemStatus>>> {
         let mut st = self.lock();
         let batch = std::mem::replace(&mut *st, Batch::Waiting);
         let was_waiting = matches!(batch, Batch::Waiting);
-        *st = self.poll(batch)?;
-        Ok(match &*st {
-            Batch::Done(s) if !was_waiting => Some(s.clone()),
-            _ => None,
-        })
+        let out = match self.poll(batch) {
+            Ok(next) => {
+                *st = next;
+                match &*st {
+                    Batch::Done(s) if !was_waiting => Some(s.clone()),
+                    Batch::Failed(m) => return Err(TuttiError::new_err(m.clone())),
+                    _ => None,
+                }
+            }
+            Err(e) => {
+                // The batch is gone: later calls raise this again.
+                *st = Batch::Failed(format!("an earlier poll of this batch failed: {e}"));
+                return Err(e);
+            }
+        };
+        drop(st);
+        if out.is_some() {
+            self.release_memory(py);
+        }
+        Ok(out)
     }
 
     /// Whether every item is final (polls once; the statuses are kept).
-    fn done(&self) -> PyResult<bool> {
-        Ok(self.try_wait()?.is_some())
+    fn done(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.try_wait(py)?.is_some())
     }
 }
 
@@ -299,6 +380,7 @@ impl KvStore {
     /// Registers `obj`'s memory for values (the objects `Runtime.register`
     /// takes); returns a `KvMemory`.
     fn register(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<KvMemory> {
+        deferred::retry(py);
         let export = Export::from_object(obj)?;
         if export.location == Location::Gpu {
             Export::check_gpu_device(obj, RUNTIME_GPU)?;
@@ -308,8 +390,8 @@ impl KvStore {
         let mem = py
             .detach(move || match location {
                 // SAFETY: `export` keeps the memory allocated and in place
-                // until `unregister` succeeds (or forever, when a dropped
-                // KvMemory cannot be unregistered); Python code must not
+                // until `unregister` succeeds (a dropped KvMemory the store
+                // refuses to let go waits in `deferred.rs`); Python code must not
                 // touch it while a put or get on it runs (documented).
                 Location::Host => unsafe { kv.register_host(ptr as usize as *mut u8, len) },
                 // SAFETY: as above, for a device pointer of the runtime's GPU.
@@ -326,15 +408,17 @@ impl KvStore {
 
     /// Unregisters memory and lets go of its object. Raises
     /// `tutti.MemoryRegistrationError` while a put or get not yet waited on
-    /// uses it, or for memory of another store.
+    /// uses it, or for memory of another store, and `tutti.HandleError`
+    /// for memory already unregistered.
     fn unregister(&self, py: Python<'_>, memory: &Bound<'_, KvMemory>) -> PyResult<()> {
+        deferred::retry(py);
         let m = memory.get();
         if !Arc::ptr_eq(&m.kv, &self.kv) {
             return Err(MemoryRegistrationError::new_err("memory registered with another store"));
         }
         let mut export = m.export();
         if export.is_none() {
-            return Err(TuttiError::new_err("memory is already unregistered"));
+            return Err(HandleError::new_err("memory is already unregistered"));
         }
         self.kv.unregister(*m.mem).py()?;
         if let Some(e) = export.take() {
@@ -347,7 +431,9 @@ impl KvStore {
     /// bytes at byte `offset` of a `KvMemory` stored under `key`. Returns a
     /// `KvBatch`; nothing is durable or visible until its status is "ok".
     fn put(&self, py: Python<'_>, items: Vec<Item<'_>>) -> PyResult<KvBatch> {
+        deferred::retry(py);
         let parsed = parse_items(&self.kv, &items, false)?;
+        let keep = distinct_memory(&items);
         let kv = self.kv.clone();
         let pending = py.detach(move || {
             let puts: Vec<Put<'_>> = parsed
@@ -356,7 +442,7 @@ impl KvStore {
                 .collect();
             kv.put(&puts)
         });
-        Ok(KvBatch { kv: self.kv.clone(), state: Mutex::new(Batch::Puts(pending.py()?)) })
+        Ok(KvBatch::new(self.kv.clone(), Batch::Puts(pending.py()?), keep))
     }
 
     /// Starts loading `items`, each `(key, memory, offset, length)`: the
@@ -364,10 +450,11 @@ impl KvStore {
     /// `length` bytes (at least the object's length rounded up to the
     /// logical block size). Returns a `KvBatch` whose statuses are "hit"
     /// (with `.length`), "miss", "checksum_mismatch"...
-    fn get(&self, items: Vec<Item<'_>>) -> PyResult<KvBatch> {
+    fn get(&self, py: Python<'_>, items: Vec<Item<'_>>) -> PyResult<KvBatch> {
+        deferred::retry(py);
         let parsed = parse_items(&self.kv, &items, true)?;
         let batch = GetBatch::start(&self.kv, parsed)?;
-        Ok(KvBatch { kv: self.kv.clone(), state: Mutex::new(Batch::Gets(batch)) })
+        Ok(KvBatch::new(self.kv.clone(), Batch::Gets(batch), distinct_memory(&items)))
     }
 
     /// `put(items).wait(timeout)`.
@@ -379,7 +466,7 @@ impl KvStore {
     /// `get(items).wait(timeout)`.
     #[pyo3(signature = (items, timeout = 5.0))]
     fn get_sync(&self, py: Python<'_>, items: Vec<Item<'_>>, timeout: f64) -> PyResult<Vec<ItemStatus>> {
-        self.get(items)?.wait(py, timeout)
+        self.get(py, items)?.wait(py, timeout)
     }
 
     /// For each key, whether the store holds an object of it.

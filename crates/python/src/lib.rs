@@ -14,6 +14,7 @@
 // build for Python 3.9 does not wrap. Each block states why it is sound.
 #![allow(unsafe_code)]
 
+mod deferred;
 mod errors;
 mod ffi;
 mod kv;

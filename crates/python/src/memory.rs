@@ -82,6 +82,20 @@ fn c_contiguous(shape: &[i64], strides: &[i64], itemsize: i64) -> bool {
     true
 }
 
+/// Whether a PEP 3118 struct format has an 'O' (object pointer) code;
+/// field names (`:name:`, as in `T{i:a:O:b:}`) are skipped.
+fn format_has_objects(format: &[u8]) -> bool {
+    let mut in_name = false;
+    for &c in format {
+        match c {
+            b':' => in_name = !in_name,
+            b'O' if !in_name => return true,
+            _ => {}
+        }
+    }
+    false
+}
+
 /// Product of `shape` times `itemsize`, bytes; `None` on overflow or a
 /// negative extent.
 fn byte_len(shape: &[i64], itemsize: i64) -> Option<usize> {
@@ -170,12 +184,29 @@ impl Export {
             hold: Hold::Buffer(view),
         };
         if let Hold::Buffer(v) = &export.hold {
+            // `export` is dropped on each refusal, releasing the view.
             if !Self::buffer_contiguous(v) {
-                // `export` is dropped here, releasing the view.
                 return Err(refuse("the buffer is not C-contiguous (e.g. a strided slice a[::2]); register a contiguous array (np.ascontiguousarray)"));
+            }
+            if Self::holds_objects(v) {
+                return Err(refuse("the buffer holds Python object pointers (dtype=object, struct format 'O'): bytes read into it would be dereferenced as objects; register an array of plain numbers"));
             }
         }
         Ok(Ok(export))
+    }
+
+    /// Whether the items are `PyObject *` (format code 'O', e.g. a numpy
+    /// array of dtype=object or a structured dtype with an object field):
+    /// a read into them would plant forged object pointers.
+    fn holds_objects(v: &PyBuffer) -> bool {
+        if v.format.is_null() {
+            return false;
+        }
+        // SAFETY: a filled Py_buffer requested with PyBUF_FORMAT has a
+        // NUL-terminated format string (or NULL: "B"), valid while the view
+        // is held.
+        let format = unsafe { std::ffi::CStr::from_ptr(v.format) }.to_bytes();
+        format_has_objects(format)
     }
 
     fn buffer_contiguous(v: &PyBuffer) -> bool {
@@ -310,12 +341,6 @@ impl Export {
             }
         }
         self.owner = None;
-    }
-
-    /// Keeps the memory alive forever: used when a registration cannot be
-    /// ended (a drive may still access the memory).
-    pub fn leak(self) {
-        std::mem::forget(self);
     }
 }
 

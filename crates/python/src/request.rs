@@ -1,14 +1,15 @@
 //! Requests (`tutti.read`, `tutti.write`, `tutti.flush`) and operations
 //! (`tutti.Operation`: `wait`, `done`, `try_wait`).
 
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use tutti::{Direction, MemoryHandle, OpHandle, Runtime, TargetHandle};
 
-use crate::errors::IntoPyResult;
+use crate::deferred;
+use crate::errors::{timeout_error_type, IntoPyResult};
 use crate::runtime::Memory;
 use crate::status::Status;
 
@@ -146,6 +147,9 @@ pub struct Operation {
     /// Statuses of requests refused at submit, by index (merged in).
     refused: Vec<Option<Status>>,
     state: Mutex<OpState>,
+    /// Signalled when a thread's wait leaves `OpState::Waiting`, for the
+    /// threads that wait on the same operation at the same time.
+    waited: Condvar,
     /// The `Memory` objects its requests named, alive until it is final.
     keep: Mutex<Vec<Py<Memory>>>,
 }
@@ -169,7 +173,7 @@ impl Operation {
                 (OpState::Done(done), Vec::new())
             }
         };
-        Ok(Self { rt, refused, state: Mutex::new(state), keep: Mutex::new(keep) })
+        Ok(Self { rt, refused, state: Mutex::new(state), waited: Condvar::new(), keep: Mutex::new(keep) })
     }
 
     fn lock(&self) -> MutexGuard<'_, OpState> {
@@ -198,8 +202,37 @@ fn clone_all(py: Python<'_>, v: &[Py<Status>]) -> Vec<Py<Status>> {
     v.iter().map(|s| s.clone_ref(py)).collect()
 }
 
-fn busy() -> PyErr {
-    PyRuntimeError::new_err("another thread is waiting on this operation")
+/// Blocks (call it with the GIL released) while `busy(state)` (another
+/// thread's wait runs) until `waited` is signalled or `deadline` passes;
+/// true when the other wait still runs at the deadline.
+pub fn wait_for_other<T>(
+    state: &Mutex<T>,
+    waited: &Condvar,
+    busy: impl Fn(&T) -> bool,
+    deadline: Option<Instant>,
+) -> bool {
+    let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+    while busy(&st) {
+        let Some(left) = deadline.map(|d| d.saturating_duration_since(Instant::now())) else {
+            st = waited.wait(st).unwrap_or_else(|p| p.into_inner());
+            continue;
+        };
+        if left.is_zero() {
+            return true;
+        }
+        st = waited.wait_timeout(st, left).unwrap_or_else(|p| p.into_inner()).0;
+    }
+    false
+}
+
+/// `tutti.TimeoutError` for a wait whose deadline passed while another
+/// thread's wait on the same `what` still ran.
+pub fn still_waited_on(py: Python<'_>, what: &str) -> PyErr {
+    let msg = format!("the deadline passed while another thread's wait on this {what} was still running");
+    match timeout_error_type(py) {
+        Ok(t) => PyErr::from_type(t.clone(), msg),
+        Err(e) => e,
+    }
 }
 
 #[pymethods]
@@ -208,17 +241,27 @@ impl Operation {
     /// `timeout` seconds pass, and returns one Status per request, in the
     /// batch's order. Requests not final by then are Status "timeout": the
     /// deadline is final (the runtime keeps their memory busy until the
-    /// drive completes them). Raises `tutti.HandleError` if the runtime no
-    /// longer knows the operation.
+    /// drive completes them). A thread that calls `wait` while another
+    /// thread's wait runs waits for that one and returns its result (or
+    /// raises `tutti.TimeoutError` if its own deadline passes first).
+    /// Raises `tutti.HandleError` if the runtime no longer knows the
+    /// operation.
     #[pyo3(signature = (timeout = 5.0))]
     fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<Vec<Py<Status>>> {
         let timeout =
             Duration::try_from_secs_f64(timeout).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let op = {
+        let deadline = Instant::now().checked_add(timeout);
+        let op = loop {
             let mut st = self.lock();
             match std::mem::replace(&mut *st, OpState::Waiting) {
-                OpState::Pending(op) => op,
-                OpState::Waiting => return Err(busy()),
+                OpState::Pending(op) => break op,
+                OpState::Waiting => {
+                    drop(st);
+                    let busy = |s: &OpState| matches!(s, OpState::Waiting);
+                    if py.detach(|| wait_for_other(&self.state, &self.waited, busy, deadline)) {
+                        return Err(still_waited_on(py, "operation"));
+                    }
+                }
                 OpState::Done(s) => {
                     *st = OpState::Done(clone_all(py, &s));
                     return Ok(s);
@@ -230,12 +273,21 @@ impl Operation {
         let mut st = self.lock();
         match result {
             Ok(statuses) => {
-                let out = self.finish(py, &statuses)?;
-                *st = OpState::Done(clone_all(py, &out));
-                Ok(out)
+                let out = self.finish(py, &statuses);
+                *st = match &out {
+                    Ok(out) => OpState::Done(clone_all(py, out)),
+                    // Only a failed allocation of a Status object gets here.
+                    Err(_) => OpState::Done(Vec::new()),
+                };
+                drop(st);
+                self.waited.notify_all();
+                deferred::retry(py);
+                out
             }
             Err(e) => {
                 *st = OpState::Pending(op);
+                drop(st);
+                self.waited.notify_all();
                 Err(e).py()
             }
         }
@@ -254,6 +306,8 @@ impl Operation {
             Some(statuses) => {
                 let out = self.finish(py, &statuses)?;
                 *st = OpState::Done(clone_all(py, &out));
+                drop(st);
+                deferred::retry(py);
                 Ok(Some(out))
             }
             None => Ok(None),

@@ -8,15 +8,20 @@ use std::time::{Duration, Instant};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use tutti::config::MAX_STRIPE_DRIVES;
 use tutti::{error_chain, Config, MemoryHandle, OpHandle, Runtime, TargetHandle};
 
-use crate::errors::{runtime_error_with, ConfigError, IntoPyResult, RequestError, TuttiError};
+use crate::deferred;
+use crate::errors::{runtime_error_with, ConfigError, HandleError, IntoPyResult, RequestError, TuttiError};
 use crate::memory::{describe, Export, Location};
 use crate::request::{Operation, Request};
 use crate::status::Status;
 
 /// The GPU the runtime drives (`gpu-io` opens ordinal 0).
 pub const RUNTIME_GPU: i64 = 0;
+
+/// The longest shutdown drain bound (2^32 s, about 136 years).
+pub const MAX_DRAIN: Duration = Duration::from_secs(1 << 32);
 
 /// Seconds as a `Duration`, or `ValueError`.
 pub fn seconds(s: f64) -> PyResult<Duration> {
@@ -96,13 +101,17 @@ impl Memory {
 impl Drop for Memory {
     /// A registration dropped without `unregister` is ended here; if the
     /// runtime refuses (an operation may still use it), the memory is kept
-    /// alive for good rather than freed under a drive.
+    /// alive until a later call finds the drives done with it
+    /// (`deferred.rs`), rather than freed under a drive.
     fn drop(&mut self) {
         let export = self.export.get_mut().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(e) = export {
             match self.rt.unregister_memory(self.handle) {
                 Ok(()) => drop(e),
-                Err(_) => e.leak(),
+                Err(_) => {
+                    let (rt, handle) = (self.rt.clone(), self.handle);
+                    deferred::defer(move || rt.unregister_memory(handle).is_ok(), e);
+                }
             }
         }
     }
@@ -242,10 +251,19 @@ impl PyRuntime {
 
     /// A runtime over `drives` emulated RAM drives of `drive_bytes` bytes
     /// each, striped into one store "kv" whose `slab` resolver cuts it into
-    /// slots of `slot_bytes` bytes (`tutti://kv/<slot>`).
+    /// slots of `slot_bytes` bytes (`tutti://kv/<slot>`). `drives` is 1 to
+    /// 4; raises `tutti.ConfigError` for other values or sizes that are not
+    /// non-zero multiples of 4096 bytes.
     #[staticmethod]
     #[pyo3(signature = (drives = 4, drive_bytes = 256 << 20, slot_bytes = 1 << 20))]
     fn emulated(py: Python<'_>, drives: usize, drive_bytes: u64, slot_bytes: u64) -> PyResult<Self> {
+        // Checked first: the config builder makes one entry per drive, so a
+        // huge count would exhaust memory (or overflow) before validation.
+        if drives == 0 || drives > MAX_STRIPE_DRIVES {
+            return Err(ConfigError::new_err(format!(
+                "drives is {drives}: an emulated runtime has 1 to {MAX_STRIPE_DRIVES} drives"
+            )));
+        }
         Self::build(py, Config::builtin_striped_ram(drives, drive_bytes, slot_bytes))
     }
 
@@ -304,6 +322,7 @@ impl PyRuntime {
     /// `execution: gpu`. Raises `tutti.MemoryRegistrationError` for a
     /// non-contiguous or unsupported object, or a GPU array on another GPU.
     fn register(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Memory> {
+        deferred::retry(py);
         let export = Export::from_object(obj)?;
         if export.location == Location::Gpu {
             Export::check_gpu_device(obj, RUNTIME_GPU)?;
@@ -315,8 +334,9 @@ impl PyRuntime {
                 // SAFETY: `export` keeps the memory allocated and in place
                 // (a strong reference to the exporter and its buffer view
                 // or DLPack tensor) until `unregister` succeeds; a Memory
-                // dropped while the runtime refuses to let it go leaks the
-                // export instead of freeing it. Python code must not touch
+                // dropped while the runtime refuses to let it go hands the
+                // export to `deferred.rs`, which keeps it until a retried
+                // unregister succeeds. Python code must not touch
                 // the bytes while an operation on them runs (documented).
                 Location::Host => unsafe { rt.register_memory(ptr as usize as *mut u8, len) },
                 // SAFETY: as above, for a device pointer of the runtime's
@@ -343,10 +363,11 @@ impl PyRuntime {
     /// `tutti.HandleError` for memory of another runtime or already
     /// unregistered.
     fn unregister(&self, py: Python<'_>, memory: &Bound<'_, Memory>) -> PyResult<()> {
+        deferred::retry(py);
         let m = memory.get();
         let mut export = m.export();
         if export.is_none() {
-            return Err(TuttiError::new_err(format!(
+            return Err(HandleError::new_err(format!(
                 "memory {:#x} is already unregistered",
                 m.handle.to_u64()
             )));
@@ -371,6 +392,7 @@ impl PyRuntime {
     /// is the Operation of the accepted requests (wait on it), or None. A
     /// read into read-only memory is caught before anything is submitted.
     fn submit(&self, py: Python<'_>, requests: Vec<PyRef<'_, Request>>) -> PyResult<Operation> {
+        deferred::retry(py);
         if let Some(e) = self.precheck(py, &requests)? {
             return Err(e);
         }
@@ -407,13 +429,18 @@ impl PyRuntime {
     }
 
     /// Orderly shutdown: stops accepting work, drains operations for up to
-    /// `drain` seconds, deletes the queues and shuts the controllers down.
+    /// `drain` seconds (at most 2^32, about 136 years), deletes the queues
+    /// and shuts the controllers down.
     /// A second call returns an empty report.
     #[pyo3(signature = (drain = 5.0))]
     fn shutdown(&self, py: Python<'_>, drain: f64) -> PyResult<ShutdownReport> {
-        let drain = seconds(drain)?;
+        // Capped: the runtime adds it to `Instant::now()`, which panics on
+        // overflow after marking the runtime shut down (the drives were
+        // then never shut down).
+        let drain = seconds(drain)?.min(MAX_DRAIN);
         let rt = self.rt.clone();
         let r = py.detach(move || rt.shutdown(drain));
+        deferred::retry(py);
         Ok(ShutdownReport {
             ops_in_flight: r.ops_in_flight,
             commands_in_flight: r.commands_in_flight,
@@ -472,7 +499,8 @@ impl PyRuntime {
 
 /// Benchmark helper: `iterations` rounds of submit + wait of `requests`
 /// done in Rust on `runtime` (GIL released); returns `(seconds in all,
-/// seconds inside submit)`. Raises if a request fails.
+/// seconds inside submit)`. Raises if a request fails, and, as `submit`
+/// does, for a read into read-only memory (before anything is submitted).
 #[pyfunction]
 pub fn _rust_roundtrip(
     py: Python<'_>,
@@ -480,6 +508,9 @@ pub fn _rust_roundtrip(
     requests: Vec<PyRef<'_, Request>>,
     iterations: u64,
 ) -> PyResult<(f64, f64)> {
+    if let Some(e) = runtime.get().precheck(py, &requests)? {
+        return Err(e);
+    }
     let reqs: Vec<tutti::Request> = requests.iter().map(|r| r.to_rust()).collect();
     let rt = runtime.get().rt.clone();
     let result = py.detach(move || -> Result<(f64, f64), String> {

@@ -113,10 +113,91 @@ def test_memory_in_use_cannot_be_unregistered(kv):
         kv.unregister(m)
     assert batch.wait()[0].ok
     kv.unregister(m)
-    with pytest.raises(tutti.TuttiError, match="already unregistered"):
+    with pytest.raises(tutti.HandleError, match="already unregistered"):
         kv.unregister(m)
     with pytest.raises(tutti.MemoryRegistrationError):
         kv.put([(keys(1)[0], m, 0, BLOCK)])
+
+
+def test_a_temporary_registration_lives_until_its_batch_is_final(kv):
+    # Memory registered inline is kept by its batch, then unregistered and
+    # let go once the batch is final (it used to be refused while in flight
+    # and kept alive, registered, for good).
+    import gc
+    import weakref
+
+    k = keys(1)[0]
+    src = pattern(BLOCK, seed=13)
+    gone = weakref.ref(src)
+    batch = kv.put([(k, kv.register(src), 0, BLOCK)])
+    del src
+    gc.collect()
+    assert gone() is not None, "the batch keeps the memory alive while in flight"
+    assert [s.kind for s in batch.wait()] == ["ok"]
+    gc.collect()
+    assert gone() is None, "a final batch lets its temporary registration go"
+    dst = poisoned(BLOCK)
+    gone = weakref.ref(dst)
+    got = kv.get([(k, kv.register(dst), 0, BLOCK)])
+    while not got.done():
+        pass
+    assert np.array_equal(dst, pattern(BLOCK, seed=13))
+    del dst
+    gc.collect()
+    assert gone() is None
+
+
+def test_kv_memory_dropped_with_its_batch_in_flight_is_let_go_later():
+    # The batch is dropped unwaited while its write is delayed: the store
+    # refuses to unregister the memory then; a later call does it once the
+    # drive is done, and the array is freed (it used to be kept for good).
+    import gc
+    import weakref
+
+    from conftest import wait_until
+
+    yaml = one_drive_yaml(faults="- { op: write, action: { delay_us: 100000 } }")
+    with tutti.Runtime.from_yaml(yaml) as rt:
+        kv = tutti.KvStore.open(rt, "kv")
+        k = keys(1)[0]
+        src = pattern(BLOCK, seed=14)
+        gone = weakref.ref(src)
+        batch = kv.put([(k, kv.register(src), 0, BLOCK)])
+        del batch, src
+        gc.collect()
+        assert gone() is not None, "kept alive while the drive may read it"
+
+        def released():
+            kv.contains([k])
+            kv.register(np.zeros(4096, dtype=np.uint8))
+            gc.collect()
+            return gone() is None
+
+        assert wait_until(released, 5.0), "never let go"
+
+
+def test_threads_waiting_on_one_batch_share_its_result():
+    import threading
+
+    yaml = one_drive_yaml(faults="- { op: write, action: { delay_us: 200000 } }")
+    with tutti.Runtime.from_yaml(yaml) as rt:
+        kv = tutti.KvStore.open(rt, "kv")
+        m = kv.register(pattern(BLOCK, seed=15))
+        batch = kv.put([(keys(1)[0], m, 0, BLOCK)])
+        results = []
+
+        def waiter():
+            try:
+                results.append([s.kind for s in batch.wait(timeout=5.0)])
+            except Exception as e:  # collected and asserted below
+                results.append(e)
+
+        threads = [threading.Thread(target=waiter) for _ in range(3)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert results == [["ok"]] * 3
 
 
 def test_store_opens_once_per_runtime_and_keeps_its_runtime(rt):

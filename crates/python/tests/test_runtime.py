@@ -76,6 +76,24 @@ def test_non_contiguous_array_is_refused(rt):
         rt.register(np.zeros((64, 64), dtype=np.uint8).T)
 
 
+def test_buffers_of_object_pointers_are_refused(rt):
+    # Reading a drive's bytes into PyObject pointers would make Python
+    # dereference forged pointers (a segfault on the next a[0]).
+    objs = np.empty(512, dtype=object)
+    objs[:] = [object() for _ in range(512)]
+    with pytest.raises(tutti.MemoryRegistrationError, match="object pointers"):
+        rt.register(objs)
+    with_object_field = np.zeros(4, dtype=[("Oa", np.int32), ("b", object)])
+    with pytest.raises(tutti.MemoryRegistrationError, match="object pointers"):
+        rt.register(with_object_field)
+    # A field merely named with an O is plain data.
+    plain = np.zeros(1024, dtype=[("Oa", np.int32), ("b", np.float64)])
+    assert rt.register(plain).nbytes == 1024 * 12
+    kv = tutti.KvStore.open(rt, "kv")
+    with pytest.raises(tutti.MemoryRegistrationError, match="object pointers"):
+        kv.register(objs)
+
+
 def test_unsupported_object_is_refused(rt):
     with pytest.raises(tutti.MemoryRegistrationError, match="cannot register a int"):
         rt.register(42)
@@ -98,6 +116,12 @@ def test_read_only_buffer_can_be_written_but_not_read_into(rt):
     assert rt.stats()["commands_submitted"] == before, "nothing may be submitted"
     # Read-only bytes objects register too.
     assert rt.register(bytes(4096)).readonly
+    # The benchmark helper checks it too (it wrote into the bytes object).
+    frozen = bytes(4096)
+    mf = rt.register(frozen)
+    with pytest.raises(tutti.RequestError, match="read-only"):
+        tutti._tutti._rust_roundtrip(rt, [tutti.read(t, 0, 4096, mf)], 1)
+    assert frozen == bytes(4096), "an immutable object was written"
 
 
 def test_handle_from_another_runtime_is_foreign(rt):
@@ -139,7 +163,9 @@ def test_freed_registration_is_refused(rt):
     with pytest.raises(tutti.RequestError, match="memory") as e:
         rt.submit([tutti.write(t, 0, 4096, m)])
     assert "stale" in e.value.statuses[0].message
-    with pytest.raises(tutti.TuttiError, match="already unregistered"):
+    # HandleError, as Runtime.unregister's docstring says (it was the base
+    # TuttiError).
+    with pytest.raises(tutti.HandleError, match="already unregistered"):
         rt.unregister(m)
 
 
@@ -346,6 +372,18 @@ def test_shutdown_and_context_manager():
     assert report.clean and [d for d, _ in report.drives] == ["d0", "d1"]
 
 
+def test_a_huge_shutdown_drain_is_capped_not_a_panic():
+    # 1e19 s overflowed the runtime's Instant::now() + drain: PanicException,
+    # with the runtime marked shut down and its drives never shut down.
+    rt = tutti.Runtime.emulated(drives=2, drive_bytes=16 * MiB)
+    t = rt.open("tutti://kv/1")
+    m = rt.register(pattern(MiB, seed=21))
+    op = rt.submit([tutti.write(t, 0, MiB, m)])
+    report = rt.shutdown(drain=1e19)
+    assert report.clean and [d for d, _ in report.drives] == ["d0", "d1"]
+    assert op.wait()[0].ok, "drained, not cut short"
+
+
 def test_stats_count_commands(rt):
     t = rt.open("tutti://kv/0")
     m = rt.register(np.zeros(SLOT, dtype=np.uint8))
@@ -387,6 +425,33 @@ def test_dropping_a_pending_operation_and_memory_is_safe():
         del m  # still busy: kept alive rather than freed under the drive
         m2 = rt.register(np.zeros(4096, dtype=np.uint8))
         assert rt.submit([tutti.write(t, 0, 4096, m2)]).wait()[0].ok
+
+
+@pytest.mark.parametrize("how", ["dropped", "timed_out"])
+def test_memory_dropped_while_busy_is_let_go_once_the_drive_is_done(how):
+    # A Memory dropped while a drive may still write it is kept alive, but
+    # only until then: a later call unregisters it and releases the object
+    # (it used to stay registered, and the array alive, for good).
+    import weakref
+
+    yaml = one_drive_yaml(faults="- { op: read, action: { delay_us: 100000 } }")
+    with tutti.Runtime.from_yaml(yaml) as rt:
+        t = rt.open("tutti://kv/0")
+        buf = np.zeros(4096, dtype=np.uint8)
+        gone = weakref.ref(buf)
+        op = rt.submit([tutti.read(t, 0, 4096, rt.register(buf))])
+        if how == "timed_out":
+            assert op.wait(timeout=0.001)[0].kind == "timeout"
+        del op, buf
+        gc.collect()
+        assert gone() is not None, "kept alive while the drive may write it"
+
+        def released():
+            rt.submit([tutti.flush(t)]).wait()
+            gc.collect()
+            return gone() is None
+
+        assert wait_until(released, 5.0), "never let go"
 
 
 def test_a_temporary_registration_lives_until_its_operation_is_final():
@@ -500,11 +565,43 @@ def test_threads_submit_and_wait_concurrently(rt):
     assert errors == []
 
 
+def test_threads_waiting_on_one_operation_share_its_result():
+    # A second concurrent wait used to raise RuntimeError("another thread
+    # is waiting on this operation"); it now waits for the first.
+    yaml = one_drive_yaml(faults="- { op: read, action: { delay_us: 300000 } }")
+    with tutti.Runtime.from_yaml(yaml) as rt:
+        t = rt.open("tutti://kv/0")
+        m = rt.register(np.zeros(4096, dtype=np.uint8))
+        op = rt.submit([tutti.read(t, 0, 4096, m)])
+        results = []
+
+        def waiter():
+            try:
+                results.append(op.wait(timeout=5.0))
+            except Exception as e:  # collected and asserted below
+                results.append(e)
+
+        threads = [threading.Thread(target=waiter) for _ in range(3)]
+        for th in threads:
+            th.start()
+        time.sleep(0.05)
+        with pytest.raises(tutti.TimeoutError, match="another thread"):
+            op.wait(timeout=0.01)  # the others' wait runs past this deadline
+        for th in threads:
+            th.join()
+        assert [[s.kind for s in r] for r in results] == [["success"]] * 3, results
+        assert all(r[0] is results[0][0] for r in results), "one result, shared"
+
+
 @pytest.mark.parametrize(
     "kwargs, where",
     [
-        ({"drives": 0}, "2 to 4 drives"),
-        ({"drives": 5}, "2 to 4 drives"),
+        ({"drives": 0}, "1 to 4 drives"),
+        ({"drives": 5}, "1 to 4 drives"),
+        # Refused before a config entry is made per drive: these used to
+        # abort the process (allocation failure) or raise PanicException.
+        ({"drives": 1 << 40}, "1 to 4 drives"),
+        ({"drives": 1 << 62}, "1 to 4 drives"),
         ({"drive_bytes": 1000}, "capacity"),
         ({"slot_bytes": 100}, "slot_size"),
     ],
