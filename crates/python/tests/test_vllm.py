@@ -302,7 +302,8 @@ def test_second_request_loads_bit_identical_blocks(form):
     with the same 3-chunk prefix is offered exactly those 48 tokens, and
     after the load its blocks hold A's bytes in every layer (each layer
     already when wait_for_layer_load returns); nothing else is written and
-    no load error is reported. A prompt that is entirely cached is offered
+    no load error is reported; layer l + 1's reads are issued before layer l
+    computes, layer l + 2's not. A prompt that is entirely cached is offered
     one chunk less (vLLM must compute its last token)."""
     caches = make_caches(form, rand_fill(1))
     ta, tb = tables()
@@ -329,6 +330,9 @@ def test_second_request_loads_bit_identical_blocks(form):
         seen: List[int] = []
 
         def check_layer(layer: int) -> None:
+            if layer + 1 < LAYERS:  # layer l + 1's reads are in flight while l computes, l + 2's not yet
+                started = eng.worker._worker._loads[0].started
+                assert started == set(range(layer + 2)), (layer, started)
             for j in range(3 * BPC):
                 assert np.array_equal(block(form, caches[layer], tb[j]), block(form, caches[layer], ta[j]))
             seen.append(layer)
