@@ -618,3 +618,70 @@ def test_load_spec_rejects_short_tables():
     ok.update_state_after_alloc(r, KVCacheBlocks(list(range(5))), 2 * CT)
     meta = ok.build_connector_meta(SchedulerOutput([NewRequestData("R", r.prompt_token_ids, (list(range(5)),), 2 * CT)], num_scheduled_tokens={"R": 1}))
     assert meta.loads == [LoadSpec("R", r.prompt_token_ids[: 2 * CT], list(range(5)), 0, 2 * CT)]
+
+
+# CUDA torch tensors (GPU machine only; skipped without torch and a GPU) ----
+
+GPU_YAML = """
+drives:
+  d0: { emulated: { namespaces: [{ capacity: 64MiB, block_size: 4096 }] } }
+  d1: { emulated: { namespaces: [{ capacity: 64MiB, block_size: 4096 }] } }
+resolvers:
+  kv: { slab: { slot_size: 64KiB } }
+datapaths:
+  stripe:
+    striped_local_nvme: { drives: [d0, d1], nsid: 1, stripe_unit: 128KiB, queues_per_drive: 2, queue_depth: 256, execution: gpu }
+stores:
+  kv: { resolver: kv, datapath: stripe }
+"""
+
+
+@pytest.mark.parametrize("form", ["flash_attn", "flash_attn_hnd"])
+def test_torch_cuda_kv_caches_load_bit_identical(form):
+    """The same flow with vLLM-like CUDA tensors (bf16, 16-token blocks of 2
+    heads x 128: 8 KiB pieces; NHD and HND memory orders) on a GPU-executed
+    datapath: B's blocks equal A's (torch.equal) in every layer, nothing
+    else written, no load error."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    import tutti
+
+    bs, ct, h, d = 16, 32, 2, 128
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def fill(shape):
+        return torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+
+    if form == "flash_attn":
+        caches = [fill((2, NB, bs, h, d)) for _ in range(LAYERS)]
+    else:
+        caches = [fill((2, NB, h, bs, d)).permute(0, 1, 3, 2, 4) for _ in range(LAYERS)]
+    assert caches[0].shape == (2, NB, bs, h, d)
+    ta, tb = tables(22)
+    poison = torch.tensor(-7.25, dtype=torch.bfloat16, device="cuda")
+    for t in caches:
+        t[:, tb] = poison
+    cfg = vllm_config({"chunk_tokens": ct}, yaml=GPU_YAML, cache_config=CacheConfig(block_size=bs))
+    try:
+        eng = Engine(form, caches, cfg)
+    except tutti.GpuError as e:  # pragma: no cover - depends on the machine
+        pytest.skip(f"the runtime cannot drive this GPU: {e}")
+    try:
+        a = Request("A", prompt(3 * ct + 5, seed=23))
+        _, errors, _ = eng.prefill(a, ta)
+        assert errors == set() and eng.client.lookup(a.prompt_token_ids) == 3 * ct
+        snap = [t.clone() for t in caches]
+        b = Request("B", a.prompt_token_ids[: 3 * ct] + [5, 6, 7])
+        meta, errors, ext = eng.prefill(b, tb)
+        assert ext == 3 * ct and errors == set() and len(meta.loads) == 1
+        torch.cuda.synchronize()
+        n = 3 * ct // bs
+        for layer in range(LAYERS):
+            for j in range(n):
+                assert torch.equal(caches[layer][:, tb[j]], snap[layer][:, ta[j]]), (layer, j)
+            for j in range(n, len(tb)):
+                assert bool((caches[layer][:, tb[j]] == poison).all()), (layer, j)
+            assert torch.equal(caches[layer][:, ta], snap[layer][:, ta])
+    finally:
+        eng.close()
