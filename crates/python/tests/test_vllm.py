@@ -173,12 +173,12 @@ class Engine:
     """A scheduler-side and a worker-side connector of one process, and a
     forward pass that calls them in vLLM's order."""
 
-    def __init__(self, form: str, caches: List[np.ndarray], cfg: Optional[VllmConfig] = None) -> None:
+    def __init__(self, form: str, caches: List[np.ndarray], cfg: Optional[VllmConfig] = None, names: Sequence[str] = NAMES) -> None:
         self.form = form
         self.cfg = cfg or vllm_config()
         self.sched = TuttiConnector(self.cfg, KVConnectorRole.SCHEDULER, KVCacheConfig())
         self.worker = TuttiConnector(self.cfg, KVConnectorRole.WORKER, KVCacheConfig())
-        self.caches = dict(zip(NAMES, caches))
+        self.caches = dict(zip(names, caches))
         self.worker.register_kv_caches(self.caches)
 
     @property
@@ -189,7 +189,7 @@ class Engine:
         meta = self.sched.build_connector_meta(out)
         self.worker.bind_connector_metadata(meta)
         self.worker.start_load_kv(None)
-        for i, name in enumerate(NAMES):
+        for i, name in enumerate(sorted(self.caches, key=lambda n: NAMES.index(n) if n in NAMES else 0)):
             self.worker.wait_for_layer_load(name)
             if on_layer is not None:
                 on_layer(i)
@@ -497,6 +497,41 @@ def test_device_error_on_restart_reports_failed_and_later_chunks(tmp_path):
         for layer in range(LAYERS):
             for j in range(BPC):
                 assert np.array_equal(block(form, caches2[layer], tb[j]), block(form, caches2[layer], ta[j]))
+    finally:
+        eng.close()
+
+
+def test_layer_order_fixes_which_object_is_which_layer(tmp_path):
+    """Keys follow the layers' numbers, not the dict's order: a restart that
+    registers the same layers in another dict order finds the prefix and
+    loads each layer's bytes into the same layer; other layer names (another
+    model definition) find nothing."""
+    from tutti.integrations.vllm.connector import layer_order, namespace_model
+
+    assert layer_order({"m.layers.10.attn": 0, "m.layers.2.attn": 0, "m.layers.0.attn": 0}) == ["m.layers.0.attn", "m.layers.2.attn", "m.layers.10.attn"]
+    assert layer_order({"enc.1.x.3": 0, "enc.0.x.1": 0}) == ["enc.1.x.3", "enc.0.x.1"], "ambiguous names keep the dict order"
+    assert namespace_model("m", NAMES) != namespace_model("m", NAMES[::-1])
+    form = "flash_attn"
+    yaml = small_slot_yaml(backing="{ file: " + str(tmp_path / "d0.img") + " }", capacity="32MiB")
+    ta, tb = tables(24)
+    caches = make_caches(form, rand_fill(25))
+    eng, a = saved_engine(form, caches, ta, cfg=vllm_config(yaml=yaml))
+    eng.close()
+    again = make_caches(form, rand_fill(25))
+    set_blocks(form, again, tb, POISON)
+    eng = Engine(form, again[::-1], vllm_config(yaml=yaml), names=NAMES[::-1])  # reversed dict order
+    try:
+        assert list(eng.caches) == NAMES[::-1]
+        assert load_b(eng, a, tb) == set()
+        for layer in range(LAYERS):
+            for j in range(4 * BPC):
+                assert np.array_equal(block(form, again[layer], tb[j]), block(form, again[layer], ta[j])), (layer, j)
+    finally:
+        eng.close()
+    renamed = [n.replace("self_attn", "attention") for n in NAMES]
+    eng = Engine(form, make_caches(form, rand_fill(25)), vllm_config(yaml=yaml), names=renamed)
+    try:
+        assert eng.client.lookup(a.prompt_token_ids) == 0
     finally:
         eng.close()
 

@@ -15,8 +15,10 @@ thin call into ``SchedulerLogic`` (scheduler side) or ``WorkerLogic``
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from typing import Any, Dict, Optional, Set, Tuple
+import re
+from typing import Any, Dict, List, Optional, Set
 
 from tutti.engine import KvCacheClient
 from tutti.integrations.vllm import state
@@ -28,6 +30,28 @@ from tutti.integrations.vllm.scheduler import SchedulerLogic
 from tutti.integrations.vllm.worker import WorkerLogic
 
 log = logging.getLogger("tutti.vllm")
+
+
+def layer_order(kv_caches: Dict[str, Any]) -> List[str]:
+    """The layer names in key order: by the one integer in each name
+    (``model.layers.7.self_attn.attn`` -> 7) when every name has exactly
+    one and they are distinct, else in the dict's order. The order fixes
+    which stored object belongs to which layer, so it must not depend on
+    how vLLM happens to order the dict."""
+    names = list(kv_caches)
+    nums = [re.findall(r"\d+", n) for n in names]
+    if all(len(x) == 1 for x in nums) and len({int(x[0]) for x in nums}) == len(names):
+        return [n for _, n in sorted(zip((int(x[0]) for x in nums), names))]
+    return names
+
+
+def namespace_model(model: str, names: List[str]) -> str:
+    """The model part of the key namespace: the configured model id and a
+    digest of the ordered layer names, so that another layer naming (another
+    vLLM version, another model definition) misses instead of loading one
+    layer's KV into another."""
+    digest = hashlib.blake2b("\n".join(names).encode(), digest_size=8).hexdigest()
+    return f"{model}|vllm-layers={len(names)}:{digest}"
 
 
 def _role_name(role: Any) -> str:
@@ -88,17 +112,17 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
 
     def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
         """Register the KV cache storage with tutti, once: one tensor per
-        layer name, in layer order (``VllmPagedKV`` reads their form and
-        memory order)."""
+        layer name (``VllmPagedKV`` reads their form and memory order);
+        layer ``l`` of the keys is the ``l``-th name in ``layer_order``."""
         if self._worker is not None:
             raise RuntimeError("register_kv_caches called twice")
         assert self._shared is not None
         if self._shared.client is not None:
             raise RuntimeError("another TuttiConnector of this process already registered its KV caches")
-        names = list(kv_caches)
+        names = layer_order(kv_caches)
         c = self.tutti_config
         layout = VllmPagedKV([kv_caches[n] for n in names], c.block_size, c.chunk_tokens, num_blocks=self._num_blocks)
-        client = KvCacheClient(self._shared.store, layout, c.model, timeout=c.timeout_s)
+        client = KvCacheClient(self._shared.store, layout, namespace_model(c.model, names), timeout=c.timeout_s)
         self._shared.client = client
         self._worker = WorkerLogic(client, names, timeout=c.timeout_s)
         log.info("tutti: registered %d layers (%s), %d B objects", len(names), layout.name, layout.segment_bytes)
