@@ -122,8 +122,12 @@ class VllmPagedKV(Layout):
     shape and dtype (numpy arrays or torch tensors, any strides);
     ``block_size``: vLLM's block size in tokens (must equal the tensors'
     tokens per block); ``chunk_tokens``: tokens per chunk, a multiple of
-    ``block_size``; ``num_blocks``: vLLM's block count (only to resolve an
-    ambiguous shape).
+    ``block_size``; ``num_blocks``: vLLM's block count (``kv_cache_config.
+    num_blocks``), checked against the shape when given.
+
+    ``tensors`` (what ``KvCacheClient`` registers): the tensors' storages,
+    each once, as flat byte tensors, then the placeholder block
+    (``scratch_index``).
 
     Sizes: ``piece_bytes`` (= ``segment_bytes``) bytes per store object;
     ``pieces_per_block`` objects per block and layer; ``segments =
@@ -181,7 +185,7 @@ class VllmPagedKV(Layout):
         self.piece_bytes, self._piece_offsets, self._order = pieces
         self.pieces_per_block = len(self._piece_offsets)
         self.segments = self.pieces_per_block * self.blocks_per_chunk
-        self._check_disjoint(first.shape, bdim)
+        self._check_disjoint()
         # The placeholder block (for placement entries SCRATCH).
         self.scratch_index = self._scratch = len(self.tensors)
         self.tensors.append(_empty_like_device(kv_caches[0], self.pieces_per_block * self.piece_bytes))
@@ -210,7 +214,7 @@ class VllmPagedKV(Layout):
         order = ",".join(dims[d] for d in physical)
         return expect, offsets, order
 
-    def _check_disjoint(self, shape: Tuple[int, ...], bdim: int) -> None:
+    def _check_disjoint(self) -> None:
         """Pieces of one block, and of neighbouring blocks, must not overlap."""
         for _, off, stride in self._layers:
             if stride <= 0 or off < 0 or min(self._piece_offsets) < 0:
