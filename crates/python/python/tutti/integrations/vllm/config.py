@@ -1,0 +1,117 @@
+"""``kv_connector_extra_config`` of the tutti connector.
+
+Keys (all optional; docs/vllm.md has the table):
+
+- ``runtime_config``: path of a tutti runtime YAML file
+  (``tutti.Runtime.from_file``).
+- ``runtime_yaml``: the runtime YAML itself, inline
+  (``tutti.Runtime.from_yaml``). At most one of the two; with neither, the
+  runtime is ``tutti.Runtime.emulated`` (RAM drives, lost at exit) sized by
+  ``emulated_drives``, ``emulated_drive_bytes`` and ``emulated_slot_bytes``.
+- ``store``: the store name in the runtime (default ``"kv"``).
+- ``chunk_tokens``: tokens per chunk (default 256); a positive multiple of
+  vLLM's block size (``--block-size``, tokens per KV block).
+- ``model``: the model namespace of the keys (default: vLLM's model name).
+  Chunks saved under one namespace are never loaded under another.
+- ``timeout_s``: seconds one layer's loads (or one step's saves) may take
+  (default 5.0).
+- ``save_decode_tokens``: also save whole chunks of generated tokens (default
+  false: whole chunks of the prompt only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Tuple
+
+KEYS = (
+    "runtime_config",
+    "runtime_yaml",
+    "emulated_drives",
+    "emulated_drive_bytes",
+    "emulated_slot_bytes",
+    "store",
+    "chunk_tokens",
+    "model",
+    "timeout_s",
+    "save_decode_tokens",
+)
+
+
+@dataclass(frozen=True)
+class TuttiVllmConfig:
+    """The parsed extra config (see the module docstring); sizes in bytes,
+    ``chunk_tokens`` and ``block_size`` in tokens."""
+
+    block_size: int
+    model: str
+    chunk_tokens: int = 256
+    store: str = "kv"
+    runtime_config: Optional[str] = None
+    runtime_yaml: Optional[str] = None
+    emulated_drives: int = 4
+    emulated_drive_bytes: int = 1 << 30
+    emulated_slot_bytes: int = 1 << 20
+    timeout_s: float = 5.0
+    save_decode_tokens: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"block_size must be a positive int, got {self.block_size!r}")
+        if not isinstance(self.chunk_tokens, int) or self.chunk_tokens < 1 or self.chunk_tokens % self.block_size:
+            raise ValueError(
+                f"chunk_tokens ({self.chunk_tokens!r}) must be a positive multiple of vLLM's block_size ({self.block_size})"
+            )
+        if self.runtime_config is not None and self.runtime_yaml is not None:
+            raise ValueError("give runtime_config (a path) or runtime_yaml (inline YAML), not both")
+        if not self.model:
+            raise ValueError("model (the key namespace) must not be empty")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+
+    @classmethod
+    def from_extra_config(cls, extra: Optional[Mapping[str, Any]], *, block_size: int, model: str) -> "TuttiVllmConfig":
+        """Parse ``kv_connector_extra_config``; ``block_size`` and ``model``
+        come from vLLM's cache and model configs. Unknown keys are an error
+        (a typo must not fall back to a default silently)."""
+        extra = dict(extra or {})
+        unknown = sorted(set(extra) - set(KEYS))
+        if unknown:
+            raise ValueError(f"unknown kv_connector_extra_config keys for TuttiConnector: {unknown}; known: {list(KEYS)}")
+        kw: dict = {"block_size": int(block_size), "model": str(extra.pop("model", None) or model)}
+        for k in ("chunk_tokens", "emulated_drives", "emulated_drive_bytes", "emulated_slot_bytes"):
+            if k in extra:
+                kw[k] = int(extra.pop(k))
+        if "timeout_s" in extra:
+            kw["timeout_s"] = float(extra.pop("timeout_s"))
+        if "save_decode_tokens" in extra:
+            v = extra.pop("save_decode_tokens")
+            if isinstance(v, str):
+                v = v.strip().lower() in ("1", "true", "yes", "on")
+            kw["save_decode_tokens"] = bool(v)
+        for k in ("store", "runtime_config", "runtime_yaml"):
+            if k in extra and extra[k] is not None:
+                kw[k] = str(extra.pop(k))
+        return cls(**kw)
+
+    @property
+    def runtime_key(self) -> Tuple[str, str]:
+        """What identifies the runtime this config opens (for sharing one
+        runtime between the connectors of one process)."""
+        if self.runtime_config is not None:
+            return ("file", self.runtime_config)
+        if self.runtime_yaml is not None:
+            return ("yaml", self.runtime_yaml)
+        return ("emulated", f"{self.emulated_drives}x{self.emulated_drive_bytes}/{self.emulated_slot_bytes}")
+
+    def open_runtime(self) -> Any:
+        """Open the tutti runtime this config names."""
+        import tutti
+
+        if self.runtime_config is not None:
+            return tutti.Runtime.from_file(self.runtime_config)
+        if self.runtime_yaml is not None:
+            return tutti.Runtime.from_yaml(self.runtime_yaml)
+        return tutti.Runtime.emulated(
+            drives=self.emulated_drives, drive_bytes=self.emulated_drive_bytes, slot_bytes=self.emulated_slot_bytes
+        )
