@@ -316,3 +316,12 @@ fn a_namespace_with_metadata_is_refused_at_its_nsid_key_with_the_reason() {
     assert_eq!(st, [RequestStatus::Success]);
     rt.unregister_memory(m).unwrap();
 }
+
+#[test]
+fn shutdown_with_an_unbounded_drain_does_not_overflow() {
+    let rt = striped(2);
+    let report = rt.shutdown(Duration::MAX);
+    assert_eq!(report.ops_in_flight, 0);
+    assert_eq!(report.drives.len(), 2);
+    assert!(report.drives.iter().all(|(_, r)| r.is_ok()), "{:?}", report.drives);
+}

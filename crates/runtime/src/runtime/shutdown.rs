@@ -55,7 +55,10 @@ impl Runtime {
         if self.shut_down.swap(true, Ordering::AcqRel) {
             return ShutdownReport::default();
         }
-        let deadline = Instant::now() + drain;
+        // A drain too long to add to now (u64::MAX seconds) waits as long
+        // as the clock can count, rather than overflowing.
+        let now = Instant::now();
+        let deadline = now.checked_add(drain).unwrap_or_else(|| far_future(now));
         self.finish_gpu_kernels();
         // Submits that passed the shutting-down check finish queueing first.
         while self.submitters.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
@@ -161,5 +164,18 @@ impl Runtime {
             first_err.get_or_insert(e);
         }
         (reaped, first_err.map_or(Ok(()), |e| Err(error_chain(&e))))
+    }
+}
+
+/// The latest instant after `now` this platform's clock can hold (searched
+/// by halving from about 2^62 ns), for deadlines given as unbounded
+/// durations.
+fn far_future(now: Instant) -> Instant {
+    let mut d = Duration::from_secs(1 << 32);
+    loop {
+        if let Some(t) = now.checked_add(d) {
+            return t;
+        }
+        d /= 2;
     }
 }
