@@ -1,7 +1,7 @@
 //! Errors of the store as a whole ([`KvError`]) and the status of each
 //! item of a batch ([`ItemStatus`]).
 
-use tutti::{NvmeStatus, RequestStatus};
+use tutti::{NvmeStatus, RequestError, RequestStatus};
 
 use crate::format::SuperblockError;
 
@@ -155,14 +155,65 @@ impl ItemStatus {
             RequestStatus::Nvme { drive, status } => ItemStatus::Device {
                 status: Some(*status),
                 drive: Some(drive.clone()),
-                message: format!("{s:?}"),
+                message: status.to_string(),
             },
             RequestStatus::ControllerFatal { drive } => ItemStatus::Device {
                 status: None,
                 drive: Some(drive.clone()),
                 message: format!("drive {drive:?} failed (controller fatal or gone)"),
             },
+            RequestStatus::NotAccepted(e) => ItemStatus::refused(e),
+            RequestStatus::SubmitFailed { reason } => {
+                ItemStatus::Device { status: None, drive: None, message: reason.clone() }
+            }
             other => ItemStatus::Device { status: None, drive: None, message: format!("{other:?}") },
+        }
+    }
+
+    /// The status of an item whose request the runtime refused at submit:
+    /// the runtime shutting down, too many operations in flight or a drive
+    /// that cannot plan its piece are [`ItemStatus::Device`] (the store
+    /// cannot do I/O now); anything else is about the value
+    /// ([`ItemStatus::BadValue`]).
+    pub(crate) fn refused(e: &RequestError) -> Self {
+        match e {
+            RequestError::ShuttingDown
+            | RequestError::TooManyOperations { .. }
+            | RequestError::DrivePlan { .. } => {
+                ItemStatus::Device { status: None, drive: None, message: tutti::error_chain(e) }
+            }
+            _ => ItemStatus::BadValue { reason: tutti::error_chain(e) },
+        }
+    }
+
+    /// The status of an item whose slot could not be opened as a target.
+    pub(crate) fn from_open(e: &tutti::Error) -> Self {
+        match e {
+            tutti::Error::ShuttingDown | tutti::Error::TooManyHandles { .. } => {
+                ItemStatus::Device { status: None, drive: None, message: tutti::error_chain(e) }
+            }
+            _ => ItemStatus::BadValue { reason: tutti::error_chain(e) },
+        }
+    }
+}
+
+impl std::fmt::Display for ItemStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ItemStatus::Ok => f.write_str("ok"),
+            ItemStatus::Hit { len } => write!(f, "hit, {len} bytes"),
+            ItemStatus::Miss => f.write_str("no object of this key"),
+            ItemStatus::ChecksumMismatch { stored, computed } => {
+                write!(f, "payload CRC32C {computed:#010x} differs from the stored {stored:#010x}")
+            }
+            ItemStatus::Full => f.write_str("no free slot and nothing evictable"),
+            ItemStatus::TooLarge { len, max } => {
+                write!(f, "{len} bytes is larger than the store's {max}-byte objects")
+            }
+            ItemStatus::BadValue { reason } => write!(f, "bad value: {reason}"),
+            ItemStatus::Device { drive: Some(d), message, .. } => write!(f, "drive {d:?}: {message}"),
+            ItemStatus::Device { drive: None, message, .. } => f.write_str(message),
+            ItemStatus::Timeout => f.write_str("not complete by the wait's deadline"),
         }
     }
 }

@@ -118,7 +118,7 @@ impl KvStore {
                 }
                 Err(e) => {
                     self.unpin(*slot);
-                    *r = Err(ItemStatus::BadValue { reason: e.to_string() });
+                    *r = Err(ItemStatus::from_open(&e));
                 }
             }
         }
@@ -258,7 +258,7 @@ impl KvStore {
             let Ok((slot, _, at, ..)) = r else { continue };
             if let Err(e) = &sub.states()[*at] {
                 self.unpin(*slot);
-                *r = Err(ItemStatus::BadValue { reason: e.to_string() });
+                *r = Err(ItemStatus::refused(e));
             }
         }
         sub.op()

@@ -49,7 +49,7 @@ impl KvStore {
             self.commit(Vec::new()).map_err(|s| KvError::Io {
                 store: self.targets.store_name().to_owned(),
                 what: "sync",
-                status: format!("{s:?}"),
+                status: s.to_string(),
             })?;
             if !self.index.lock().unwrap_or_else(|p| p.into_inner()).has_clears() {
                 break;

@@ -352,7 +352,7 @@ impl KvStore {
             let Ok((slot, _, at)) = r else { continue };
             if let Err(e) = &sub.states()[*at] {
                 ix.unreserve(*slot, false);
-                *r = Err(ItemStatus::BadValue { reason: e.to_string() });
+                *r = Err(ItemStatus::refused(e));
             }
         }
         sub.op()

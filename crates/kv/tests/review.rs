@@ -1037,3 +1037,23 @@ fn a_ram_disk_in_use_by_another_runtime_is_refused() {
     drop(rt);
     nvme_emu::remove_ram_disk(disk).unwrap();
 }
+
+/// After the runtime shuts down, puts and gets fail as device errors naming
+/// the shutdown (the store cannot do I/O), not as bad values, and their
+/// text (what `sync`'s error carries too) is a sentence, not a debug dump.
+#[test]
+fn after_shutdown_items_are_device_errors_and_sync_says_why() {
+    let rt = ram_runtime(1, 64, "64KiB");
+    let kv = open(&rt);
+    let mut src = Buf::new(&kv, 64 << 10);
+    let mut dst = Buf::new(&kv, 64 << 10);
+    assert_eq!(put1(&kv, &mut src, 1, 1, 4096), ItemStatus::Ok);
+    let _ = rt.shutdown(Duration::from_secs(5));
+    let shut =
+        |s: &ItemStatus| matches!(s, ItemStatus::Device { message, .. } if message.contains("shutting down"));
+    let st = put1(&kv, &mut src, 2, 1, 4096);
+    assert!(shut(&st), "{st:?}");
+    let st = get1(&kv, &mut dst, 1).unwrap_err();
+    assert!(shut(&st), "{st:?}");
+    assert_eq!(st.to_string(), "the runtime is shutting down");
+}

@@ -267,6 +267,11 @@ impl<T> HandleTable<T> {
     }
 
     fn check(&self, h: RawHandle) -> Result<usize, HandleError> {
+        // Runtime ids start at 1: a handle naming runtime 0 (an all-zero
+        // or made-up value) was minted by no runtime at all.
+        if h.runtime == 0 {
+            return Err(HandleError::Forged { kind: self.kind, slot: h.slot });
+        }
         if h.runtime != self.runtime {
             return Err(HandleError::Foreign {
                 kind: self.kind,
@@ -450,7 +455,7 @@ mod tests {
             assert!(err.to_string().contains("forged operation handle"));
         }
         let all_zero = RawHandle { runtime: 0, slot: 0, generation: 0 };
-        assert!(t.get(all_zero).is_err());
+        assert_eq!(t.get(all_zero), Err(HandleError::Forged { kind: HandleKind::Operation, slot: 0 }));
         let t_same_rt_zero: HandleTable<u8> = HandleTable::new(t.runtime_id(), HandleKind::Target);
         assert!(matches!(
             t_same_rt_zero.get(RawHandle { runtime: t.runtime_id(), slot: 0, generation: 0 }),
