@@ -34,10 +34,12 @@ same process, over the same prompt:
   the R-token prefill over the restored ``DynamicCache``.
 - ``posix_pinned`` and ``posix_pageable`` (c): the prefix's K and V saved
   beforehand to one ordinary file per layer under ``--dir``; each
-  repetition opens the files and reads them with ``os.preadv`` into a
-  pinned (page-locked) or pageable host buffer, copies each layer to the
-  model's device and builds the cache, then prefills the rest: what an
-  engine without tutti does. With ``--posix-page-cache drop`` (default)
+  repetition opens the files and reads them with ``os.preadv`` (one
+  thread, layer by layer) into a pinned (page-locked) or pageable host
+  buffer, copies each layer to the model's device (from pinned memory
+  asynchronously, so layer l's copy overlaps layer l + 1's read) and
+  builds the cache, then prefills the rest: what an engine without tutti
+  does. With ``--posix-page-cache drop`` (default)
   each file is ``fsync``ed when written and its pages are dropped from the
   OS page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``) before every
   repetition, so the reads go to the file system's device; ``keep`` reads
@@ -76,7 +78,9 @@ Llama-3-8B-shape demo at 8,192 tokens did not finish within 80 s. So
 - timing synchronises the current CUDA stream, not the device, so a stuck
   I/O kernel on the runtime's stream cannot stall the other variants;
 - the JSON is rewritten to ``--out`` after every variant's repetition, so
-  a run killed from outside still leaves what it measured.
+  a run killed from outside still leaves what it measured; ``--deadline``
+  bounds the whole run (the model build, the reference prefill and the
+  runtime's start are not under a variant's timeout).
 
 Output: one JSON object (stdout, and ``--out`` if given): ``config``,
 ``runs`` keyed by T, each with ``prefix_tokens``, ``rest_tokens``,
@@ -95,6 +99,7 @@ max(restore, prefix_bytes / bandwidth)) and ``tutti_over_pinned_scaled``
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import math
 import os
@@ -223,7 +228,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5, help="counted repetitions per variant")
     ap.add_argument("--warmup", type=int, default=1, help="uncounted repetitions per variant first")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds one repetition of one variant may take")
-    ap.add_argument("--save-timeout", type=float, default=900.0, help="seconds the save of one prompt's prefix to tutti may take")
+    ap.add_argument("--save-timeout", type=float, default=300.0, help="seconds the save of one prompt's prefix to tutti may take")
     ap.add_argument("--io-timeout", type=float, default=60.0, help="seconds one tutti wait (a layer's gets or puts) may take")
     ap.add_argument("--save-layers-at-once", type=int, default=1, help="layers whose puts are in flight at once while saving to tutti")
     ap.add_argument("--drives-dir", default="", help="folder for file-backed emulated drives (default: RAM)")
@@ -236,7 +241,12 @@ def main() -> int:
     ap.add_argument("--rtol", type=float, default=None, help="logits tolerance (float32: 1e-4, bf16: 5e-2)")
     ap.add_argument("--seed", type=int, default=42, help="prompt seed (the prompt of length T uses seed + T)")
     ap.add_argument("--out", default="", help="also write the JSON here (rewritten after every repetition)")
+    ap.add_argument("--deadline", type=float, default=0.0,
+                    help="seconds for the whole run (0: none); past it the process prints every thread's stack and exits, "
+                         "leaving --out as last written")
     a = ap.parse_args()
+    if a.deadline > 0:
+        faulthandler.dump_traceback_later(a.deadline, exit=True)
 
     lengths = [int(x) for x in a.tokens.split(",") if x]
     variants = [v for v in a.variants.split(",") if v]
