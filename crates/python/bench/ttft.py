@@ -94,6 +94,9 @@ median, 10^9 bytes/s), the logits comparison; and ``ratios`` keyed by T:
 the drives' modelled bandwidth, 4 x ``--drive-mb-s``: rest prefill +
 max(restore, prefix_bytes / bandwidth)) and ``tutti_over_pinned_scaled``
 (goal: at most 1.2).
+
+Exit status: 0 when every variant of every prompt length is "ok", 1
+otherwise, 3 when a timed-out worker thread was left running.
 """
 
 from __future__ import annotations
