@@ -58,11 +58,17 @@ def build_model(kind: str, device: str, tokens: int):
     return model.eval()
 
 
-def runtime_yaml(drives_dir: str, drive_bytes: int, slot_bytes: int, gpu: bool) -> str:
+def runtime_yaml(drives_dir: str, drive_bytes: int, slot_bytes: int, gpu: bool, timing: str = "") -> str:
+    """Four emulated drives of ``drive_bytes`` bytes (in RAM, or files under
+    ``drives_dir``) striped into store "kv" with slab slots of
+    ``slot_bytes`` bytes; ``timing``: a flow-style YAML timing model for
+    every drive (docs/config.md), e.g. ``{ bandwidth_mb_s: 7000, iops:
+    1500000, latency_us: 80 }``; empty for none."""
     lines = ["drives:"]
+    timing_entry = f", timing: {timing}" if timing else ""
     for i in range(4):
         backing = "ram" if not drives_dir else "{ file: " + os.path.join(drives_dir, f"d{i}.img") + " }"
-        lines.append(f"  d{i}: {{ emulated: {{ namespaces: [{{ capacity: {drive_bytes // MiB}MiB, block_size: 4096 }}], backing: {backing} }} }}")
+        lines.append(f"  d{i}: {{ emulated: {{ namespaces: [{{ capacity: {drive_bytes // MiB}MiB, block_size: 4096 }}], backing: {backing}{timing_entry} }} }}")
     lines += [
         "resolvers:",
         f"  kv: {{ slab: {{ slot_size: {slot_bytes // MiB}MiB }} }}",

@@ -357,6 +357,52 @@ def test_load_overlaps_layer_l_plus_1_with_layer_l(rt):
     client.close()
 
 
+class RecordingPutStore(RecordingStore):
+    """A KvStore proxy that records put batches and their waits by layer."""
+
+    def put(self, items):
+        layer = self.layer_of[items[0][0]]
+        self.events.append(("put", layer))
+        batch = self._store.put(items)
+        events = self.events
+
+        class Batch:
+            def wait(self, timeout: float = 5.0):
+                st = batch.wait(timeout)
+                events.append(("put_waited", layer))
+                return st
+
+        return Batch()
+
+
+@pytest.mark.parametrize("in_flight", [None, 1, 2])
+def test_save_bounds_the_layers_in_flight(rt, in_flight):
+    kv = tutti.KvStore.open(rt)
+    src = make_tensors("contiguous", kv_data)
+    toks = prompt(2 * CT, seed=13)
+    events: List[Tuple[str, int]] = []
+    rec = RecordingPutStore(kv, events)
+    client = KvCacheClient(rec, ContiguousChunks(src["kv"]), MODEL)
+    for ck in client.chunk_keys(toks):
+        for layer in range(LAYERS):
+            for k in client.keys.layer_keys(ck, layer):
+                rec.layer_of[k] = layer
+    r = client.save(toks, layers_in_flight=in_flight)
+    assert r.stored_chunks == 2 and r.put_objects == 2 * LAYERS and not r.failures
+    group = LAYERS if in_flight is None else in_flight
+    want: List[Tuple[str, int]] = []
+    for start in range(0, LAYERS, group):
+        layers = range(start, min(LAYERS, start + group))
+        want += [("put", layer) for layer in layers] + [("put_waited", layer) for layer in layers]
+    assert events == want
+    # Every layer's bytes went in: a fresh client loads them back.
+    dst = make_tensors("contiguous", lambda s, seed: poison(s))
+    with KvCacheClient(kv, ContiguousChunks(dst["kv"]), MODEL) as c2:
+        assert c2.load(toks).cached_tokens == 2 * CT
+    check_loaded(dst, src, 2)
+    client.close()
+
+
 # Failures ------------------------------------------------------------------
 
 

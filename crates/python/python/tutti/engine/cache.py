@@ -217,12 +217,26 @@ class KvCacheClient:
         ``l``'s KV, then ``wait()``."""
         return LayerSave(self, tokens, placement, max_chunks)
 
-    def save(self, tokens: Sequence[int], placement: Optional[Sequence[int]] = None, *, max_chunks: Optional[int] = None, timeout: Optional[float] = None) -> SaveResult:
+    def save(
+        self,
+        tokens: Sequence[int],
+        placement: Optional[Sequence[int]] = None,
+        *,
+        max_chunks: Optional[int] = None,
+        timeout: Optional[float] = None,
+        layers_in_flight: Optional[int] = None,
+    ) -> SaveResult:
         """Save every layer of the whole chunks of ``tokens`` and wait: one
-        put batch per layer and tensor."""
+        put batch per layer and tensor. ``layers_in_flight``: at most that
+        many layers' puts outstanding at once (after each group of that
+        many layers the save waits for their puts, ``timeout`` seconds per
+        group); None puts every layer before waiting on any."""
         s = self.start_save(tokens, placement, max_chunks=max_chunks)
-        for layer in range(self.layout.num_layers):
+        n = self.layout.num_layers
+        for layer in range(n):
             s.save_layer(layer)
+            if layers_in_flight is not None and (layer + 1) % max(1, layers_in_flight) == 0 and layer + 1 < n:
+                s.wait_puts(timeout)
         return s.wait(timeout)
 
     # Load -----------------------------------------------------------------
@@ -402,6 +416,8 @@ class LayerSave:
         self._batches: List[Tuple[Any, List[_Tag], int]] = []
         self._started: set = set()
         self._put = 0
+        self._failures: List[ItemFailure] = []
+        self._stored = n
 
     def save_layer(self, layer: int) -> None:
         """Put layer ``layer``'s missing objects (one batch per tensor)."""
@@ -418,18 +434,28 @@ class LayerSave:
                 self._batches.append((self.client.store.put([it for it, _ in keep]), [t for _, t in keep], layer))
                 self._put += len(keep)
 
-    def wait(self, timeout: Optional[float] = None) -> SaveResult:
-        """Wait for every put (``timeout`` seconds in all) and report."""
+    def wait_puts(self, timeout: Optional[float] = None) -> int:
+        """Wait for the puts issued so far (``timeout`` seconds in all) and
+        record their failures; the save goes on (more ``save_layer`` calls,
+        then ``wait``). Returns the count of failed items so far. Lets a
+        caller bound the puts in flight (``KvCacheClient.save``'s
+        ``layers_in_flight``)."""
         deadline = time.monotonic() + (self.client.timeout if timeout is None else timeout)
-        failures: List[ItemFailure] = []
-        stored = len(self._cks)
         for batch, tags, layer in self._batches:
             statuses = batch.wait(max(0.0, deadline - time.monotonic()))
             for st, (c, s, _r) in zip(statuses, tags):
                 if st.kind != "ok":
-                    failures.append(ItemFailure(c, layer, s, st.kind, st.message))
-                    stored = min(stored, c)
+                    self._failures.append(ItemFailure(c, layer, s, st.kind, st.message))
+                    self._stored = min(self._stored, c)
         self._batches = []
+        return len(self._failures)
+
+    def wait(self, timeout: Optional[float] = None) -> SaveResult:
+        """Wait for every put not yet waited on (``timeout`` seconds in
+        all) and report the whole save."""
+        self.wait_puts(timeout)
+        failures = list(self._failures)
+        stored = self._stored
         missing = [layer for layer in range(self.client.layout.num_layers) if layer not in self._started]
         if missing and self._cks:
             # Layers never saved: the chunks are complete only if they were present already.

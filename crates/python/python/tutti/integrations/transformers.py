@@ -164,11 +164,14 @@ class PrefixCache:
         tokens = _tokens(input_ids)
         return min(self.client.lookup(tokens), self.max_chunks * self.chunk_tokens)
 
-    def save(self, input_ids: Any, cache: Any) -> SaveResult:
+    def save(self, input_ids: Any, cache: Any, *, layers_in_flight: Optional[int] = None) -> SaveResult:
         """Store the KV of the whole chunks of the prompt ``input_ids``
         (``[1, n]`` or ``[n]``) held by ``cache`` (a transformers Cache
         whose first ``n`` positions are the prompt's, e.g. after prefill or
-        ``generate``). Chunks already stored are not written again."""
+        ``generate``). Chunks already stored are not written again.
+        ``layers_in_flight``: at most that many layers' puts outstanding at
+        once (the save waits for each group, ``timeout`` seconds per
+        group); None (default) puts every layer before waiting on any."""
         tokens = _tokens(input_ids)
         have = cache.get_seq_length()
         n = min(len(tokens), have) // self.chunk_tokens
@@ -185,6 +188,8 @@ class PrefixCache:
                 part = src[0, :, :t, :].reshape(h, n, c, d).permute(1, 0, 2, 3)
                 self.staging[layer][:n, i].copy_(part)
             s.save_layer(layer)
+            if layers_in_flight is not None and (layer + 1) % max(1, layers_in_flight) == 0 and layer + 1 < self.num_layers:
+                s.wait_puts()
         return s.wait()
 
     def restore(self, input_ids: Any) -> Tuple[Optional[DynamicCache], RestoreInfo]:
