@@ -99,7 +99,6 @@ pub(crate) struct StatsAtomics {
 /// once per poll iteration.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct LocalStats {
-    pub commands: u64,
     pub media_bytes_read: u64,
     pub media_bytes_written: u64,
     pub host_reads: u64,
@@ -350,9 +349,6 @@ impl Controller {
 
     pub(crate) fn flush_stats(&mut self, sh: &Shared) {
         let l = std::mem::take(&mut self.local);
-        if l.commands != 0 {
-            sh.stats.commands.fetch_add(l.commands, Ordering::Relaxed);
-        }
         if l.media_bytes_read != 0 {
             sh.stats.media_bytes_read.fetch_add(l.media_bytes_read, Ordering::Relaxed);
         }
@@ -641,8 +637,8 @@ impl Controller {
             let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) else {
                 return Ok(());
             };
+            count_posted(sh, &c);
             cq.post(dma, &c, sqhd)?;
-            self.count_posted(sh, &c);
         } else {
             if cq.is_full() && !cq.stalled {
                 // The host has not returned CQ entries (CQ head doorbell):
@@ -675,20 +671,13 @@ impl Controller {
             let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) else {
                 break;
             };
+            count_posted(sh, &c);
             cq.post(dma, &c, sqhd)?;
             cq.pending.pop_front();
             cq.stalled = false;
-            self.count_posted(sh, &c);
             posted = true;
         }
         Ok(posted)
-    }
-
-    fn count_posted(&mut self, sh: &Shared, c: &Completion) {
-        self.local.commands += 1;
-        if c.sqid == 0 {
-            sh.stats.admin_commands.fetch_add(1, Ordering::Relaxed);
-        }
     }
 
     /// SQHD for the CQE `c`, about to be posted: its SQ's current head
@@ -839,5 +828,15 @@ pub(crate) fn run(shared: Arc<Shared>, mut ctrl: Controller) {
             };
             std::thread::park_timeout(until_due.map_or(nap, |d| d.min(nap)));
         }
+    }
+}
+
+/// Counts a completion about to be posted, before its CQE is written: the
+/// CQE's phase-tag store (Release) orders this count before it, so a host
+/// that has seen the completion (Acquire) sees the count too.
+fn count_posted(sh: &Shared, c: &Completion) {
+    sh.stats.commands.fetch_add(1, Ordering::Relaxed);
+    if c.sqid == 0 {
+        sh.stats.admin_commands.fetch_add(1, Ordering::Relaxed);
     }
 }

@@ -330,7 +330,8 @@ pub enum EmuError {
 /// before the corresponding CQE is posted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EmuStats {
-    /// Completions posted (admin and I/O).
+    /// Completions posted (admin and I/O), counted before each CQE is
+    /// written: a host that has seen a completion sees it counted.
     pub commands: u64,
     /// Admin completions posted.
     pub admin_commands: u64,
