@@ -124,3 +124,104 @@ fn round_trip(rt: Arc<Runtime>) {
         kv.unregister(m).unwrap();
     }
 }
+
+// Put batches of GPU memory in flight together, as the engine's save does
+// (`KvCacheClient.save`: one batch per layer and tensor, 4 layers, none
+// waited before the last is issued). On the H200 (2026-12-01) every item
+// of such a save came back Timeout after 30 s and its memory stayed
+// pinned: a batch's checksum and launch (CUDA allocations and frees) made
+// while the previous batch's I/O kernel ran stalled the emulator's copies
+// that kernel waited on, until each command's 10 s budget ended.
+
+/// Everything of one test must be done within this (far under the 10 s
+/// GPU command budget: a stall fails instead of passing slowly).
+const BOUND: std::time::Duration = std::time::Duration::from_secs(5);
+/// Layers x tensors: one GPU region (and one put batch) each.
+const BATCHES: usize = 8;
+/// Items per batch (40 objects in all: the 64 MiB drive has 1 MiB slots).
+const ITEMS: usize = 5;
+/// Bytes of room per item (the engine's paged blocks are 8-16 KiB).
+const ROOM: usize = 16 << 10;
+
+/// Length of item `j` of a batch: 8-16 KiB, not all block multiples.
+fn item_len(j: usize) -> u64 {
+    (8 << 10) + (j as u64) * 1021
+}
+
+#[test]
+fn gpu_put_batches_in_flight_together_then_each_waited_finish_within_the_bound() {
+    let Some(rt) = gpu_runtime(1) else { return };
+    puts_and_gets_in_flight(rt);
+}
+
+#[test]
+fn gpu_put_batches_in_flight_together_with_flushing_commit_rounds() {
+    let Some(rt) = gpu_runtime_with(1, true) else { return };
+    puts_and_gets_in_flight(rt);
+}
+
+/// `BATCHES` put batches in flight, each waited on; then as many get
+/// batches into other GPU buffers, waited last first; bytes compared; every
+/// registration let go.
+fn puts_and_gets_in_flight(rt: Arc<Runtime>) {
+    let gpu = rt.gpu().expect("a GPU runtime has a GPU").clone();
+    let kv = KvStore::open(rt.clone(), &OpenOptions::new("kv")).unwrap();
+    let bufs = |n| (0..n).map(|_| GpuBuffer::zeroed(&gpu, ITEMS * ROOM).unwrap()).collect::<Vec<_>>();
+    let (src, dst) = (bufs(BATCHES), bufs(BATCHES));
+    let mut host = vec![vec![0u8; ITEMS * ROOM]; BATCHES];
+    for (b, h) in host.iter_mut().enumerate() {
+        fill(h, b as u64, 7);
+        src[b].copy_in(0, h).unwrap();
+    }
+    // SAFETY: the buffers outlive their registrations (unregistered at the
+    // end) and are written only by the store's gets while I/O runs.
+    #[allow(unsafe_code)]
+    let reg = |b: &GpuBuffer| unsafe { kv.register_gpu(b.device_ptr(), b.len()).unwrap() };
+    let (ms, md): (Vec<_>, Vec<_>) = (src.iter().map(reg).collect(), dst.iter().map(reg).collect());
+    let key_of = |b: usize, j: usize| key((b * ITEMS + j) as u64);
+    let start = std::time::Instant::now();
+    let puts: Vec<_> = (0..BATCHES)
+        .map(|b| {
+            let items: Vec<Put> = (0..ITEMS)
+                .map(|j| Put {
+                    key: key_of(b, j),
+                    value: Value { memory: &ms[b], offset: (j * ROOM) as u64, len: item_len(j) },
+                })
+                .collect();
+            kv.put(&items).unwrap()
+        })
+        .collect();
+    for (b, p) in puts.into_iter().enumerate() {
+        let st = kv.wait_put(p, BOUND).unwrap();
+        assert!(st.iter().all(|s| *s == ItemStatus::Ok), "put batch {b}: {st:?}");
+    }
+    let gets: Vec<_> = (0..BATCHES)
+        .map(|b| {
+            let items: Vec<Get> = (0..ITEMS)
+                .map(|j| Get {
+                    key: key_of(b, j),
+                    into: Value { memory: &md[b], offset: (j * ROOM) as u64, len: ROOM as u64 },
+                })
+                .collect();
+            kv.get(&items).unwrap()
+        })
+        .collect();
+    for (b, g) in gets.into_iter().enumerate().rev() {
+        let st = kv.wait_get(g, BOUND).unwrap();
+        let want: Vec<_> = (0..ITEMS).map(|j| ItemStatus::Hit { len: item_len(j) }).collect();
+        assert_eq!(st, want, "get batch {b}");
+    }
+    assert!(start.elapsed() < BOUND, "{BATCHES} put and get batches took {:?}", start.elapsed());
+    for (b, h) in host.iter().enumerate() {
+        let mut back = vec![0u8; ITEMS * ROOM];
+        dst[b].copy_out(0, &mut back).unwrap();
+        for j in 0..ITEMS {
+            let r = j * ROOM..j * ROOM + item_len(j) as usize;
+            assert!(back[r.clone()] == h[r], "batch {b} item {j}: bytes differ");
+        }
+    }
+    // The engine's symptom: its memory was still in use after the save.
+    for m in ms.into_iter().chain(md) {
+        kv.unregister(m).unwrap();
+    }
+}

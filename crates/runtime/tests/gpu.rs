@@ -163,3 +163,199 @@ fn reset_drive_refuses_while_a_gpu_kernel_on_the_drive_runs_even_if_another_thre
     // The runtime (and its mappings) goes before `dst` does.
     drop(rt);
 }
+
+// Several GPU operations in flight together (the engine's per-layer save:
+// one put batch per layer and tensor, none waited before the last is
+// issued). On the H200 (2026-12-01) such saves timed out: a CUDA
+// allocation or free made while an I/O kernel ran (the next batch's
+// checksum and launch) left the emulator's copies, which the kernel waits
+// on, stuck behind the kernel until each command's 10 s budget ended. The
+// bound below is far under that budget: a stall fails the test instead of
+// passing slowly.
+
+/// Everything of one test must be done within this (GPU_COMMAND_BUDGET is
+/// 10 s per command).
+const BOUND: Duration = Duration::from_secs(5);
+/// Bytes per request (the engine's paged blocks are 8-16 KiB).
+const ITEM: usize = 16 << 10;
+/// Requests per operation.
+const PER_OP: usize = 8;
+
+/// `n` zeroed GPU buffers of `PER_OP` items, registered with `rt`.
+fn gpu_buffers(rt: &Runtime, n: usize) -> (Vec<gpu_io::GpuBuffer>, Vec<tutti::MemoryHandle>) {
+    let gpu = rt.gpu().expect("a GPU runtime has a GPU");
+    let bufs: Vec<_> = (0..n).map(|_| gpu_io::GpuBuffer::zeroed(gpu, PER_OP * ITEM).unwrap()).collect();
+    // SAFETY: each buffer outlives its registration (the callers unregister
+    // or drop the runtime first) and is written only by the drives' I/O.
+    #[allow(unsafe_code)]
+    let handles =
+        bufs.iter().map(|b| unsafe { rt.register_gpu_memory(b.device_ptr(), b.len()).unwrap() }).collect();
+    (bufs, handles)
+}
+
+/// Distinct bytes for operation `op`.
+fn pattern(op: usize) -> Vec<u8> {
+    (0..PER_OP * ITEM).map(|i| ((i as u64).wrapping_mul(0x9E37_79B9) >> 7) as u8 ^ (op as u8 * 37)).collect()
+}
+
+/// One operation of `PER_OP` requests between target `t` and `mem`.
+fn op_requests(write: bool, t: tutti::TargetHandle, mem: tutti::MemoryHandle) -> Vec<Request> {
+    (0..PER_OP)
+        .map(|j| {
+            let at = (j * ITEM) as u64;
+            if write {
+                Request::write(t, at, ITEM as u64, mem, at)
+            } else {
+                Request::read(t, at, ITEM as u64, mem, at)
+            }
+        })
+        .collect()
+}
+
+/// Waits on `op` and asserts every request succeeded.
+fn wait_ok(rt: &Runtime, op: tutti::OpHandle, what: &str) {
+    let st = rt.wait(op, BOUND).unwrap();
+    assert!(st.iter().all(RequestStatus::is_success), "{what}: {st:?}");
+}
+
+#[test]
+fn gpu_operations_in_flight_together_finish_far_within_the_command_budget() {
+    let Some(rt) = gpu_runtime(1) else { return };
+    const OPS: usize = 8;
+    let (src, ms) = gpu_buffers(&rt, OPS);
+    let (dst, md) = gpu_buffers(&rt, OPS);
+    for (i, b) in src.iter().enumerate() {
+        b.copy_in(0, &pattern(i)).unwrap();
+    }
+    let targets: Vec<_> = (0..OPS).map(|i| rt.open(&format!("tutti://kv/{i}")).unwrap()).collect();
+    let start = std::time::Instant::now();
+    // Eight kernels queued on the one I/O stream, then the first waited on.
+    let ops: Vec<_> = (0..OPS).map(|i| rt.submit(&op_requests(true, targets[i], ms[i])).op().unwrap()).collect();
+    for (i, op) in ops.into_iter().enumerate() {
+        wait_ok(&rt, op, &format!("write {i}"));
+    }
+    // Reads too (the emulator copies into GPU memory), waited last first.
+    let ops: Vec<_> = (0..OPS).map(|i| rt.submit(&op_requests(false, targets[i], md[i])).op().unwrap()).collect();
+    for (i, op) in ops.into_iter().enumerate().rev() {
+        wait_ok(&rt, op, &format!("read {i}"));
+    }
+    assert!(start.elapsed() < BOUND, "16 operations took {:?}", start.elapsed());
+    for (i, b) in dst.iter().enumerate() {
+        let mut back = vec![0u8; PER_OP * ITEM];
+        b.copy_out(0, &mut back).unwrap();
+        assert!(back == pattern(i), "operation {i}: bytes differ");
+    }
+    // Nothing timed out, so nothing stays pinned to the drive.
+    for m in ms.into_iter().chain(md) {
+        rt.unregister_memory(m).unwrap();
+    }
+}
+
+#[test]
+fn gpu_memory_management_between_submits_does_not_stall_running_kernels() {
+    let Some(rt) = gpu_runtime(1) else { return };
+    let gpu = rt.gpu().unwrap().clone();
+    let (src, ms) = gpu_buffers(&rt, 4);
+    let (dst, md) = gpu_buffers(&rt, 1);
+    for (i, b) in src.iter().enumerate() {
+        b.copy_in(0, &pattern(i)).unwrap();
+    }
+    let t: Vec<_> = (0..4).map(|i| rt.open(&format!("tutti://kv/{i}")).unwrap()).collect();
+    let start = std::time::Instant::now();
+    let mut ops = vec![rt.submit(&op_requests(true, t[0], ms[0])).op().unwrap()];
+    // A device allocation and free while kernel 0 may run.
+    drop(gpu_io::GpuBuffer::zeroed(&gpu, 1 << 20).unwrap());
+    ops.push(rt.submit(&op_requests(true, t[1], ms[1])).op().unwrap());
+    // A checksum (allocations, a kernel on another stream, frees): what a
+    // kv put of GPU memory does before its write.
+    let crc = gpu.crc32c(&[gpu_io::GpuRange::all(&src[2])]).unwrap();
+    ops.push(rt.submit(&op_requests(true, t[2], ms[2])).op().unwrap());
+    // Host memory registered and unregistered (its GPU page table
+    // uploaded and freed).
+    let mut host = vec![0u8; 1 << 20];
+    // SAFETY: `host` outlives the registration, unregistered just below.
+    #[allow(unsafe_code)]
+    let mh = unsafe { rt.register_memory(host.as_mut_ptr(), host.len()).unwrap() };
+    rt.unregister_memory(mh).unwrap();
+    ops.push(rt.submit(&op_requests(true, t[3], ms[3])).op().unwrap());
+    for (i, op) in ops.into_iter().enumerate() {
+        wait_ok(&rt, op, &format!("write {i}"));
+    }
+    assert!(start.elapsed() < BOUND, "4 operations took {:?}", start.elapsed());
+    for i in 0..4 {
+        wait_ok(&rt, rt.submit(&op_requests(false, t[i], md[0])).op().unwrap(), "read back");
+        let mut back = vec![0u8; PER_OP * ITEM];
+        dst[0].copy_out(0, &mut back).unwrap();
+        assert!(back == pattern(i), "operation {i}: bytes differ");
+        if i == 2 {
+            let again = gpu.crc32c(&[gpu_io::GpuRange::all(&dst[0])]).unwrap();
+            assert_eq!(crc, again, "the checksum taken while kernels ran is the read-back's");
+        }
+    }
+    for m in ms.into_iter().chain(md) {
+        rt.unregister_memory(m).unwrap();
+    }
+}
+
+#[test]
+fn a_flush_and_a_host_memory_request_submitted_behind_a_gpu_kernel_complete() {
+    let Some(rt) = gpu_runtime(1) else { return };
+    let (src, ms) = gpu_buffers(&rt, 1);
+    src[0].copy_in(0, &pattern(0)).unwrap();
+    let mut host = pattern(1);
+    let mut back = vec![0u8; PER_OP * ITEM];
+    // SAFETY: both vectors outlive their registrations (the runtime is
+    // dropped first) and are untouched while I/O runs.
+    #[allow(unsafe_code)]
+    let (mh, mb) = unsafe {
+        (
+            rt.register_memory(host.as_mut_ptr(), host.len()).unwrap(),
+            rt.register_memory(back.as_mut_ptr(), back.len()).unwrap(),
+        )
+    };
+    let (t0, t1) = (rt.open("tutti://kv/0").unwrap(), rt.open("tutti://kv/1").unwrap());
+    let start = std::time::Instant::now();
+    let gpu_write = rt.submit(&op_requests(true, t0, ms[0])).op().unwrap();
+    // CPU-executed (the queue pair a GPU-executed drive keeps for Flushes).
+    let flush = rt.submit(&[Request::flush(t0)]).op().unwrap();
+    // Host memory on a GPU datapath: a second kernel, queued behind the first.
+    let host_write = rt.submit(&op_requests(true, t1, mh)).op().unwrap();
+    wait_ok(&rt, flush, "flush");
+    wait_ok(&rt, host_write, "host-memory write");
+    wait_ok(&rt, gpu_write, "GPU-memory write");
+    assert!(start.elapsed() < BOUND, "3 operations took {:?}", start.elapsed());
+    wait_ok(&rt, rt.submit(&op_requests(false, t1, mb)).op().unwrap(), "read back");
+    drop(rt);
+    assert!(back == host, "the host-memory write reached the drive");
+}
+
+#[test]
+fn many_registered_gpu_buffers_each_round_trip_alone_within_the_bound() {
+    // 24 buffers, 24 copy streams (more than CUDA_DEVICE_MAX_CONNECTIONS'
+    // default of 8 hardware queues): one operation at a time, nothing else
+    // in flight. A failure here, with the test above passing, would point
+    // at streams sharing a hardware queue with the I/O stream rather than
+    // at memory management during a kernel.
+    let Some(rt) = gpu_runtime(1) else { return };
+    const N: usize = 24;
+    let (bufs, mems) = gpu_buffers(&rt, N);
+    let t: Vec<_> = (0..N).map(|i| rt.open(&format!("tutti://kv/{i}")).unwrap()).collect();
+    for (i, b) in bufs.iter().enumerate() {
+        b.copy_in(0, &pattern(i)).unwrap();
+        let start = std::time::Instant::now();
+        wait_ok(&rt, rt.submit(&op_requests(true, t[i], mems[i])).op().unwrap(), "write");
+        assert!(start.elapsed() < BOUND, "buffer {i}: write took {:?}", start.elapsed());
+    }
+    for (i, b) in bufs.iter().enumerate() {
+        b.copy_in(0, &vec![0u8; PER_OP * ITEM]).unwrap();
+        let start = std::time::Instant::now();
+        wait_ok(&rt, rt.submit(&op_requests(false, t[i], mems[i])).op().unwrap(), "read");
+        assert!(start.elapsed() < BOUND, "buffer {i}: read took {:?}", start.elapsed());
+        let mut back = vec![0u8; PER_OP * ITEM];
+        b.copy_out(0, &mut back).unwrap();
+        assert!(back == pattern(i), "buffer {i}: bytes differ");
+    }
+    for m in mems {
+        rt.unregister_memory(m).unwrap();
+    }
+}
