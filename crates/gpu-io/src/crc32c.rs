@@ -206,7 +206,7 @@ impl Gpu {
         }
         let offsets = task_offsets(items)?;
         // The allocations, copies and frees below must not overlap a
-        // running I/O kernel ([`crate::gpu::Quiesce`]): declared first, so
+        // running I/O kernel (`Quiesce`): declared first, so
         // the buffers are freed before the gate is let go.
         let _quiet = self.quiet.enter()?;
         let ntasks = offsets[items.len()];

@@ -456,7 +456,7 @@ impl Drop for HostMapping {
 #[derive(Debug)]
 pub struct Gpu {
     func: sys::CUfunction,
-    /// The I/O stream and the gate of memory management ([`Quiesce`]).
+    /// The I/O stream and the gate of memory management (`Quiesce`).
     pub(crate) quiet: Arc<Quiesce>,
     _module: Module,
     /// `tutti_crc32c` (see [`Gpu::crc32c`]) and its module.
@@ -569,7 +569,7 @@ impl Gpu {
     ///
     /// Blocks until every I/O kernel launched before on this `Gpu` has
     /// ended (each bounded by its budget): the descriptors' device
-    /// allocations must not overlap a running I/O kernel ([`Quiesce`]).
+    /// allocations must not overlap a running I/O kernel (`Quiesce`).
     pub fn launch(
         &self,
         queues: &[(&GpuQueue, &GpuRegion)],
@@ -621,7 +621,7 @@ impl Gpu {
     }
 
     /// Uploads a launch's descriptors and launches the kernel, with no
-    /// other I/O kernel running ([`Quiesce`]): waits for those launched
+    /// other I/O kernel running (`Quiesce`): waits for those launched
     /// before to end first.
     fn start(&self, input: &LaunchInput<'_>, threads: u32, budget: Duration) -> Result<GpuLaunch, GpuError> {
         // Declared first, so that on an early return the buffers below are
@@ -704,7 +704,7 @@ impl GpuLaunch {
     /// returns one status per request, in order. It waits for every I/O
     /// kernel of the `Gpu` launched so far (they share one stream), then
     /// reads the statuses and frees the buffers with none running
-    /// ([`Quiesce`]).
+    /// (`Quiesce`).
     pub fn wait(mut self) -> Result<Vec<GpuStatus>, GpuError> {
         let quiet = self.quiet.clone();
         let _quiet = quiet.enter()?;
@@ -902,7 +902,7 @@ impl GpuQueue {
     pub fn recreate(&self, ctrl: &mut Controller) -> Result<(), GpuError> {
         let mut qp = self.qp.lock().unwrap_or_else(|p| p.into_inner());
         // The memset and copy below must not overlap another drive's I/O
-        // kernel either ([`Quiesce`]).
+        // kernel either (`Quiesce`).
         let _quiet = self.quiet.enter()?;
         ctrl.recreate_io_queue_pair(&mut qp)
             .map_err(|source| GpuError::Recreate { qid: self.qid, source })?;
@@ -914,7 +914,7 @@ impl GpuQueue {
 
     /// CQEs the GPU side dropped because their CID matched no waiting
     /// command (unknown, duplicate or late after a timeout).
-    /// Waits for running I/O kernels first ([`Quiesce`]).
+    /// Waits for running I/O kernels first (`Quiesce`).
     pub fn stale_completions(&self) -> Result<u32, GpuError> {
         let _quiet = self.quiet.enter()?;
         Ok(self.state.read::<TuttiQueueState>(1)?[0].stale)
@@ -933,7 +933,7 @@ pub struct GpuRegion {
 
 impl GpuRegion {
     /// Uploads `mapping`'s page addresses; `len` bytes of it are usable.
-    /// Waits for running I/O kernels first ([`Quiesce`]).
+    /// Waits for running I/O kernels first (`Quiesce`).
     pub fn new(gpu: &Gpu, mapping: &DmaMapping, len: usize) -> Result<Self, GpuError> {
         if len > mapping.len() || mapping.pages().is_empty() {
             return Err(GpuError::RegionOutsideMapping { len, mapping_len: mapping.len() });
@@ -950,7 +950,7 @@ impl GpuRegion {
 }
 
 impl Drop for GpuRegion {
-    /// Frees the page table with no I/O kernel running ([`Quiesce`]).
+    /// Frees the page table with no I/O kernel running (`Quiesce`).
     fn drop(&mut self) {
         let Some(pages) = self.pages.take() else { return };
         let _quiet = self.quiet.enter();
@@ -962,7 +962,7 @@ impl Drop for GpuRegion {
 /// reaches it through CUDA copies ([`nvme_emu::ExternalMemory`]); a real
 /// drive would reach it by peer DMA (not yet written, see docs/gpu.md).
 ///
-/// Its copies and its drop are not gated by [`Quiesce`]: the emulator's
+/// Its copies and its drop are not gated by `Quiesce`: the emulator's
 /// controller thread makes the copies (a running I/O kernel waits on
 /// them) and may drop the last reference.
 #[derive(Debug)]
@@ -973,7 +973,7 @@ pub struct GpuBuffer {
 
 impl GpuBuffer {
     /// Allocates `len` zeroed bytes of GPU memory.
-    /// Waits for running I/O kernels first ([`Quiesce`]).
+    /// Waits for running I/O kernels first (`Quiesce`).
     pub fn zeroed(gpu: &Gpu, len: usize) -> Result<Self, GpuError> {
         let _quiet = gpu.quiet.enter()?;
         Ok(Self { copies: Stream::new(&gpu.ctx)?, mem: DeviceMem::zeroed(&gpu.ctx, len)? })
@@ -981,7 +981,7 @@ impl GpuBuffer {
 
     /// Wraps GPU memory the caller owns (`len` bytes at device pointer
     /// `dptr` in this GPU's context); it is never freed here. Waits for
-    /// running I/O kernels first ([`Quiesce`]).
+    /// running I/O kernels first (`Quiesce`).
     ///
     /// # Safety
     ///
