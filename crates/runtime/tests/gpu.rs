@@ -282,8 +282,8 @@ fn gpu_memory_management_between_submits_does_not_stall_running_kernels() {
         wait_ok(&rt, op, &format!("write {i}"));
     }
     assert!(start.elapsed() < BOUND, "4 operations took {:?}", start.elapsed());
-    for i in 0..4 {
-        wait_ok(&rt, rt.submit(&op_requests(false, t[i], md[0])).op().unwrap(), "read back");
+    for (i, &ti) in t.iter().enumerate() {
+        wait_ok(&rt, rt.submit(&op_requests(false, ti, md[0])).op().unwrap(), "read back");
         let mut back = vec![0u8; PER_OP * ITEM];
         dst[0].copy_out(0, &mut back).unwrap();
         assert!(back == pattern(i), "operation {i}: bytes differ");
