@@ -123,7 +123,9 @@ impl Drop for Event {
 impl Gpu {
     /// The standard CRC32C of each range, in order, computed on this GPU in
     /// one kernel launch (synchronous: returns when the kernel has ended).
-    /// Empty ranges give 0, as `crc32c::crc32c(&[])` does.
+    /// Empty ranges give 0, as `crc32c::crc32c(&[])` does. Waits first
+    /// for every I/O kernel of this `Gpu` launched so far to end: its
+    /// device allocations must not overlap one (`Quiesce` in `gpu.rs`).
     ///
     /// The ranges are read on this `Gpu`'s checksum stream, which is not
     /// ordered with other CUDA streams: writes into the buffers made on
@@ -203,6 +205,10 @@ impl Gpu {
             return Ok((Vec::new(), Duration::ZERO));
         }
         let offsets = task_offsets(items)?;
+        // The allocations, copies and frees below must not overlap a
+        // running I/O kernel (`Quiesce`): declared first, so
+        // the buffers are freed before the gate is let go.
+        let _quiet = self.quiet.enter()?;
         let ntasks = offsets[items.len()];
         let nitems = items.len() as u32; // <= ntasks <= u32::MAX (every item has a task)
         let dev_items = DeviceMem::from_slice(&self.ctx, items)?;

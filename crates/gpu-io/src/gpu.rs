@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::{sys, CudaContext};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use nvm_queue::{Controller, DmaBuffer, DmaMapping, NvmeDevice, QueuePair};
 use nvme_regs::Status;
@@ -346,6 +346,43 @@ impl Stream {
     }
 }
 
+/// The gate of the GPU path's own CUDA memory management (device
+/// allocations and frees, memsets, synchronous copies, stream creation):
+/// each runs only while no I/O kernel runs.
+///
+/// Why: an I/O kernel waits for completions that the emulator delivers
+/// after CUDA copies from its controller thread (`GpuBuffer::copy_in` /
+/// `copy_out`). On the H200 (2026-12-01), such a call made by another
+/// thread while an I/O kernel ran (a checksum's buffers, a second launch's
+/// descriptors) left the emulator's copies waiting behind the kernel,
+/// and the kernel waiting for the copies until each command's budget
+/// ended: puts of GPU memory in flight together timed out. Whatever the
+/// driver's reason (an implicit device synchronisation in `cuMemFree`,
+/// or the ordering the CUDA programming guide gives allocations and
+/// memsets), none of this crate's calls of that kind now overlaps an I/O
+/// kernel. Not yet run on a GPU: see docs/gpu.md.
+///
+/// Never entered by the emulator's controller thread (a `GpuBuffer`'s
+/// copies and drop are not gated), which the kernels wait on.
+#[derive(Debug)]
+pub(crate) struct Quiesce {
+    lock: Mutex<()>,
+    /// The I/O kernels' stream.
+    io: Stream,
+}
+
+impl Quiesce {
+    /// Takes the gate, then waits until every I/O kernel launched so far
+    /// has ended (each command bounded by its launch's budget). Hold the
+    /// guard across the memory management and, for a launch, the launch.
+    pub(crate) fn enter(&self) -> Result<MutexGuard<'_, ()>, GpuError> {
+        let guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.io.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        self.io.sync()?;
+        Ok(guard)
+    }
+}
+
 impl Drop for Stream {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
@@ -419,7 +456,8 @@ impl Drop for HostMapping {
 #[derive(Debug)]
 pub struct Gpu {
     func: sys::CUfunction,
-    stream: Arc<Stream>,
+    /// The I/O stream and the gate of memory management (`Quiesce`).
+    pub(crate) quiet: Arc<Quiesce>,
     _module: Module,
     /// `tutti_crc32c` (see [`Gpu::crc32c`]) and its module.
     pub(crate) crc_func: sys::CUfunction,
@@ -487,11 +525,11 @@ impl Gpu {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv("cuDeviceGetAttribute"))?;
-        let stream = Arc::new(Stream::new(&ctx)?);
+        let quiet = Arc::new(Quiesce { lock: Mutex::new(()), io: Stream::new(&ctx)? });
         let crc_stream = Stream::new(&ctx)?;
         Ok(Self {
             func,
-            stream,
+            quiet,
             _module: module,
             crc_func,
             _crc_module: crc_module,
@@ -528,6 +566,10 @@ impl Gpu {
     /// The queues must stay alive and must not be used by another launch
     /// until this one is waited on (launches on one [`Gpu`] run in order on
     /// its stream, so that holds for launches through the same `Gpu`).
+    ///
+    /// Blocks until every I/O kernel launched before on this `Gpu` has
+    /// ended (each bounded by its budget): the descriptors' device
+    /// allocations must not overlap a running I/O kernel (`Quiesce`).
     pub fn launch(
         &self,
         queues: &[(&GpuQueue, &GpuRegion)],
@@ -567,99 +609,124 @@ impl Gpu {
         let descs: Vec<TuttiQueue> = queues
             .iter()
             .map(|(q, region)| TuttiQueue {
-                pages: region.pages.ptr,
+                pages: region.pages_ptr(),
                 region_len: region.len as u64,
                 ..q.desc
             })
             .collect();
         let max_size = queues.iter().map(|(q, _)| q.desc.size).max().unwrap_or(2);
         let threads = threads_per_queue.clamp(1, 1024).min(max_size - 1);
-        let n = requests.len();
-        let launch = GpuLaunch {
-            queues: DeviceMem::from_slice(&self.ctx, &descs)?,
-            reqs: DeviceMem::from_slice(&self.ctx, requests)?,
-            order: DeviceMem::from_slice(&self.ctx, &order)?,
-            offsets: DeviceMem::from_slice(&self.ctx, &offsets)?,
+        let input = LaunchInput { descs: &descs, requests, order: &order, offsets: &offsets };
+        self.start(&input, threads, budget)
+    }
+
+    /// Uploads a launch's descriptors and launches the kernel, with no
+    /// other I/O kernel running (`Quiesce`): waits for those launched
+    /// before to end first.
+    fn start(&self, input: &LaunchInput<'_>, threads: u32, budget: Duration) -> Result<GpuLaunch, GpuError> {
+        // Declared first, so that on an early return the buffers below are
+        // freed before the gate is let go.
+        let _quiet = self.quiet.enter()?;
+        let n = input.requests.len();
+        let bufs = LaunchBuffers {
+            queues: DeviceMem::from_slice(&self.ctx, input.descs)?,
+            reqs: DeviceMem::from_slice(&self.ctx, input.requests)?,
+            order: DeviceMem::from_slice(&self.ctx, input.order)?,
+            offsets: DeviceMem::from_slice(&self.ctx, input.offsets)?,
             status: DeviceMem::from_slice(&self.ctx, &vec![STATUS_NOT_RUN; n])?,
-            n,
-            stream: self.stream.clone(),
-            ctx: self.ctx.clone(),
         };
-        let nqueues = queues.len() as u32;
+        let nqueues = input.descs.len() as u32;
         let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
         let mut params: [*mut c_void; 7] = [
-            (&launch.queues.ptr as *const u64).cast_mut().cast(),
+            (&bufs.queues.ptr as *const u64).cast_mut().cast(),
             (&nqueues as *const u32).cast_mut().cast(),
-            (&launch.reqs.ptr as *const u64).cast_mut().cast(),
-            (&launch.order.ptr as *const u64).cast_mut().cast(),
-            (&launch.offsets.ptr as *const u64).cast_mut().cast(),
-            (&launch.status.ptr as *const u64).cast_mut().cast(),
+            (&bufs.reqs.ptr as *const u64).cast_mut().cast(),
+            (&bufs.order.ptr as *const u64).cast_mut().cast(),
+            (&bufs.offsets.ptr as *const u64).cast_mut().cast(),
+            (&bufs.status.ptr as *const u64).cast_mut().cast(),
             (&budget_ns as *const u64).cast_mut().cast(),
         ];
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         // SAFETY: the parameter list matches `tutti_io`'s signature (7
         // arguments: 5 device pointers, a u32, a u64); cuLaunchKernel copies
         // the argument values before returning, and the device buffers they
-        // point to live in `launch` until it has been waited on (its Drop
-        // synchronises the stream first).
+        // point to live in the returned `GpuLaunch` until the stream has
+        // been synchronised (its `wait` and its Drop do that first); if the
+        // launch fails, nothing reads them.
         unsafe {
-            result::launch_kernel(
-                self.func,
-                (nqueues, 1, 1),
-                (threads, 1, 1),
-                0,
-                self.stream.raw,
-                &mut params,
-            )
+            result::launch_kernel(self.func, (nqueues, 1, 1), (threads, 1, 1), 0, self.quiet.io.raw, &mut params)
         }
         .map_err(drv("cuLaunchKernel"))?;
-        Ok(launch)
+        Ok(GpuLaunch { bufs: Some(bufs), n, quiet: self.quiet.clone() })
     }
 }
 
-/// A launched batch: its device buffers, until [`GpuLaunch::wait`].
+/// What [`Gpu::start`] uploads for a launch.
+struct LaunchInput<'a> {
+    descs: &'a [TuttiQueue],
+    requests: &'a [TuttiRequest],
+    order: &'a [u32],
+    offsets: &'a [u32],
+}
+
+/// The device buffers a launched kernel reads and writes.
 #[derive(Debug)]
-pub struct GpuLaunch {
+struct LaunchBuffers {
     queues: DeviceMem,
     reqs: DeviceMem,
     order: DeviceMem,
     offsets: DeviceMem,
     status: DeviceMem,
+}
+
+/// A launched batch: its device buffers, until [`GpuLaunch::wait`].
+#[derive(Debug)]
+pub struct GpuLaunch {
+    /// `None` once waited on (freed).
+    bufs: Option<LaunchBuffers>,
     n: usize,
-    stream: Arc<Stream>,
-    ctx: Arc<CudaContext>,
+    quiet: Arc<Quiesce>,
 }
 
 impl GpuLaunch {
     /// `true` once the kernel (and everything before it on the stream) has
     /// finished; never blocks.
     pub fn is_done(&self) -> bool {
-        if self.ctx.bind_to_thread().is_err() {
+        if self.quiet.io.ctx.bind_to_thread().is_err() {
             return false;
         }
         // SAFETY: `raw` is a live stream of this context.
-        let r = unsafe { sys::cuStreamQuery(self.stream.raw) };
+        let r = unsafe { sys::cuStreamQuery(self.quiet.io.raw) };
         r == sys::CUresult::CUDA_SUCCESS
     }
 
     /// Waits for the kernel (bounded by the launch's per-command budget) and
-    /// returns one status per request, in order.
-    pub fn wait(self) -> Result<Vec<GpuStatus>, GpuError> {
-        self.sync()?;
-        Ok(self.status.read::<u32>(self.n)?.into_iter().map(GpuStatus::from_word).collect())
-    }
-
-    fn sync(&self) -> Result<(), GpuError> {
-        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        self.stream.sync()
+    /// returns one status per request, in order. It waits for every I/O
+    /// kernel of the `Gpu` launched so far (they share one stream), then
+    /// reads the statuses and frees the buffers with none running
+    /// (`Quiesce`).
+    pub fn wait(mut self) -> Result<Vec<GpuStatus>, GpuError> {
+        let quiet = self.quiet.clone();
+        let _quiet = quiet.enter()?;
+        // Declared after the guard: freed (here or on an error return)
+        // before it is let go.
+        let bufs = self.bufs.take();
+        let words = match &bufs {
+            Some(b) => b.status.read::<u32>(self.n)?,
+            None => Vec::new(),
+        };
+        Ok(words.into_iter().map(GpuStatus::from_word).collect())
     }
 }
 
 impl Drop for GpuLaunch {
+    /// A launch dropped without a wait: the kernel may still read its
+    /// buffers, and freeing them must not overlap an I/O kernel: free them
+    /// inside the gate, which waits for the kernels first.
     fn drop(&mut self) {
-        // The kernel may still read these buffers: wait before freeing.
-        let _ = self.sync();
-        let _ = (&self.queues, &self.reqs, &self.order, &self.offsets);
+        let Some(bufs) = self.bufs.take() else { return };
+        let _quiet = self.quiet.enter();
+        drop(bufs);
     }
 }
 
@@ -674,6 +741,7 @@ impl GpuDrive {
     /// Maps `device`'s register window (the emulator's register page: host
     /// memory) into the GPU.
     pub fn map(gpu: &Gpu, device: Arc<dyn NvmeDevice>) -> Result<Self, GpuError> {
+        let _quiet = gpu.quiet.enter()?;
         let bar = device.bar0();
         // SAFETY: the window stays allocated while `device` lives, and this
         // struct keeps `device` alive longer than the mapping (field order:
@@ -688,6 +756,7 @@ impl GpuDrive {
     /// drives (issue 3's device access); not yet run on hardware: see
     /// docs/gpu.md. Emulated drives use [`GpuDrive::map`].
     pub fn map_mmio(gpu: &Gpu, device: Arc<dyn NvmeDevice>) -> Result<Self, GpuError> {
+        let _quiet = gpu.quiet.enter()?;
         let bar = device.bar0();
         // SAFETY: the window stays mapped while `device` lives, which this
         // struct keeps alive longer than the registration.
@@ -717,6 +786,8 @@ pub struct GpuQueue {
     /// The host-side pair: owns the SQ/CQ memory; locked only to re-create
     /// the queue after a controller reset.
     qp: Mutex<QueuePair>,
+    /// Rewriting and reading `state` waits for running I/O kernels.
+    quiet: Arc<Quiesce>,
 }
 
 /// Writes the GPU-side state of a queue whose host-side indexes are `qp`'s
@@ -740,6 +811,8 @@ impl GpuQueue {
     /// Maps `qp`'s SQ and CQ into the GPU and sets up its state from the
     /// pair's current indexes. `qp` must be idle (nothing outstanding).
     pub fn new(gpu: &Gpu, drive: &GpuDrive, qp: QueuePair) -> Result<Self, GpuError> {
+        // Registrations and allocations: not while an I/O kernel runs.
+        let _quiet = gpu.quiet.enter()?;
         let qid = qp.qid();
         if qp.outstanding() != 0 {
             return Err(GpuError::QueueBusy { qid, outstanding: qp.outstanding() });
@@ -803,6 +876,7 @@ impl GpuQueue {
             _lists: lists,
             qid,
             qp: Mutex::new(qp),
+            quiet: gpu.quiet.clone(),
         })
     }
 
@@ -827,6 +901,9 @@ impl GpuQueue {
     /// [`GpuError::Driver`] when the state cannot be written.
     pub fn recreate(&self, ctrl: &mut Controller) -> Result<(), GpuError> {
         let mut qp = self.qp.lock().unwrap_or_else(|p| p.into_inner());
+        // The memset and copy below must not overlap another drive's I/O
+        // kernel either (`Quiesce`).
+        let _quiet = self.quiet.enter()?;
         ctrl.recreate_io_queue_pair(&mut qp)
             .map_err(|source| GpuError::Recreate { qid: self.qid, source })?;
         self.state.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
@@ -837,7 +914,9 @@ impl GpuQueue {
 
     /// CQEs the GPU side dropped because their CID matched no waiting
     /// command (unknown, duplicate or late after a timeout).
+    /// Waits for running I/O kernels first (`Quiesce`).
     pub fn stale_completions(&self) -> Result<u32, GpuError> {
+        let _quiet = self.quiet.enter()?;
         Ok(self.state.read::<TuttiQueueState>(1)?[0].stale)
     }
 }
@@ -846,23 +925,46 @@ impl GpuQueue {
 /// in device memory for the kernel (PRPs are built from it on the GPU).
 #[derive(Debug)]
 pub struct GpuRegion {
-    pages: DeviceMem,
+    /// Always `Some` until dropped (freed inside the gate).
+    pages: Option<DeviceMem>,
     len: usize,
+    quiet: Arc<Quiesce>,
 }
 
 impl GpuRegion {
     /// Uploads `mapping`'s page addresses; `len` bytes of it are usable.
+    /// Waits for running I/O kernels first (`Quiesce`).
     pub fn new(gpu: &Gpu, mapping: &DmaMapping, len: usize) -> Result<Self, GpuError> {
         if len > mapping.len() || mapping.pages().is_empty() {
             return Err(GpuError::RegionOutsideMapping { len, mapping_len: mapping.len() });
         }
-        Ok(Self { pages: DeviceMem::from_slice(&gpu.ctx, mapping.pages())?, len })
+        let _quiet = gpu.quiet.enter()?;
+        let pages = DeviceMem::from_slice(&gpu.ctx, mapping.pages())?;
+        Ok(Self { pages: Some(pages), len, quiet: gpu.quiet.clone() })
+    }
+
+    /// Device pointer of the page address table.
+    fn pages_ptr(&self) -> u64 {
+        self.pages.as_ref().map_or(0, |p| p.ptr)
+    }
+}
+
+impl Drop for GpuRegion {
+    /// Frees the page table with no I/O kernel running (`Quiesce`).
+    fn drop(&mut self) {
+        let Some(pages) = self.pages.take() else { return };
+        let _quiet = self.quiet.enter();
+        drop(pages);
     }
 }
 
 /// GPU memory (`cuMemAlloc`) that a KV block can live in. The emulator
 /// reaches it through CUDA copies ([`nvme_emu::ExternalMemory`]); a real
 /// drive would reach it by peer DMA (not yet written, see docs/gpu.md).
+///
+/// Its copies and its drop are not gated by `Quiesce`: the emulator's
+/// controller thread makes the copies (a running I/O kernel waits on
+/// them) and may drop the last reference.
 #[derive(Debug)]
 pub struct GpuBuffer {
     copies: Stream,
@@ -871,18 +973,23 @@ pub struct GpuBuffer {
 
 impl GpuBuffer {
     /// Allocates `len` zeroed bytes of GPU memory.
+    /// Waits for running I/O kernels first (`Quiesce`).
     pub fn zeroed(gpu: &Gpu, len: usize) -> Result<Self, GpuError> {
+        let _quiet = gpu.quiet.enter()?;
         Ok(Self { copies: Stream::new(&gpu.ctx)?, mem: DeviceMem::zeroed(&gpu.ctx, len)? })
     }
 
     /// Wraps GPU memory the caller owns (`len` bytes at device pointer
-    /// `dptr` in this GPU's context); it is never freed here.
+    /// `dptr` in this GPU's context); it is never freed here. Waits for
+    /// running I/O kernels first (`Quiesce`).
     ///
     /// # Safety
     ///
     /// `dptr..dptr + len` must be a live allocation of this context for as
     /// long as the returned value (and any mapping of it) exists.
     pub unsafe fn from_raw(gpu: &Gpu, dptr: u64, len: usize) -> Result<Self, GpuError> {
+        // Creating the copy stream is kept off running I/O kernels too.
+        let _quiet = gpu.quiet.enter()?;
         Ok(Self {
             copies: Stream::new(&gpu.ctx)?,
             mem: DeviceMem { ptr: dptr, len, owned: false, ctx: gpu.ctx.clone() },

@@ -223,7 +223,11 @@ impl Runtime {
         if users > 0 {
             return Err(Error::MemoryBusy { ops: users });
         }
-        drop(m.remove(memory.0)?);
+        let region = m.remove(memory.0)?;
+        drop(m);
+        // Freeing its GPU page tables waits for running I/O kernels
+        // (gpu-io's gate): not with the memory table locked.
+        drop(region);
         Ok(())
     }
 }
