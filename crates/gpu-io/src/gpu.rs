@@ -266,10 +266,10 @@ impl GpuStatus {
 #[derive(Debug)]
 pub(crate) struct DeviceMem {
     pub(crate) ptr: sys::CUdeviceptr,
-    len: usize,
+    pub(crate) len: usize,
     /// `false` for memory the caller owns (never freed here).
     owned: bool,
-    ctx: Arc<CudaContext>,
+    pub(crate) ctx: Arc<CudaContext>,
 }
 
 impl DeviceMem {
@@ -654,7 +654,14 @@ impl Gpu {
         // been synchronised (its `wait` and its Drop do that first); if the
         // launch fails, nothing reads them.
         unsafe {
-            result::launch_kernel(self.func, (nqueues, 1, 1), (threads, 1, 1), 0, self.quiet.io.raw, &mut params)
+            result::launch_kernel(
+                self.func,
+                (nqueues, 1, 1),
+                (threads, 1, 1),
+                0,
+                self.quiet.io.raw,
+                &mut params,
+            )
         }
         .map_err(drv("cuLaunchKernel"))?;
         Ok(GpuLaunch { bufs: Some(bufs), n, quiet: self.quiet.clone() })
@@ -967,8 +974,10 @@ impl Drop for GpuRegion {
 /// them) and may drop the last reference.
 #[derive(Debug)]
 pub struct GpuBuffer {
-    copies: Stream,
-    mem: DeviceMem,
+    /// The emulator's copies to and from this memory (`copy_in`/`copy_out`
+    /// and the asynchronous ones of `emulated_dma.rs`).
+    pub(crate) copies: Stream,
+    pub(crate) mem: DeviceMem,
 }
 
 impl GpuBuffer {
@@ -1038,22 +1047,10 @@ impl GpuBuffer {
         self.copies.sync()
     }
 
-    fn check(&self, offset: usize, len: usize) -> Result<(), GpuError> {
+    pub(crate) fn check(&self, offset: usize, len: usize) -> Result<(), GpuError> {
         match offset.checked_add(len) {
             Some(end) if end <= self.mem.len => Ok(()),
             _ => Err(GpuError::BufferOutOfBounds { offset, len, size: self.mem.len }),
         }
-    }
-}
-
-impl nvme_emu::ExternalMemory for GpuBuffer {
-    fn len(&self) -> u64 {
-        self.mem.len as u64
-    }
-    fn read(&self, offset: u64, dst: &mut [u8]) -> bool {
-        usize::try_from(offset).is_ok_and(|o| self.copy_out(o, dst).is_ok())
-    }
-    fn write(&self, offset: u64, src: &[u8]) -> bool {
-        usize::try_from(offset).is_ok_and(|o| self.copy_in(o, src).is_ok())
     }
 }

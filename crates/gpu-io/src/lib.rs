@@ -30,6 +30,7 @@
 
 pub mod abi;
 mod crc32c;
+mod emulated_dma;
 mod gpu;
 pub mod ptx;
 

@@ -252,6 +252,8 @@ impl Controller {
             .get_mut(usize::from(qid))
             .and_then(Option::as_mut)
             .map_or_else(Vec::new, |s| std::mem::take(&mut s.held));
+        // Commands whose copies are still running: they end first.
+        aborted.extend(self.take_transfers_of(qid));
         if let Some(t) = &mut self.timing {
             if t.heap.iter().any(|s| s.completion.sqid == qid) {
                 let mut all = std::mem::take(&mut t.heap).into_sorted_vec();

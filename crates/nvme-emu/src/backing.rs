@@ -7,6 +7,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
+use std::ptr::NonNull;
 
 use nvme_regs::status::{generic, media};
 use nvme_regs::Status;
@@ -154,6 +155,14 @@ impl Backing {
         }
     }
 
+    /// Address and length in bytes of each namespace's RAM image (RAM and
+    /// RAM disk stores; none for the others), for page-locking.
+    pub(crate) fn ram_ranges(&mut self) -> Vec<(NonNull<u8>, usize)> {
+        self.ram().map_or_else(Vec::new, |images| {
+            images.iter_mut().filter_map(|v| Some((NonNull::new(v.as_mut_ptr())?, v.len()))).collect()
+        })
+    }
+
     /// Namespace `ns`'s bytes `offset..offset + dst.len()` into `dst`
     /// (the null store leaves `dst` untouched).
     pub(crate) fn read_at(&mut self, ns: usize, offset: u64, dst: &mut [u8]) -> Result<(), MediaError> {
@@ -214,7 +223,10 @@ impl Backing {
             for s in segs {
                 let len = s.len as usize;
                 let src = off.checked_add(len).and_then(|end| data.get(off..end)).ok_or_else(internal)?;
-                dma.write(s.iova, src).map_err(|_| MediaError::Dma)?;
+                // SAFETY: `src` is this store's RAM image, which the
+                // controller frees or writes only after waiting for the
+                // copies in flight (see `DmaView::write_from_media`).
+                unsafe { dma.write_from_media(s.iova, src) }.map_err(|_| MediaError::Dma)?;
                 off += len;
             }
             return Ok(());
@@ -247,13 +259,16 @@ impl Backing {
     }
 
     /// Host -> media: copies the host segments into namespace `ns` at
-    /// `offset`.
+    /// `offset`. With `deferred`, copies out of external memory into a RAM
+    /// image may only be started (see `DmaView::read_into_media`): the
+    /// caller must not read the written range before they end.
     pub(crate) fn write(
         &mut self,
         dma: &DmaView<'_>,
         ns: usize,
         offset: u64,
         segs: &[Segment],
+        deferred: bool,
     ) -> Result<(), MediaError> {
         if let Some(images) = self.ram() {
             let data = images.get_mut(ns).ok_or_else(internal)?;
@@ -261,7 +276,15 @@ impl Backing {
             for s in segs {
                 let len = s.len as usize;
                 let dst = off.checked_add(len).and_then(|end| data.get_mut(off..end)).ok_or_else(internal)?;
-                dma.read(s.iova, dst).map_err(|_| MediaError::Dma)?;
+                let r = if deferred {
+                    // SAFETY: as in `read`: the RAM image outlives the
+                    // copies in flight, and the caller reads nothing of
+                    // this range before they end.
+                    unsafe { dma.read_into_media(s.iova, dst) }
+                } else {
+                    dma.read(s.iova, dst)
+                };
+                r.map_err(|_| MediaError::Dma)?;
                 off += len;
             }
             return Ok(());

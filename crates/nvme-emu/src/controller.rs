@@ -26,6 +26,7 @@ use crate::prp::Segment;
 use crate::queues::{CompQueue, Completion, CqeQuirk, SqDoorbell, SubQueue};
 use crate::regs::{RegisterPage, MPSMAX, MPSMIN};
 use crate::timing::Timing;
+use crate::transfer::InTransfer;
 
 /// Most SQEs fetched from one SQ per poll iteration.
 pub(crate) const BATCH: u32 = 256;
@@ -189,6 +190,9 @@ pub(crate) struct Controller {
     /// Host read/write command totals (SMART log).
     pub totals: LocalStats,
     pub max_transfer: Option<u64>,
+    /// Completions waiting for their asynchronous copies
+    /// (`crate::transfer`).
+    pub transfers: Vec<InTransfer>,
 }
 
 impl Controller {
@@ -215,6 +219,7 @@ impl Controller {
             aer_outstanding: 0,
             local: LocalStats::default(),
             totals: LocalStats::default(),
+            transfers: Vec::new(),
         }
     }
 
@@ -232,6 +237,7 @@ impl Controller {
     /// Controller reset (CC.EN 1 -> 0): drops every queue, scheduled and
     /// pending completion, and clears CSTS (RDY, CFS, SHST).
     fn reset(&mut self, sh: &Shared) {
+        self.settle_transfers();
         for q in &mut self.sqs {
             *q = None;
         }
@@ -294,6 +300,9 @@ impl Controller {
         }
         if shn == ShutdownNotification::Normal {
             let dma = sh.iova.view();
+            if self.finish_transfers_now(sh, &dma).is_err() {
+                self.settle_transfers();
+            }
             if let Some(t) = &mut self.timing {
                 while let Some(s) = t.heap.pop() {
                     if let Some(cq) = self.cqs.get_mut(usize::from(s.cqid)).and_then(Option::as_mut) {
@@ -311,6 +320,7 @@ impl Controller {
             drop(dma);
             self.flush_stats(sh);
         }
+        self.settle_transfers();
         self.state = State::ShutDown;
         self.set_csts(sh, self.csts.with_shst(ShutdownStatus::Complete));
     }
@@ -373,6 +383,8 @@ impl Controller {
         drop(dma);
         self.flush_stats(sh);
         match r {
+            // Copies in flight: poll again at once for their fences.
+            Ok(work) if !self.transfers.is_empty() => (work, Some(now)),
             Ok(work) => (work, self.timing.as_ref().and_then(|t| t.next_wake(now))),
             Err(Fatal) => {
                 self.fatal(sh);
@@ -402,6 +414,10 @@ impl Controller {
             if !cq.pending.is_empty() {
                 work |= self.post_pending(sh, dma, cqid)?;
             }
+        }
+        // Completions whose copies have ended.
+        if !self.transfers.is_empty() {
+            work |= self.finish_transfers(sh, dma)?;
         }
         // Due completions of the timing model.
         for _ in 0..4096 {
@@ -461,9 +477,24 @@ impl Controller {
             let sqe = sq.fetch(dma)?;
             n += 1;
             let (outcome, injected) = self.execute_with_faults(sh, dma, media, qid, &sqe);
-            if let Outcome::Complete { status, dw0, media_bytes } = outcome {
-                let c = Completion { dw0, sqid: qid, cid: injected.cid, status, quirk: injected.quirk };
-                self.post_completion(sh, dma, cqid, c, media_bytes, injected, now)?;
+            let copies = dma.take_copies();
+            match (outcome, copies) {
+                (Outcome::Complete { status, dw0, media_bytes }, copies) => {
+                    let c = Completion { dw0, sqid: qid, cid: injected.cid, status, quirk: injected.quirk };
+                    match copies {
+                        None => self.post_completion(sh, dma, cqid, c, media_bytes, injected, now)?,
+                        Some(p) => {
+                            let due = self.due_time(&c, media_bytes, injected.delay, now);
+                            self.defer_completion(cqid, c, due, injected.copies, p);
+                        }
+                    }
+                }
+                // No completion will be posted (held, or the controller
+                // failed): the copies still end before anything else.
+                (_, Some(p)) => {
+                    p.wait();
+                }
+                (_, None) => {}
             }
             if self.state != State::Enabled {
                 break;
@@ -534,8 +565,13 @@ impl Controller {
                 Outcome::Deferred
             }
             Some(FaultAction::PowerFail) => {
-                // Executed into the cache; the power fails before its CQE.
+                // Executed into the cache; the power fails before its CQE
+                // (after its copies and every other copy in flight end).
                 let _ = self.execute(sh, dma, media, qid, sqe);
+                if let Some(p) = dma.take_copies() {
+                    p.wait();
+                }
+                self.settle_transfers();
                 self.power_fail(sh, media);
                 Outcome::Deferred
             }
@@ -573,18 +609,10 @@ impl Controller {
         now: Instant,
     ) -> Result<(), Fatal> {
         let Injected { delay, copies, .. } = injected;
-        let modelled =
-            c.sqid != 0 && media_bytes.is_some() && self.timing.as_ref().is_some_and(Timing::has_model);
-        if modelled || delay.is_some() {
-            // The timing model's heap also holds delayed completions;
-            // without a model it is created for the first delay.
-            let t = self.timing.get_or_insert_with(|| Timing::new(None));
-            let due = match media_bytes {
-                Some(bytes) if modelled => t.schedule(now, bytes),
-                _ => now,
-            };
+        if let Some(due) = self.due_time(&c, media_bytes, delay, now) {
+            let Some(t) = self.timing.as_mut() else { return Ok(()) };
             for _ in 0..copies {
-                t.push(due + delay.unwrap_or_default(), cqid, c);
+                t.push(due, cqid, c);
             }
             if let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) {
                 cq.in_flight += copies;
@@ -595,6 +623,32 @@ impl Controller {
             }
         }
         Ok(())
+    }
+
+    /// When the timing model (an I/O command that moved `media_bytes`) or
+    /// an injected delay says `c` is due, fixed at fetch time `now`; `None`
+    /// to post it at once. The model's channel is taken here.
+    #[inline]
+    fn due_time(
+        &mut self,
+        c: &Completion,
+        media_bytes: Option<u64>,
+        delay: Option<Duration>,
+        now: Instant,
+    ) -> Option<Instant> {
+        let modelled =
+            c.sqid != 0 && media_bytes.is_some() && self.timing.as_ref().is_some_and(Timing::has_model);
+        if !modelled && delay.is_none() {
+            return None;
+        }
+        // The timing model's heap also holds delayed completions; without a
+        // model it is created for the first delay.
+        let t = self.timing.get_or_insert_with(|| Timing::new(None));
+        let due = match media_bytes {
+            Some(bytes) if modelled => t.schedule(now, bytes),
+            _ => now,
+        };
+        Some(due + delay.unwrap_or_default())
     }
 
     /// Executes one fetched command of SQ `qid`.
@@ -786,8 +840,11 @@ pub(crate) fn run(shared: Arc<Shared>, mut ctrl: Controller) {
     let mut idle_since = Instant::now();
     while !shared.stop.load(Ordering::Acquire) {
         if shared.gone.load(Ordering::Acquire) {
-            // The device is gone: no more work; keep the register page all
-            // ones, or all zeros (host writes land in the page, undo them).
+            // The device is gone: no more work (copies in flight end first,
+            // so that the media can be released); keep the register page
+            // all ones, or all zeros (host writes land in the page, undo
+            // them).
+            ctrl.settle_transfers();
             shared.regs.fill(shared.gone_fill.load(Ordering::Acquire));
             shared.gone_ack.store(true, Ordering::Release);
             std::thread::park_timeout(GONE_REFILL);
@@ -829,6 +886,8 @@ pub(crate) fn run(shared: Arc<Shared>, mut ctrl: Controller) {
             std::thread::park_timeout(until_due.map_or(nap, |d| d.min(nap)));
         }
     }
+    // Stopped: the media and the mapped memories may go once this returns.
+    ctrl.settle_transfers();
 }
 
 /// Counts a completion about to be posted, before its CQE is written: the

@@ -19,11 +19,11 @@
 //! only with `ptr::copy_nonoverlapping` and atomics, never through Rust
 //! references.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{RwLock, RwLockReadGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use nvm_queue::{DeviceError, DmaMapping, HOST_PAGE_SIZE};
 
@@ -70,6 +70,126 @@ pub trait ExternalMemory: Send + Sync + std::fmt::Debug {
     fn read(&self, offset: u64, dst: &mut [u8]) -> bool;
     /// Copies `src` to byte `offset`; `false` on failure.
     fn write(&self, offset: u64, src: &[u8]) -> bool;
+
+    /// Starts copying `len` bytes at byte `offset` of this memory to host
+    /// memory at `dst`, without waiting for the copy: the asynchronous half
+    /// of an emulated DMA engine. The copy is complete once a [`CopyFence`]
+    /// from a later [`ExternalMemory::fence`] has completed. `None` when
+    /// this memory has no asynchronous copies (the controller then uses
+    /// [`ExternalMemory::write`]/[`ExternalMemory::read`]), `Some(false)`
+    /// when the copy could not be started (a Data Transfer Error).
+    ///
+    /// # Safety
+    ///
+    /// `dst..dst + len` must stay allocated, and must not be read or
+    /// written by anyone else, until that fence has completed.
+    unsafe fn start_read(&self, offset: u64, dst: NonNull<u8>, len: usize) -> Option<bool> {
+        let _ = (offset, dst, len);
+        None
+    }
+
+    /// Starts copying `len` bytes of host memory at `src` to byte `offset`
+    /// of this memory, without waiting; as [`ExternalMemory::start_read`].
+    ///
+    /// # Safety
+    ///
+    /// `src..src + len` must stay allocated and unchanged until the fence
+    /// of a later [`ExternalMemory::fence`] has completed.
+    unsafe fn start_write(&self, offset: u64, src: NonNull<u8>, len: usize) -> Option<bool> {
+        let _ = (offset, src, len);
+        None
+    }
+
+    /// A fence that completes once every copy this memory has started so
+    /// far has ended. Infallible: an implementation that cannot make one
+    /// waits for its copies itself and returns a completed fence.
+    fn fence(&self) -> Box<dyn CopyFence> {
+        Box::new(FenceState::Done)
+    }
+}
+
+/// Where a [`CopyFence`] stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceState {
+    /// Copies before it are still running.
+    Pending,
+    /// Every copy before it ended successfully.
+    Done,
+    /// A copy before it failed, or the fence itself could not be queried:
+    /// the data did not (all) move.
+    Failed,
+}
+
+/// The completion of asynchronous copies (an event recorded after them).
+pub trait CopyFence: Send + std::fmt::Debug {
+    /// Polls without blocking.
+    fn state(&self) -> FenceState;
+    /// Blocks until the copies before the fence have ended; never
+    /// [`FenceState::Pending`].
+    fn wait(&self) -> FenceState;
+}
+
+impl CopyFence for FenceState {
+    fn state(&self) -> FenceState {
+        *self
+    }
+    fn wait(&self) -> FenceState {
+        match self {
+            FenceState::Pending => FenceState::Failed,
+            s => *s,
+        }
+    }
+}
+
+/// Page-locks host memory for a DMA engine's copies (`gpu-io` registers
+/// it with CUDA), so that copies between it and external memory run
+/// asynchronously and at the interconnect's speed.
+pub trait PageLocker {
+    /// Locks `len` bytes at `host`; the guard unlocks them when dropped.
+    /// `None` when refused (copies then run from pageable memory).
+    ///
+    /// # Safety
+    ///
+    /// `host..host + len` must stay allocated until the guard is dropped.
+    unsafe fn lock(&self, host: NonNull<u8>, len: usize) -> Option<Box<dyn HostPin>>;
+}
+
+/// Host memory page-locked by a [`PageLocker`] while it lives.
+pub trait HostPin: Send + std::fmt::Debug {}
+
+/// The copies one command started asynchronously, and the memories they
+/// touch (held, so that an unmap cannot release them while a copy runs).
+#[derive(Debug)]
+pub(crate) struct PendingCopies {
+    fences: Vec<(Arc<dyn ExternalMemory>, Box<dyn CopyFence>)>,
+}
+
+impl PendingCopies {
+    /// [`FenceState::Done`] once every fence is, [`FenceState::Failed`] as
+    /// soon as one fails (the others are waited for first by
+    /// [`PendingCopies::wait`] callers before memory is released).
+    pub(crate) fn state(&self) -> FenceState {
+        let mut all = FenceState::Done;
+        for (_, f) in &self.fences {
+            match f.state() {
+                FenceState::Done => {}
+                FenceState::Pending => return FenceState::Pending,
+                FenceState::Failed => all = FenceState::Failed,
+            }
+        }
+        all
+    }
+
+    /// Blocks until every copy has ended.
+    pub(crate) fn wait(&self) -> FenceState {
+        let mut all = FenceState::Done;
+        for (_, f) in &self.fences {
+            if f.wait() != FenceState::Done {
+                all = FenceState::Failed;
+            }
+        }
+        all
+    }
 }
 
 #[derive(Debug)]
@@ -79,7 +199,7 @@ struct Regions {
     /// Next free device address (page aligned).
     next: u64,
     /// External memories, by `Region::external`.
-    external: Vec<Option<std::sync::Arc<dyn ExternalMemory>>>,
+    external: Vec<Option<Arc<dyn ExternalMemory>>>,
 }
 
 /// The table of DMA mappings of one emulated controller.
@@ -113,10 +233,7 @@ impl IovaSpace {
     }
 
     /// Maps external memory (see [`ExternalMemory`]) for data transfers.
-    pub(crate) fn map_external(
-        &self,
-        mem: std::sync::Arc<dyn ExternalMemory>,
-    ) -> Result<DmaMapping, DeviceError> {
+    pub(crate) fn map_external(&self, mem: Arc<dyn ExternalMemory>) -> Result<DmaMapping, DeviceError> {
         let len =
             usize::try_from(mem.len()).map_err(|_| DeviceError::BadRange { addr: 0, len: usize::MAX })?;
         if len == 0 {
@@ -173,6 +290,7 @@ impl IovaSpace {
             guard: self.regions.read().unwrap_or_else(|e| e.into_inner()),
             cache: Default::default(),
             next: Cell::new(0),
+            started: RefCell::new(Vec::new()),
         }
     }
 }
@@ -186,6 +304,10 @@ pub(crate) struct DmaView<'a> {
     /// replaced round robin, spares the tree walk on nearly every access.
     cache: [Cell<Option<Region>>; CACHE],
     next: Cell<usize>,
+    /// External memories (by `Region::external`) on which the current
+    /// command started asynchronous copies; [`DmaView::take_copies`]
+    /// collects them.
+    started: RefCell<Vec<u32>>,
 }
 
 /// Entries of [`DmaView`]'s lookup cache.
@@ -280,6 +402,98 @@ impl DmaView<'_> {
         // SAFETY: as in `read`, with the direction reversed.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
         Ok(())
+    }
+
+    /// Copies `src` to device address `iova`, as [`DmaView::write`], except
+    /// that external memory with asynchronous copies only starts the copy
+    /// ([`ExternalMemory::start_write`]); [`DmaView::take_copies`] then
+    /// returns what the command must wait for before its completion.
+    ///
+    /// # Safety
+    ///
+    /// `src` must stay allocated and unchanged until those copies have
+    /// ended: it is the controller's RAM media, which the controller
+    /// neither frees nor writes (power loss, reset, exit) before waiting
+    /// for every copy in flight. Commands in flight together that overlap
+    /// on the media have no defined result, as on a real drive.
+    pub(crate) unsafe fn write_from_media(&self, iova: u64, src: &[u8]) -> Result<(), DmaFault> {
+        let Some((r, off)) = self.external_region(iova, src.len())? else {
+            return self.write(iova, src);
+        };
+        let Some(mem) = self.external(&r) else { return Err(DmaFault { iova, len: src.len() }) };
+        let ptr = NonNull::from(src).cast::<u8>();
+        // SAFETY: forwarded from this function's contract.
+        match unsafe { mem.start_write(off, ptr, src.len()) } {
+            None => self.write(iova, src),
+            Some(ok) => self.started(&r, ok, iova, src.len()),
+        }
+    }
+
+    /// Copies from device address `iova` into `dst`, as [`DmaView::read`],
+    /// except that external memory with asynchronous copies only starts
+    /// the copy (see [`DmaView::write_from_media`]).
+    ///
+    /// # Safety
+    ///
+    /// As for [`DmaView::write_from_media`]: `dst` is the controller's RAM
+    /// media, not read or written by the controller until the copies end.
+    pub(crate) unsafe fn read_into_media(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaFault> {
+        let Some((r, off)) = self.external_region(iova, dst.len())? else {
+            return self.read(iova, dst);
+        };
+        let Some(mem) = self.external(&r) else { return Err(DmaFault { iova, len: dst.len() }) };
+        let len = dst.len();
+        let ptr = NonNull::from(&mut *dst).cast::<u8>();
+        // SAFETY: forwarded from this function's contract.
+        match unsafe { mem.start_read(off, ptr, len) } {
+            None => self.read(iova, dst),
+            Some(ok) => self.started(&r, ok, iova, len),
+        }
+    }
+
+    /// The external region holding all of `iova..iova + len` and the
+    /// offset in it; `None` for host memory or an empty range.
+    fn external_region(&self, iova: u64, len: usize) -> Result<Option<(Region, u64)>, DmaFault> {
+        if len == 0 {
+            return Ok(None);
+        }
+        let (r, off) = self.locate(iova, len)?;
+        Ok(r.external.is_some().then_some((r, off)))
+    }
+
+    /// Records that a copy was started on region `r` (even one that failed
+    /// to start: copies before it on that memory may still run).
+    fn started(&self, r: &Region, ok: bool, iova: u64, len: usize) -> Result<(), DmaFault> {
+        if let Some(i) = r.external {
+            let mut v = self.started.borrow_mut();
+            if !v.contains(&i) {
+                v.push(i);
+            }
+        }
+        if ok {
+            Ok(())
+        } else {
+            Err(DmaFault { iova, len })
+        }
+    }
+
+    /// The fences of the copies the current command started
+    /// asynchronously (`None` when it started none), each holding its
+    /// memory; resets the record for the next command.
+    pub(crate) fn take_copies(&self) -> Option<PendingCopies> {
+        let mut started = self.started.borrow_mut();
+        if started.is_empty() {
+            return None;
+        }
+        let fences = started
+            .drain(..)
+            .filter_map(|i| self.guard.external.get(i as usize)?.clone())
+            .map(|mem| {
+                let f = mem.fence();
+                (mem, f)
+            })
+            .collect();
+        Some(PendingCopies { fences })
     }
 
     /// Writes `len` zero bytes at `iova`.

@@ -255,13 +255,14 @@ mod queues;
 mod ram_disk;
 mod regs;
 mod timing;
+mod transfer;
 mod undo;
 
 pub use admin::{CONTROLLER_ID, VENDOR_ID};
 pub use config::{
     BackingSpec, EmulatorConfig, NamespaceSpec, TimingModel, WriteCacheSpec, DEFAULT_IDLE_SPIN,
 };
-pub use dma::{ExternalMemory, IOVA_BASE};
+pub use dma::{CopyFence, ExternalMemory, FenceState, HostPin, PageLocker, IOVA_BASE};
 pub use fault::{FaultAction, FaultMatch, FaultRule};
 pub use media::{MediaAccessError, PowerFailReport};
 pub use ram_disk::remove_ram_disk;
@@ -554,6 +555,20 @@ impl Emulator {
     /// for data transfers. Unmap with [`NvmeDevice::dma_unmap`].
     pub fn map_external(&self, mem: Arc<dyn ExternalMemory>) -> Result<DmaMapping, DeviceError> {
         self.shared.iova.map_external(mem)
+    }
+
+    /// Page-locks the RAM media (the RAM and RAM disk stores' images)
+    /// through `locker`, once per image and for as long as the media
+    /// lives (a power failure releases the locks with the media), so that
+    /// the copies of a DMA engine between it and external memory
+    /// ([`ExternalMemory::start_read`]) run asynchronously and at full
+    /// speed. Returns how many images are locked (0 for the file and null
+    /// stores, or when the locker refuses). Waits for the controller's
+    /// current poll iteration and holds it back while locking, which takes
+    /// time in proportion to the media's size: call it at set-up, not
+    /// while commands are expected to complete.
+    pub fn lock_media_pages(&self, locker: &dyn PageLocker) -> usize {
+        self.shared.lock_media().lock_pages(locker)
     }
 
     /// `true` while the controller thread runs: `false` after it stopped,

@@ -13,7 +13,7 @@ use nvme_regs::Status;
 use crate::backing::{Backing, MediaError};
 use crate::cache::WriteCache;
 use crate::config::{EmulatorConfig, NamespaceSpec};
-use crate::dma::DmaView;
+use crate::dma::{DmaView, HostPin, PageLocker};
 use crate::prp::Segment;
 use crate::EmuError;
 
@@ -85,6 +85,10 @@ impl From<MediaError> for MediaAccessError {
 /// The backing store and the write cache in front of it.
 #[derive(Debug)]
 pub(crate) struct Media {
+    /// Page-locks of the RAM images, one slot per image (`None`: not
+    /// locked). Declared before `backing` so that they are released
+    /// before the images.
+    pins: Vec<Option<Box<dyn HostPin>>>,
     backing: Backing,
     cache: Option<WriteCache>,
     namespaces: Vec<NamespaceSpec>,
@@ -96,11 +100,30 @@ impl Media {
     /// Opens (or creates) the backing store for `config`.
     pub(crate) fn new(config: &EmulatorConfig) -> Result<Self, EmuError> {
         Ok(Self {
+            pins: Vec::new(),
             backing: Backing::new(config)?,
             cache: config.write_cache.map(|spec| WriteCache::new(spec, &config.namespaces)),
             namespaces: config.namespaces.clone(),
             report: None,
         })
+    }
+
+    /// Page-locks the RAM images not yet locked, through `locker`, and
+    /// returns how many images are locked. An image the locker refuses
+    /// stays pageable (copies still work, more slowly). Nothing to do for
+    /// the file and null stores.
+    pub(crate) fn lock_pages(&mut self, locker: &dyn PageLocker) -> usize {
+        let ranges = self.backing.ram_ranges();
+        self.pins.resize_with(ranges.len(), || None);
+        for ((ptr, len), slot) in ranges.into_iter().zip(self.pins.iter_mut()) {
+            if slot.is_none() {
+                // SAFETY: the image stays allocated while `self.backing`
+                // holds it, and `pins` is cleared before `backing` is
+                // released (power loss) or dropped (field order).
+                *slot = unsafe { locker.lock(ptr, len) };
+            }
+        }
+        self.pins.iter().filter(|p| p.is_some()).count()
     }
 
     /// True for the null store: no data moves, PRPs are not walked.
@@ -139,7 +162,9 @@ impl Media {
         if let Some(c) = &mut self.cache {
             c.before_write(&mut self.backing, ns, slba, nlb)?;
         }
-        self.backing.write(dma, ns, offset, segs)?;
+        // Without a write cache nothing reads the new contents before the
+        // command completes, so copies out of GPU memory may run on.
+        self.backing.write(dma, ns, offset, segs, self.cache.is_none())?;
         match &mut self.cache {
             Some(c) => c.after_write(&mut self.backing, ns, slba, nlb, fua),
             None => Ok(()),
@@ -192,6 +217,7 @@ impl Media {
             Some(c) => c.power_loss(&mut self.backing),
             None => PowerFailReport::default(),
         };
+        self.pins.clear();
         self.backing = Backing::Null;
         self.report = Some(r);
         r

@@ -304,6 +304,12 @@ impl Drive {
         let ns = controller
             .usable_namespace(nsid)
             .map_err(|reason| namespace_error(name, usage.as_ref(), reason))?;
+        if let (Some(g), Some(emu)) = (gpu, &emulator) {
+            // GPU memory may be registered on this drive: its RAM media is
+            // page-locked for the emulator's asynchronous copies to and
+            // from the GPU (once, now, before any kernel runs).
+            let _locked = emu.lock_media_pages(g);
+        }
         let (queues, gpu_queues) = match usage {
             Some(u) => create_queues(name, &mut controller, &device, u, gpu)?,
             None => (Vec::new(), None),

@@ -1,5 +1,5 @@
-//! `tutti-bench stripe` and `tutti-bench gpu-rate`: driver benchmarks whose
-//! numbers go into docs/benchmarks.md (`rate` is in `rate.rs`).
+//! `tutti-bench gpu-rate`: a driver benchmark whose numbers go into
+//! docs/benchmarks.md (`rate` is in `rate.rs`, `stripe` in `stripe.rs`).
 //!
 //! Each checks its [`Stop`] between batches: once a signal asked to stop,
 //! it issues nothing new, lets what is in flight complete (bounded), shuts
@@ -12,12 +12,11 @@ use clap::Args;
 use nvm_queue::{Controller, ControllerOptions, DmaBuffer, NvmeDevice};
 use nvme_emu::{BackingSpec, Emulator, EmulatorConfig, NamespaceSpec};
 use serde::Serialize;
-use tutti::config::{DriveConfig, TimingConfig};
-use tutti::{error_chain, Config, Request, Runtime};
+use tutti::error_chain;
 
-use crate::interrupt::{shutdown_summary, Ended, Signal, Stop};
+use crate::interrupt::{Ended, Stop};
 
-fn seconds(s: &str) -> Result<f64, String> {
+pub(crate) fn seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if (0.1..=600.0).contains(&v) => Ok(v),
         _ => Err(format!("{s:?} is not a number of seconds in 0.1..=600")),
@@ -26,162 +25,6 @@ fn seconds(s: &str) -> Result<f64, String> {
 
 fn err(e: impl std::error::Error) -> String {
     error_chain(&e)
-}
-
-/// Options of `stripe`.
-#[derive(Debug, Args)]
-pub struct StripeArgs {
-    /// Per-drive media bandwidth of the timing model, MB/s.
-    #[arg(long, default_value_t = 500)]
-    pub drive_mb_s: u64,
-    /// Per-command latency of the timing model, microseconds.
-    #[arg(long, default_value_t = 80)]
-    pub latency_us: u64,
-    /// Request size, KiB (one slot of the store), 4..=65536, a multiple of 4.
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(4..=65536))]
-    pub request_kib: u64,
-    /// Requests per batch, 1..=1024; two batches are kept in flight.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1024))]
-    pub batch: u64,
-    /// Seconds of reads per drive count (0.1..=600).
-    #[arg(long, default_value_t = 2.0, value_parser = seconds)]
-    pub seconds: f64,
-    /// Largest drive count to measure (1..=4).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=4))]
-    pub max_drives: u64,
-    /// Emulated drives keep data in RAM (`ram`, the default: every byte is
-    /// really copied) or move none (`null`: timing model only).
-    #[arg(long, default_value = "ram", value_parser = ["ram", "null"])]
-    pub backing: String,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Debug, Serialize)]
-struct StripePoint {
-    drives: usize,
-    bytes: u64,
-    seconds: f64,
-    gb_s: f64,
-    speedup_vs_one: f64,
-}
-
-/// Reads `batch` requests of `request_kib` at a time through the runtime,
-/// over 1..=max_drives RAM-backed emulated drives (striped, 128 KiB unit;
-/// local_nvme for one drive) with the timing model on.
-pub fn stripe(a: &StripeArgs, stop: &Stop) -> Result<Ended, String> {
-    let req = a.request_kib << 10;
-    if req == 0 || !req.is_multiple_of(4096) {
-        return Err("--request-kib must be a non-zero multiple of 4".into());
-    }
-    let mut points: Vec<StripePoint> = Vec::new();
-    for n in 1..=a.max_drives as usize {
-        let run = stripe_run(a, n, req, stop)?;
-        if let Some((signal, report)) = run.interrupted {
-            let detail = format!("during the {n}-drive run; {}", shutdown_summary(&report));
-            return Ok(Ended::Interrupted { signal, detail });
-        }
-        let gb_s = run.bytes as f64 / run.seconds / 1e9;
-        let base = points.first().map_or(gb_s, |p| p.gb_s);
-        points.push(StripePoint {
-            drives: n,
-            bytes: run.bytes,
-            seconds: run.seconds,
-            gb_s,
-            speedup_vs_one: gb_s / base,
-        });
-    }
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&points).unwrap_or_default());
-    } else {
-        println!(
-            "striped reads, {} KiB requests, 2 batches of {} in flight, timing model {} MB/s + {} us per drive:",
-            a.request_kib, a.batch, a.drive_mb_s, a.latency_us
-        );
-        for p in &points {
-            println!("  {} drive(s): {:6.3} GB/s  ({:.2}x one drive)", p.drives, p.gb_s, p.speedup_vs_one);
-        }
-    }
-    Ok(Ended::Complete)
-}
-
-/// One `stripe` measurement: bytes read, seconds, and the signal and
-/// shutdown report if a stop request ended it early.
-struct StripeRun {
-    bytes: u64,
-    seconds: f64,
-    interrupted: Option<(Signal, tutti::ShutdownReport)>,
-}
-
-/// The runtime configuration of `stripe` over `n` drives, `req`-byte slots.
-fn stripe_config(a: &StripeArgs, n: usize, req: u64) -> Config {
-    let slots = a.batch;
-    // Enough capacity per drive for every slot, rounded to whole units.
-    let per_drive = (slots * req).div_ceil(n as u64).next_multiple_of(128 << 10) + (1 << 20);
-    let mut cfg = Config::builtin_striped_ram(n, per_drive, req);
-    for d in cfg.drives.values_mut() {
-        let DriveConfig::Emulated(e) = d else { continue };
-        e.timing =
-            Some(TimingConfig { latency_us: a.latency_us, bandwidth_mb_s: Some(a.drive_mb_s), iops: None });
-        e.mdts = 5;
-        if a.backing == "null" {
-            e.backing = tutti::config::Backing::Null;
-        }
-    }
-    cfg
-}
-
-/// Reads for `a.seconds` (or until a stop request) over `n` drives.
-fn stripe_run(a: &StripeArgs, n: usize, req: u64, stop: &Stop) -> Result<StripeRun, String> {
-    let slots = a.batch;
-    let rt = Runtime::from_config(stripe_config(a, n, req)).map_err(err)?;
-    let targets: Vec<_> =
-        (0..slots).map(|i| rt.open(&format!("tutti://kv/{i}"))).collect::<Result<_, _>>().map_err(err)?;
-    // Two batches, each with its own half of the buffer, are kept in
-    // flight (like fio's iodepth): while one is being waited on, the
-    // other keeps every drive's queue non-empty.
-    let mut buf = vec![0u64; (2 * slots * req / 8) as usize];
-    // SAFETY: `buf` outlives the registration (unregistered below) and
-    // is not touched while reads are in flight.
-    #[allow(unsafe_code)]
-    let mem = unsafe { rt.register_memory(buf.as_mut_ptr().cast(), buf.len() * 8) }.map_err(err)?;
-    let batch = |half: u64| -> Vec<Request> {
-        targets
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| Request::read(t, 0, req, mem, (half * slots + i as u64) * req))
-            .collect()
-    };
-    let reqs = [batch(0), batch(1)];
-    let submit = |r: &[Request]| rt.submit(r).op().ok_or_else(|| "batch refused".to_string());
-    let start = Instant::now();
-    let mut inflight = [submit(&reqs[0])?, submit(&reqs[1])?];
-    let mut bytes = 0u64;
-    let mut turn = 0;
-    loop {
-        let st = rt.wait(inflight[turn], Duration::from_secs(60)).map_err(err)?;
-        if let Some(bad) = st.iter().find(|s| !s.is_success()) {
-            return Err(format!("read failed: {bad:?}"));
-        }
-        bytes += req * slots;
-        if start.elapsed().as_secs_f64() >= a.seconds || stop.requested().is_some() {
-            let other = rt.wait(inflight[1 - turn], Duration::from_secs(60)).map_err(err)?;
-            if other.iter().any(|s| !s.is_success()) {
-                return Err("read failed".into());
-            }
-            bytes += req * slots;
-            break;
-        }
-        inflight[turn] = submit(&reqs[turn])?;
-        turn = 1 - turn;
-    }
-    let seconds = start.elapsed().as_secs_f64();
-    rt.unregister_memory(mem).map_err(err)?;
-    let report = rt.shutdown(Duration::from_secs(5));
-    drop(rt);
-    drop(buf);
-    Ok(StripeRun { bytes, seconds, interrupted: stop.requested().map(|s| (s, report)) })
 }
 
 /// Options of `gpu-rate`.

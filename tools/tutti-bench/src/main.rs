@@ -25,6 +25,8 @@ mod interrupt;
 mod kv_bench;
 mod rate;
 mod replay;
+mod stripe;
+mod threads;
 
 /// KV-cache offload benchmark for tutti.
 #[derive(Debug, Parser)]
@@ -52,7 +54,7 @@ enum Command {
     Rate(rate::RateArgs),
     /// Striped read bandwidth over 1, 2, 3 and 4 emulated drives with the
     /// timing model on.
-    Stripe(bench::StripeArgs),
+    Stripe(stripe::StripeArgs),
     /// Commands per second issued by GPU threads (one kernel launch) to
     /// emulated controllers with no data movement, beside one CPU thread
     /// through the CPU queue pair. Needs a CUDA GPU.
@@ -158,7 +160,7 @@ fn main() -> ExitCode {
     })) {
         Command::Replay(a) => replay::run(&a, &stop),
         Command::Rate(a) => rate::rate(&a, &stop),
-        Command::Stripe(a) => bench::stripe(&a, &stop),
+        Command::Stripe(a) => stripe::stripe(&a, &stop),
         Command::GpuRate(a) => bench::gpu_rate(&a, &stop),
         Command::Kv(a) => kv_bench::kv(&a, &stop),
     };

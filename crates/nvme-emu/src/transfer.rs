@@ -1,0 +1,153 @@
+//! Completions waiting for the emulated DMA engine.
+//!
+//! A command whose data moves by asynchronous copies (external memory with
+//! [`crate::ExternalMemory::start_read`]/`start_write`, i.e. GPU memory
+//! copied by `gpu-io`) is executed when it is fetched, as every command is,
+//! but its CQE is posted only once a fence recorded after its copies has
+//! completed: a completion still means that the data is there, as on a real
+//! device. The timing model applies on top: a modelled command's due time
+//! is fixed at fetch, and its CQE is posted at the later of that time and
+//! the end of its copies.
+//!
+//! The controller waits for every copy in flight before it resets, loses
+//! power, stops, deletes the commands' SQ or releases its media
+//! ([`Controller::settle_transfers`]), so the RAM media and the external
+//! memory outlive every copy that touches them.
+
+use std::time::Instant;
+
+use nvme_regs::status::generic;
+use nvme_regs::Status;
+
+use crate::controller::{Controller, Fatal, Shared};
+use crate::dma::{DmaView, FenceState, PendingCopies};
+use crate::queues::Completion;
+use crate::timing::Timing;
+
+/// One command whose CQE waits for its copies.
+#[derive(Debug)]
+pub(crate) struct InTransfer {
+    copies: PendingCopies,
+    cqid: u16,
+    completion: Completion,
+    /// When the CQE is due by the timing model or an injected delay;
+    /// `None`: posted as soon as the copies end.
+    due: Option<Instant>,
+    /// How many times the CQE is posted (fault injection: 2 for
+    /// `CompleteTwice`).
+    times: u32,
+}
+
+impl Controller {
+    /// Holds `c` for CQ `cqid` until `copies` have ended. `due` is the
+    /// timing model's (or a delay's) due time, fixed now at fetch.
+    pub(crate) fn defer_completion(
+        &mut self,
+        cqid: u16,
+        c: Completion,
+        due: Option<Instant>,
+        times: u32,
+        copies: PendingCopies,
+    ) {
+        if let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) {
+            cq.in_flight += 1;
+        }
+        self.transfers.push(InTransfer { copies, cqid, completion: c, due, times });
+    }
+
+    /// Posts (or schedules, when due later) the completions whose copies
+    /// have ended, oldest first. A failed copy turns a successful status
+    /// into Data Transfer Error. Returns whether any ended.
+    pub(crate) fn finish_transfers(&mut self, sh: &Shared, dma: &DmaView<'_>) -> Result<bool, Fatal> {
+        let mut any = false;
+        let mut i = 0;
+        while i < self.transfers.len() {
+            let state = self.transfers[i].copies.state();
+            if state == FenceState::Pending {
+                i += 1;
+                continue;
+            }
+            let t = self.transfers.remove(i);
+            any = true;
+            self.post_transferred(sh, dma, t, state)?;
+        }
+        Ok(any)
+    }
+
+    fn post_transferred(
+        &mut self,
+        sh: &Shared,
+        dma: &DmaView<'_>,
+        t: InTransfer,
+        state: FenceState,
+    ) -> Result<(), Fatal> {
+        let InTransfer { cqid, mut completion, due, times, .. } = t;
+        if let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) {
+            cq.in_flight = cq.in_flight.saturating_sub(1);
+        }
+        if state != FenceState::Done && completion.status.is_success() {
+            self.data_fault(sh);
+            completion.status = Status::generic(generic::DATA_TRANSFER_ERROR);
+        }
+        match due {
+            Some(due) => {
+                let t = self.timing.get_or_insert_with(|| Timing::new(None));
+                for _ in 0..times {
+                    t.push(due, cqid, completion);
+                }
+                if let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) {
+                    cq.in_flight += times;
+                }
+            }
+            None => {
+                for _ in 0..times {
+                    self.complete_now(sh, dma, cqid, completion)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for every copy in flight and forgets the completions waiting
+    /// for them (a reset, a power loss, the thread's end: nothing will be
+    /// posted).
+    pub(crate) fn settle_transfers(&mut self) {
+        for t in self.transfers.drain(..) {
+            t.copies.wait();
+            if let Some(cq) = self.cqs.get_mut(usize::from(t.cqid)).and_then(Option::as_mut) {
+                cq.in_flight = cq.in_flight.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Waits for the copies of SQ `sqid`'s commands and returns their
+    /// CIDs, removed (Delete I/O SQ aborts them).
+    pub(crate) fn take_transfers_of(&mut self, sqid: u16) -> Vec<u16> {
+        let mut cids = Vec::new();
+        let mut i = 0;
+        while i < self.transfers.len() {
+            if self.transfers[i].completion.sqid != sqid {
+                i += 1;
+                continue;
+            }
+            let t = self.transfers.remove(i);
+            t.copies.wait();
+            if let Some(cq) = self.cqs.get_mut(usize::from(t.cqid)).and_then(Option::as_mut) {
+                cq.in_flight = cq.in_flight.saturating_sub(1);
+            }
+            cids.push(t.completion.cid);
+        }
+        cids
+    }
+
+    /// Waits for every copy in flight, then posts or schedules its
+    /// completion as if it had ended in a poll (a normal shutdown).
+    pub(crate) fn finish_transfers_now(&mut self, sh: &Shared, dma: &DmaView<'_>) -> Result<(), Fatal> {
+        while !self.transfers.is_empty() {
+            let t = self.transfers.remove(0);
+            let state = t.copies.wait();
+            self.post_transferred(sh, dma, t, state)?;
+        }
+        Ok(())
+    }
+}

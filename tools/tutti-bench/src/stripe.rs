@@ -1,0 +1,269 @@
+//! `tutti-bench stripe`: striped bandwidth over 1 to 4 emulated drives with
+//! a timing model, reads or writes, from host memory with CPU execution or
+//! from GPU memory with GPU execution (`--gpu`), reported against the
+//! timing model's limit with the CPU time the application's own threads
+//! spent per GB moved (the emulator's controller threads excluded).
+//!
+//! It checks its [`Stop`] between batches: once a signal asked to stop, it
+//! issues nothing new, lets what is in flight complete (bounded), shuts its
+//! queues and controllers down, and ends [`Ended::Interrupted`].
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde::Serialize;
+use tutti::config::{DataPathConfig, DriveConfig, Execution, TimingConfig};
+use tutti::{error_chain, Config, MemoryHandle, Request, Runtime};
+
+use crate::bench::seconds;
+use crate::interrupt::{shutdown_summary, Ended, Signal, Stop};
+use crate::threads::app_cpu_seconds;
+
+fn err(e: impl std::error::Error) -> String {
+    error_chain(&e)
+}
+
+/// Options of `stripe`.
+#[derive(Debug, Args)]
+pub struct StripeArgs {
+    /// Per-drive media bandwidth of the timing model, MB/s.
+    #[arg(long, default_value_t = 500)]
+    pub drive_mb_s: u64,
+    /// Per-command latency of the timing model, microseconds.
+    #[arg(long, default_value_t = 80)]
+    pub latency_us: u64,
+    /// Per-drive command rate of the timing model (0: unlimited).
+    #[arg(long, default_value_t = 0)]
+    pub drive_iops: u64,
+    /// Request size, KiB (one slot of the store), 4..=65536, a multiple of 4.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(4..=65536))]
+    pub request_kib: u64,
+    /// Requests per batch, 1..=1024; two batches are kept in flight.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub batch: u64,
+    /// Seconds of I/O per drive count (0.1..=600).
+    #[arg(long, default_value_t = 2.0, value_parser = seconds)]
+    pub seconds: f64,
+    /// Largest drive count to measure (1..=4).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=4))]
+    pub max_drives: u64,
+    /// Emulated drives keep data in RAM (`ram`, the default: every byte is
+    /// really copied) or move none (`null`: timing model only).
+    #[arg(long, default_value = "ram", value_parser = ["ram", "null"])]
+    pub backing: String,
+    /// Writes instead of reads.
+    #[arg(long)]
+    pub write: bool,
+    /// GPU execution (`execution: gpu`), data in GPU memory (GPU 0).
+    #[arg(long)]
+    pub gpu: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct StripePoint {
+    drives: usize,
+    bytes: u64,
+    seconds: f64,
+    gb_s: f64,
+    speedup_vs_one: f64,
+    /// The timing model's limit: drives x `drive_mb_s`, GB/s.
+    modelled_gb_s: f64,
+    /// `gb_s` / `modelled_gb_s`.
+    of_modelled: f64,
+    /// CPU seconds of the application's threads (all but the emulator's
+    /// controller threads) per GB moved.
+    app_cpu_s_per_gb: f64,
+}
+
+/// Runs 1..=max_drives and prints the points.
+pub fn stripe(a: &StripeArgs, stop: &Stop) -> Result<Ended, String> {
+    let req = a.request_kib << 10;
+    let mut points: Vec<StripePoint> = Vec::new();
+    for n in 1..=a.max_drives as usize {
+        let run = stripe_run(a, n, req, stop)?;
+        if let Some((signal, report)) = run.interrupted {
+            let detail = format!("during the {n}-drive run; {}", shutdown_summary(&report));
+            return Ok(Ended::Interrupted { signal, detail });
+        }
+        let gb_s = run.bytes as f64 / run.seconds / 1e9;
+        let base = points.first().map_or(gb_s, |p| p.gb_s);
+        let modelled_gb_s = n as f64 * a.drive_mb_s as f64 / 1000.0;
+        points.push(StripePoint {
+            drives: n,
+            bytes: run.bytes,
+            seconds: run.seconds,
+            gb_s,
+            speedup_vs_one: gb_s / base,
+            modelled_gb_s,
+            of_modelled: gb_s / modelled_gb_s,
+            app_cpu_s_per_gb: run.app_cpu_s / (run.bytes as f64 / 1e9),
+        });
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&points).unwrap_or_default());
+    } else {
+        print_points(a, &points);
+    }
+    Ok(Ended::Complete)
+}
+
+fn print_points(a: &StripeArgs, points: &[StripePoint]) {
+    println!(
+        "striped {}, {} KiB requests, 2 batches of {} in flight, execution: {}, timing model {} MB/s + {} us per drive:",
+        if a.write { "writes" } else { "reads" },
+        a.request_kib,
+        a.batch,
+        if a.gpu { "GPU, data in GPU memory" } else { "CPU, data in host memory" },
+        a.drive_mb_s,
+        a.latency_us
+    );
+    for p in points {
+        println!(
+            "  {} drive(s): {:6.3} GB/s  ({:.2}x one drive, {:5.1}% of the modelled {:.1} GB/s), application CPU {:.3} s/GB",
+            p.drives,
+            p.gb_s,
+            p.speedup_vs_one,
+            100.0 * p.of_modelled,
+            p.modelled_gb_s,
+            p.app_cpu_s_per_gb
+        );
+    }
+}
+
+/// One measurement: bytes moved, seconds, the application's CPU seconds,
+/// and the signal and shutdown report if a stop request ended it early.
+struct StripeRun {
+    bytes: u64,
+    seconds: f64,
+    app_cpu_s: f64,
+    interrupted: Option<(Signal, tutti::ShutdownReport)>,
+}
+
+/// The runtime configuration over `n` drives, `req`-byte slots.
+fn stripe_config(a: &StripeArgs, n: usize, req: u64) -> Config {
+    let slots = a.batch;
+    // Enough capacity per drive for every slot, rounded to whole units.
+    let per_drive = (slots * req).div_ceil(n as u64).next_multiple_of(128 << 10) + (1 << 20);
+    let mut cfg = Config::builtin_striped_ram(n, per_drive, req);
+    for d in cfg.drives.values_mut() {
+        let DriveConfig::Emulated(e) = d else { continue };
+        e.timing = Some(TimingConfig {
+            latency_us: a.latency_us,
+            bandwidth_mb_s: Some(a.drive_mb_s),
+            iops: (a.drive_iops > 0).then_some(a.drive_iops),
+        });
+        e.mdts = 5;
+        if a.backing == "null" {
+            e.backing = tutti::config::Backing::Null;
+        }
+    }
+    if a.gpu {
+        for dp in cfg.datapaths.values_mut() {
+            match dp {
+                DataPathConfig::LocalNvme(l) => l.execution = Execution::Gpu,
+                DataPathConfig::StripedLocalNvme(s) => s.execution = Execution::Gpu,
+                _ => {}
+            }
+        }
+    }
+    cfg
+}
+
+/// The I/O buffer: host words, or a GPU allocation.
+enum Buffer {
+    Host(Vec<u64>),
+    Gpu(gpu_io::GpuBuffer),
+}
+
+impl Buffer {
+    fn register(&mut self, rt: &Runtime, len: usize) -> Result<MemoryHandle, String> {
+        match self {
+            // SAFETY: the buffer outlives the registration (unregistered
+            // before it is dropped) and is not touched while I/O is in
+            // flight.
+            #[allow(unsafe_code)]
+            Buffer::Host(w) => unsafe { rt.register_memory(w.as_mut_ptr().cast(), len) }.map_err(err),
+            // SAFETY: as above, for the device allocation.
+            #[allow(unsafe_code)]
+            Buffer::Gpu(b) => unsafe { rt.register_gpu_memory(b.device_ptr(), len) }.map_err(err),
+        }
+    }
+}
+
+/// Moves data for `a.seconds` (or until a stop request) over `n` drives.
+fn stripe_run(a: &StripeArgs, n: usize, req: u64, stop: &Stop) -> Result<StripeRun, String> {
+    let slots = a.batch;
+    let rt = Runtime::from_config(stripe_config(a, n, req)).map_err(err)?;
+    let targets: Vec<_> =
+        (0..slots).map(|i| rt.open(&format!("tutti://kv/{i}"))).collect::<Result<_, _>>().map_err(err)?;
+    // Two batches, each with its own half of the buffer, are kept in
+    // flight (like fio's iodepth): while one is being waited on, the
+    // other keeps every drive's queue non-empty.
+    let len = (2 * slots * req) as usize;
+    let mut buf = match (a.gpu, rt.gpu()) {
+        (false, _) => Buffer::Host(vec![0u64; len / 8]),
+        (true, Some(g)) => Buffer::Gpu(gpu_io::GpuBuffer::zeroed(g, len).map_err(err)?),
+        (true, None) => return Err("--gpu: the runtime has no GPU".into()),
+    };
+    let mem = buf.register(&rt, len)?;
+    let batch = |half: u64| -> Vec<Request> {
+        let at = |i: usize| (half * slots + i as u64) * req;
+        targets
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                if a.write {
+                    Request::write(t, 0, req, mem, at(i))
+                } else {
+                    Request::read(t, 0, req, mem, at(i))
+                }
+            })
+            .collect()
+    };
+    let reqs = [batch(0), batch(1)];
+    let run = keep_two_in_flight(&rt, &reqs, req * slots, a.seconds, stop);
+    rt.unregister_memory(mem).map_err(err)?;
+    let report = rt.shutdown(Duration::from_secs(5));
+    drop(rt);
+    drop(buf);
+    let (bytes, seconds, app_cpu_s) = run?;
+    Ok(StripeRun { bytes, seconds, app_cpu_s, interrupted: stop.requested().map(|s| (s, report)) })
+}
+
+/// Submits the two batches alternately, waiting for one while the other is
+/// in flight, for `secs` seconds. Returns bytes moved, seconds, and the
+/// application threads' CPU seconds over the run.
+fn keep_two_in_flight(
+    rt: &Runtime,
+    reqs: &[Vec<Request>; 2],
+    per_batch: u64,
+    secs: f64,
+    stop: &Stop,
+) -> Result<(u64, f64, f64), String> {
+    let submit = |r: &[Request]| rt.submit(r).op().ok_or_else(|| "batch refused".to_string());
+    let check = |st: Vec<tutti::RequestStatus>| match st.iter().find(|s| !s.is_success()) {
+        Some(bad) => Err(format!("I/O failed: {bad:?}")),
+        None => Ok(()),
+    };
+    let cpu0 = app_cpu_seconds();
+    let start = Instant::now();
+    let mut inflight = [submit(&reqs[0])?, submit(&reqs[1])?];
+    let mut bytes = 0u64;
+    let mut turn = 0;
+    loop {
+        check(rt.wait(inflight[turn], Duration::from_secs(60)).map_err(err)?)?;
+        bytes += per_batch;
+        if start.elapsed().as_secs_f64() >= secs || stop.requested().is_some() {
+            check(rt.wait(inflight[1 - turn], Duration::from_secs(60)).map_err(err)?)?;
+            bytes += per_batch;
+            break;
+        }
+        inflight[turn] = submit(&reqs[turn])?;
+        turn = 1 - turn;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    Ok((bytes, seconds, app_cpu_seconds() - cpu0))
+}
