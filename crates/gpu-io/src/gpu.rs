@@ -360,10 +360,12 @@ impl Stream {
 /// driver's reason (an implicit device synchronisation in `cuMemFree`,
 /// or the ordering the CUDA programming guide gives allocations and
 /// memsets), none of this crate's calls of that kind now overlaps an I/O
-/// kernel. Not yet run on a GPU: see docs/gpu.md.
+/// kernel. Shown on the H200: see docs/gpu.md, "Memory management while
+/// I/O kernels run".
 ///
 /// Never entered by the emulator's controller thread (a `GpuBuffer`'s
-/// copies and drop are not gated), which the kernels wait on.
+/// copies, its asynchronous copies and fences, and its drop are not
+/// gated), which the kernels wait on.
 #[derive(Debug)]
 pub(crate) struct Quiesce {
     lock: Mutex<()>,
