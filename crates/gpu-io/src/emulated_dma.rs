@@ -92,6 +92,9 @@ struct CopyEvent {
 // SAFETY: an event handle may be queried and destroyed from any thread with
 // its context bound (each call below binds it).
 unsafe impl Send for CopyEvent {}
+// SAFETY: as above; the driver API is thread-safe and the handle is never
+// changed after `record`.
+unsafe impl Sync for CopyEvent {}
 
 impl CopyEvent {
     /// Creates an event (no timing) and records it on `stream`; `None` if

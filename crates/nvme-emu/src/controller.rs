@@ -447,8 +447,29 @@ impl Controller {
         Ok(work)
     }
 
-    /// Reads SQ `qid`'s tail doorbell and executes up to [`BATCH`] commands.
+    /// Reads SQ `qid`'s tail doorbell and executes up to [`BATCH`] commands
+    /// (one burst: their asynchronous copies get their fences at the end).
     fn drain_sq(
+        &mut self,
+        sh: &Shared,
+        dma: &DmaView<'_>,
+        media: &mut Media,
+        qid: u16,
+        now: Instant,
+    ) -> Result<bool, Fatal> {
+        let r = self.drain_sq_burst(sh, dma, media, qid, now);
+        self.end_burst(dma);
+        r
+    }
+
+    /// Gives the copies started since the last burst their fences.
+    fn end_burst(&mut self, dma: &DmaView<'_>) {
+        if let Some(p) = dma.take_copies() {
+            self.attach_burst(p);
+        }
+    }
+
+    fn drain_sq_burst(
         &mut self,
         sh: &Shared,
         dma: &DmaView<'_>,
@@ -476,25 +497,17 @@ impl Controller {
             }
             let sqe = sq.fetch(dma)?;
             n += 1;
+            let before = dma.copies_started();
             let (outcome, injected) = self.execute_with_faults(sh, dma, media, qid, &sqe);
-            let copies = dma.take_copies();
-            match (outcome, copies) {
-                (Outcome::Complete { status, dw0, media_bytes }, copies) => {
-                    let c = Completion { dw0, sqid: qid, cid: injected.cid, status, quirk: injected.quirk };
-                    match copies {
-                        None => self.post_completion(sh, dma, cqid, c, media_bytes, injected, now)?,
-                        Some(p) => {
-                            let due = self.due_time(&c, media_bytes, injected.delay, now);
-                            self.defer_completion(cqid, c, due, injected.copies, p);
-                        }
-                    }
+            if let Outcome::Complete { status, dw0, media_bytes } = outcome {
+                let c = Completion { dw0, sqid: qid, cid: injected.cid, status, quirk: injected.quirk };
+                if dma.copies_started() == before {
+                    self.post_completion(sh, dma, cqid, c, media_bytes, injected, now)?;
+                } else {
+                    // Posted once the burst's copies have ended.
+                    let due = self.due_time(&c, media_bytes, injected.delay, now);
+                    self.defer_completion(cqid, c, due, injected.copies);
                 }
-                // No completion will be posted (held, or the controller
-                // failed): the copies still end before anything else.
-                (_, Some(p)) => {
-                    p.wait();
-                }
-                (_, None) => {}
             }
             if self.state != State::Enabled {
                 break;
@@ -568,9 +581,7 @@ impl Controller {
                 // Executed into the cache; the power fails before its CQE
                 // (after its copies and every other copy in flight end).
                 let _ = self.execute(sh, dma, media, qid, sqe);
-                if let Some(p) = dma.take_copies() {
-                    p.wait();
-                }
+                self.end_burst(dma);
                 self.settle_transfers();
                 self.power_fail(sh, media);
                 Outcome::Deferred

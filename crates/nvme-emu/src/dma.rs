@@ -22,7 +22,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use nvm_queue::{DeviceError, DmaMapping, HOST_PAGE_SIZE};
@@ -121,7 +121,7 @@ pub enum FenceState {
 }
 
 /// The completion of asynchronous copies (an event recorded after them).
-pub trait CopyFence: Send + std::fmt::Debug {
+pub trait CopyFence: Send + Sync + std::fmt::Debug {
     /// Polls without blocking.
     fn state(&self) -> FenceState;
     /// Blocks until the copies before the fence have ended; never
@@ -157,18 +157,27 @@ pub trait PageLocker {
 /// Host memory page-locked by a [`PageLocker`] while it lives.
 pub trait HostPin: Send + std::fmt::Debug {}
 
-/// The copies one command started asynchronously, and the memories they
-/// touch (held, so that an unmap cannot release them while a copy runs).
+/// The copies started asynchronously during one burst (the commands one
+/// poll iteration executed from one SQ) and the memories they touch (held,
+/// so that an unmap cannot release them while a copy runs): one fence per
+/// memory, shared by the burst's commands.
 #[derive(Debug)]
 pub(crate) struct PendingCopies {
     fences: Vec<(Arc<dyn ExternalMemory>, Box<dyn CopyFence>)>,
+    /// The final state once known (0: not yet, 1: done, 2: failed), so
+    /// that commands sharing the burst ask the fences once.
+    settled: AtomicU8,
 }
 
 impl PendingCopies {
-    /// [`FenceState::Done`] once every fence is, [`FenceState::Failed`] as
-    /// soon as one fails (the others are waited for first by
-    /// [`PendingCopies::wait`] callers before memory is released).
+    /// [`FenceState::Done`] once every fence is, [`FenceState::Failed`]
+    /// once all have ended and one failed, [`FenceState::Pending`] before.
     pub(crate) fn state(&self) -> FenceState {
+        match self.settled.load(Ordering::Relaxed) {
+            1 => return FenceState::Done,
+            2 => return FenceState::Failed,
+            _ => {}
+        }
         let mut all = FenceState::Done;
         for (_, f) in &self.fences {
             match f.state() {
@@ -177,7 +186,7 @@ impl PendingCopies {
                 FenceState::Failed => all = FenceState::Failed,
             }
         }
-        all
+        self.settle(all)
     }
 
     /// Blocks until every copy has ended.
@@ -188,7 +197,12 @@ impl PendingCopies {
                 all = FenceState::Failed;
             }
         }
-        all
+        self.settle(all)
+    }
+
+    fn settle(&self, s: FenceState) -> FenceState {
+        self.settled.store(if s == FenceState::Done { 1 } else { 2 }, Ordering::Relaxed);
+        s
     }
 }
 
@@ -291,6 +305,7 @@ impl IovaSpace {
             cache: Default::default(),
             next: Cell::new(0),
             started: RefCell::new(Vec::new()),
+            copies: Cell::new(0),
         }
     }
 }
@@ -308,6 +323,9 @@ pub(crate) struct DmaView<'a> {
     /// command started asynchronous copies; [`DmaView::take_copies`]
     /// collects them.
     started: RefCell<Vec<u32>>,
+    /// Asynchronous copies started through this view so far (a command
+    /// started some when this moved during its execution).
+    copies: Cell<u64>,
 }
 
 /// Entries of [`DmaView`]'s lookup cache.
@@ -470,6 +488,7 @@ impl DmaView<'_> {
                 v.push(i);
             }
         }
+        self.copies.set(self.copies.get() + 1);
         if ok {
             Ok(())
         } else {
@@ -477,9 +496,14 @@ impl DmaView<'_> {
         }
     }
 
-    /// The fences of the copies the current command started
-    /// asynchronously (`None` when it started none), each holding its
-    /// memory; resets the record for the next command.
+    /// Asynchronous copies started through this view so far.
+    pub(crate) fn copies_started(&self) -> u64 {
+        self.copies.get()
+    }
+
+    /// One fence per memory behind every copy started asynchronously since
+    /// the last call (`None` when none was), each holding its memory;
+    /// resets the record for the next burst.
     pub(crate) fn take_copies(&self) -> Option<PendingCopies> {
         let mut started = self.started.borrow_mut();
         if started.is_empty() {
@@ -493,7 +517,7 @@ impl DmaView<'_> {
                 (mem, f)
             })
             .collect();
-        Some(PendingCopies { fences })
+        Some(PendingCopies { fences, settled: AtomicU8::new(0) })
     }
 
     /// Writes `len` zero bytes at `iova`.

@@ -5,7 +5,9 @@
 //! copied by `gpu-io`) is executed when it is fetched, as every command is,
 //! but its CQE is posted only once a fence recorded after its copies has
 //! completed: a completion still means that the data is there, as on a real
-//! device. The timing model applies on top: a modelled command's due time
+//! device. The fence is per burst: the commands one poll iteration executes
+//! from one SQ share one fence per memory, made after the last of them
+//! (one CUDA event per burst, not per command). The timing model applies on top: a modelled command's due time
 //! is fixed at fetch, and its CQE is posted at the later of that time and
 //! the end of its copies.
 //!
@@ -14,6 +16,7 @@
 //! ([`Controller::settle_transfers`]), so the RAM media and the external
 //! memory outlive every copy that touches them.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use nvme_regs::status::generic;
@@ -27,7 +30,9 @@ use crate::timing::Timing;
 /// One command whose CQE waits for its copies.
 #[derive(Debug)]
 pub(crate) struct InTransfer {
-    copies: PendingCopies,
+    /// The burst's fences; `None` until the burst ends
+    /// ([`Controller::attach_burst`]).
+    copies: Option<Arc<PendingCopies>>,
     cqid: u16,
     completion: Completion,
     /// When the CQE is due by the timing model or an injected delay;
@@ -39,20 +44,38 @@ pub(crate) struct InTransfer {
 }
 
 impl Controller {
-    /// Holds `c` for CQ `cqid` until `copies` have ended. `due` is the
+    /// Holds `c` for CQ `cqid` until the copies of the current burst have
+    /// ended (attached by [`Controller::attach_burst`]). `due` is the
     /// timing model's (or a delay's) due time, fixed now at fetch.
-    pub(crate) fn defer_completion(
-        &mut self,
-        cqid: u16,
-        c: Completion,
-        due: Option<Instant>,
-        times: u32,
-        copies: PendingCopies,
-    ) {
+    pub(crate) fn defer_completion(&mut self, cqid: u16, c: Completion, due: Option<Instant>, times: u32) {
         if let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) {
             cq.in_flight += 1;
         }
-        self.transfers.push(InTransfer { copies, cqid, completion: c, due, times });
+        self.transfers.push(InTransfer { copies: None, cqid, completion: c, due, times });
+    }
+
+    /// Ends a burst: its fences go to every completion deferred since the
+    /// last burst. Copies no completion waits for (a command that ends
+    /// without one) are waited for here.
+    pub(crate) fn attach_burst(&mut self, copies: PendingCopies) {
+        let copies = Arc::new(copies);
+        let mut used = false;
+        for t in self.transfers.iter_mut().rev() {
+            if t.copies.is_some() {
+                break;
+            }
+            t.copies = Some(copies.clone());
+            used = true;
+        }
+        if !used {
+            copies.wait();
+        }
+    }
+
+    /// The fence state of entry `t` (an entry still without its burst's
+    /// fences has started copies that cannot have been waited for).
+    fn state_of(t: &InTransfer) -> FenceState {
+        t.copies.as_ref().map_or(FenceState::Pending, |c| c.state())
     }
 
     /// Posts (or schedules, when due later) the completions whose copies
@@ -61,9 +84,15 @@ impl Controller {
     pub(crate) fn finish_transfers(&mut self, sh: &Shared, dma: &DmaView<'_>) -> Result<bool, Fatal> {
         let mut any = false;
         let mut i = 0;
+        // The burst last found pending: its other commands (next to it in
+        // the list) are skipped without asking its fences again.
+        let mut pending: Option<Arc<PendingCopies>> = None;
         while i < self.transfers.len() {
-            let state = self.transfers[i].copies.state();
+            let t = &self.transfers[i];
+            let same = matches!((&pending, &t.copies), (Some(p), Some(c)) if Arc::ptr_eq(p, c));
+            let state = if same { FenceState::Pending } else { Self::state_of(t) };
             if state == FenceState::Pending {
+                pending = t.copies.clone();
                 i += 1;
                 continue;
             }
@@ -113,7 +142,9 @@ impl Controller {
     /// posted).
     pub(crate) fn settle_transfers(&mut self) {
         for t in self.transfers.drain(..) {
-            t.copies.wait();
+            if let Some(c) = &t.copies {
+                c.wait();
+            }
             if let Some(cq) = self.cqs.get_mut(usize::from(t.cqid)).and_then(Option::as_mut) {
                 cq.in_flight = cq.in_flight.saturating_sub(1);
             }
@@ -131,7 +162,9 @@ impl Controller {
                 continue;
             }
             let t = self.transfers.remove(i);
-            t.copies.wait();
+            if let Some(c) = &t.copies {
+                c.wait();
+            }
             if let Some(cq) = self.cqs.get_mut(usize::from(t.cqid)).and_then(Option::as_mut) {
                 cq.in_flight = cq.in_flight.saturating_sub(1);
             }
@@ -145,7 +178,7 @@ impl Controller {
     pub(crate) fn finish_transfers_now(&mut self, sh: &Shared, dma: &DmaView<'_>) -> Result<(), Fatal> {
         while !self.transfers.is_empty() {
             let t = self.transfers.remove(0);
-            let state = t.copies.wait();
+            let state = t.copies.as_ref().map_or(FenceState::Failed, |c| c.wait());
             self.post_transferred(sh, dma, t, state)?;
         }
         Ok(())

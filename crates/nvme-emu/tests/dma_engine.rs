@@ -44,6 +44,8 @@ struct Gated {
     failed_upto: AtomicU64,
     /// Copies run asynchronously (not through read/write).
     async_copies: AtomicUsize,
+    /// Fences asked for.
+    fences: AtomicUsize,
 }
 
 impl Gated {
@@ -143,6 +145,7 @@ impl ExternalMemory for Mapped {
         self.0.queue(Copy { host: src.as_ptr() as usize, offset: offset as usize, len, to_host: false })
     }
     fn fence(&self) -> Box<dyn CopyFence> {
+        self.0.fences.fetch_add(1, Ordering::SeqCst);
         Box::new(GateFence { mem: self.0.clone(), upto: self.0.started.load(Ordering::SeqCst) })
     }
 }
@@ -205,6 +208,27 @@ fn a_write_and_a_read_complete_only_after_their_copies_have_run() {
     assert_eq!(take_cqe(&h, &mut q).status(), Status::SUCCESS);
     assert_eq!(mem.data.lock().unwrap()[2 * BLOCK..], data[..]);
     assert_eq!(mem.async_copies.load(Ordering::SeqCst), 2, "both went through the asynchronous path");
+}
+
+#[test]
+fn commands_of_one_burst_share_one_fence_and_complete_after_it() {
+    let data = pattern(4 * BLOCK, 9);
+    let mem = Gated::new(vec![0; 4 * BLOCK]);
+    let (h, mut q, base) = setup(config("dma-burst"), &mem);
+    h.emu.write_media(1, 0, &data).unwrap();
+    // Four reads behind one doorbell write: one burst.
+    for k in 0..4u64 {
+        q.push(rw(0x02, 1, k, 1, base + k * BLOCK as u64, 0));
+    }
+    ring(&h, &q);
+    wait_for(|| (mem.started.load(Ordering::SeqCst) == 4).then_some(())).unwrap();
+    assert_no_cqe(&q, Duration::from_millis(30));
+    assert_eq!(mem.fences.load(Ordering::SeqCst), 1, "one fence for the burst, not one per command");
+    mem.release();
+    for _ in 0..4 {
+        assert_eq!(take_cqe(&h, &mut q).status(), Status::SUCCESS);
+    }
+    assert_eq!(*mem.data.lock().unwrap(), data);
 }
 
 #[test]
