@@ -225,11 +225,14 @@ fn stripe_run(a: &StripeArgs, n: usize, req: u64, stop: &Stop) -> Result<StripeR
     };
     let reqs = [batch(0), batch(1)];
     let run = keep_two_in_flight(&rt, &reqs, req * slots, a.seconds, stop);
-    rt.unregister_memory(mem).map_err(err)?;
+    // The run's own error first: after a failed wait the memory is still
+    // in use, and that refusal would hide why.
+    let unregistered = rt.unregister_memory(mem).map_err(err);
     let report = rt.shutdown(Duration::from_secs(5));
     drop(rt);
     drop(buf);
     let (bytes, seconds, app_cpu_s) = run?;
+    unregistered?;
     Ok(StripeRun { bytes, seconds, app_cpu_s, interrupted: stop.requested().map(|s| (s, report)) })
 }
 
