@@ -265,21 +265,30 @@ fn the_timing_model_still_applies_when_the_copies_end_at_once() {
     assert!(t0.elapsed() >= Duration::from_millis(40), "posted after {:?}", t0.elapsed());
 }
 
+/// Submits one read into `mem`, waits until its copy has started, and
+/// returns a thread that runs the copy 100 ms later.
+fn read_in_flight_released_later(
+    h: &Harness,
+    q: &mut Queue,
+    base: u64,
+    mem: &Arc<Gated>,
+) -> std::thread::JoinHandle<()> {
+    q.push(rw(0x02, 1, 0, 1, base, 0));
+    ring(h, q);
+    wait_for(|| (mem.started.load(Ordering::SeqCst) == 1).then_some(())).unwrap();
+    let mem = mem.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        mem.release();
+    })
+}
+
 #[test]
 fn delete_sq_waits_for_copies_in_flight_and_aborts_their_commands() {
     let mem = Gated::new(vec![0; BLOCK]);
     let (mut h, q, base) = setup(config("dma-delete"), &mem);
     let mut q = q;
-    q.push(rw(0x02, 1, 0, 1, base, 0));
-    ring(&h, &q);
-    wait_for(|| (mem.started.load(Ordering::SeqCst) == 1).then_some(())).unwrap();
-    let releaser = {
-        let mem = mem.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(100));
-            mem.release();
-        })
-    };
+    let releaser = read_in_flight_released_later(&h, &mut q, base, &mem);
     let t0 = Instant::now();
     let mut del = nvme_regs::Sqe::new(0x00, 0);
     del.cdw10 = 1;
@@ -297,16 +306,7 @@ fn reset_waits_for_copies_in_flight() {
     let mem = Gated::new(vec![0; BLOCK]);
     let (h, q, base) = setup(config("dma-reset"), &mem);
     let mut q = q;
-    q.push(rw(0x02, 1, 0, 1, base, 0));
-    ring(&h, &q);
-    wait_for(|| (mem.started.load(Ordering::SeqCst) == 1).then_some(())).unwrap();
-    let releaser = {
-        let mem = mem.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(100));
-            mem.release();
-        })
-    };
+    let releaser = read_in_flight_released_later(&h, &mut q, base, &mem);
     let t0 = Instant::now();
     h.write_cc(nvme_regs::Cc(0));
     assert!(h.wait_csts(|c| !c.rdy()).is_some());
