@@ -432,11 +432,27 @@ impl Emulator {
     /// when the emulator was started with
     /// [`EmulatorConfig::shared_doorbells`] and `1 <= qid <= io_queues`;
     /// `None` otherwise. The admin queue's page is never handed out.
-    pub fn doorbell_page_fd(&self, qid: u16) -> Option<std::os::fd::BorrowedFd<'_>> {
+    pub fn doorbell_page_fd(&self, qid: u16) -> Option<std::os::fd::OwnedFd> {
         if qid == 0 {
             return None;
         }
         self.shared.regs.doorbell_page_fd(qid)
+    }
+
+    /// Replaces I/O queue pair `qid`'s doorbell page by a fresh, zeroed
+    /// memfd page, so a process that mapped the old page (a client whose
+    /// lease was reclaimed) can no longer ring this queue's doorbells once
+    /// it is granted to someone else. Call it while the queue does not
+    /// exist on the controller. `Ok(false)` without shared doorbells.
+    ///
+    /// # Errors
+    ///
+    /// [`EmuError::Os`] when the new page cannot be made.
+    pub fn renew_doorbell_page(&self, qid: u16) -> Result<bool, EmuError> {
+        if qid == 0 {
+            return Ok(false);
+        }
+        self.shared.regs.renew_doorbell_page(qid)
     }
 
     /// The counters now.

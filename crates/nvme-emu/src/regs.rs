@@ -6,7 +6,7 @@
 //! its bytes ever exists.
 
 use std::alloc::{self, Layout};
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 
 use nvm_queue::Mmio;
 use nvme_regs::registers::{doorbell_offset, offset};
@@ -32,7 +32,7 @@ enum Memory {
     /// An anonymous mapping of `len` bytes whose doorbell pages are each
     /// replaced by a shared mapping of their own memfd
     /// (`EmulatorConfig::shared_doorbells`); `pages[y]` is queue pair y's.
-    Shared { len: usize, pages: Vec<OwnedFd> },
+    Shared { len: usize, pages: std::sync::Mutex<Vec<OwnedFd>> },
 }
 
 // SAFETY: the memory is only accessed through `Mmio` (atomics); the raw
@@ -97,11 +97,25 @@ impl RegisterPage {
 
     /// The memfd holding queue pair `qid`'s doorbell page, when the
     /// doorbells are shared.
-    pub(crate) fn doorbell_page_fd(&self, qid: u16) -> Option<BorrowedFd<'_>> {
+    pub(crate) fn doorbell_page_fd(&self, qid: u16) -> Option<OwnedFd> {
         match &self.memory {
-            Memory::Shared { pages, .. } => pages.get(usize::from(qid)).map(|f| f.as_fd()),
+            Memory::Shared { pages, .. } => {
+                let pages = pages.lock().unwrap_or_else(|p| p.into_inner());
+                pages.get(usize::from(qid)).and_then(|f| f.as_fd().try_clone_to_owned().ok())
+            }
             Memory::Heap(_) => None,
         }
+    }
+
+    /// Replaces queue pair `qid`'s doorbell page by a fresh memfd page
+    /// (zeroed), so whoever mapped the old one reaches nothing any more.
+    /// `false` when the doorbells are not shared or the qid has no page.
+    pub(crate) fn renew_doorbell_page(&self, qid: u16) -> Result<bool, EmuError> {
+        let Memory::Shared { pages, .. } = &self.memory else { return Ok(false) };
+        let mut pages = pages.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(slot) = pages.get_mut(usize::from(qid)) else { return Ok(false) };
+        *slot = doorbell_page(self.ptr, 0x1000 + usize::from(qid) * 4096)?;
+        Ok(true)
     }
 
     fn read32(&self, off: usize) -> u32 {
@@ -220,12 +234,12 @@ fn shared_window(len: usize, queues: usize) -> Result<(*mut u8, Memory), EmuErro
         match doorbell_page(ptr, offset) {
             Ok(fd) => pages.push(fd),
             Err(e) => {
-                release(ptr, &Memory::Shared { len, pages });
+                release(ptr, &Memory::Shared { len, pages: std::sync::Mutex::new(pages) });
                 return Err(e);
             }
         }
     }
-    Ok((ptr, Memory::Shared { len, pages }))
+    Ok((ptr, Memory::Shared { len, pages: std::sync::Mutex::new(pages) }))
 }
 
 /// Creates a sealed one-page memfd and maps it over the window page at
@@ -324,6 +338,13 @@ mod tests {
         assert_eq!(n, 4);
         assert_eq!(u32::from_le_bytes(word), 9);
         assert!(p.doorbell_page_fd(4).is_none());
+        // A renewed page is a new file: the old one no longer reaches BAR0.
+        assert!(p.renew_doorbell_page(2).unwrap());
+        p.mmio().write32(doorbell_offset(2, true, 9), 11).unwrap();
+        // SAFETY: as above.
+        let n = unsafe { libc::pread(std::os::fd::AsRawFd::as_raw_fd(&fd), word.as_mut_ptr().cast(), 4, 2048) };
+        assert_eq!((n, u32::from_le_bytes(word)), (4, 9));
+        assert_eq!(p.doorbell(2, true), 11);
         c.dstrd = 0;
         assert!(c.validate().is_err());
     }

@@ -112,7 +112,9 @@ pub(crate) struct Drive {
     pub max_transfer: usize,
 }
 
-fn emulator_config(name: &str, cfg: &EmulatedDriveConfig) -> EmulatorConfig {
+/// The emulator configuration of emulated drive `name` as the runtime
+/// starts it (also used by `tuttid`, which runs emulated drives itself).
+pub fn emulator_config(name: &str, cfg: &EmulatedDriveConfig) -> EmulatorConfig {
     let namespaces = cfg
         .namespaces
         .iter()
