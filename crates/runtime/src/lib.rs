@@ -55,6 +55,7 @@ mod runtime;
 pub use binding::ResolveError;
 pub use config::Config;
 pub use drive::emulator_config;
+pub use tuttid_proto::SharedMemory;
 pub use error::{Alignment, Error, RequestError, RequestStatus, UriError};
 pub use handle::{HandleError, MemoryHandle, OpHandle, TargetHandle};
 pub use nvme_regs::Status as NvmeStatus;

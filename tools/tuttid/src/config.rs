@@ -10,7 +10,7 @@
 //! lease_ms: 3000               # silence this long (no heartbeat) = dead client
 //! drives:
 //!   d0:
-//!     device: { emulated: { namespaces: [ { capacity: 256MiB } ], io_queues: 32 } }
+//!     device: { emulated: { namespaces: [ { capacity: 256MiB, block_size: 4096 } ], io_queues: 32 } }
 //!     allow: { uids: [1000], gids: [1001] }
 //!     queues_per_client: 4
 //! ```
@@ -202,7 +202,7 @@ socket: /tmp/t.sock
 socket_mode: "0660"
 drives:
   d0:
-    device: { emulated: { namespaces: [ { capacity: 4MiB } ] } }
+    device: { emulated: { namespaces: [ { capacity: 4MiB, block_size: 4096 } ] } }
     allow: { uids: [0, 1000] }
 "#;
 
@@ -219,7 +219,7 @@ drives:
             Err(ConfigError::Invalid { key, .. }) if key == "socket_mode"
         ));
         assert!(matches!(DaemonConfig::from_yaml(&format!("{GOOD}bogus: 1\n")), Err(ConfigError::Parse(_))));
-        let pci = GOOD.replace("{ emulated: { namespaces: [ { capacity: 4MiB } ] } }", "{ pci: { addr: \"0000:01:00.0\" } }");
+        let pci = GOOD.replace("{ emulated: { namespaces: [ { capacity: 4MiB, block_size: 4096 } ] } }", "{ pci: { addr: \"0000:01:00.0\" } }");
         assert!(matches!(DaemonConfig::from_yaml(&pci), Err(ConfigError::Invalid { key, .. }) if key == "drives.d0.device"));
     }
 }

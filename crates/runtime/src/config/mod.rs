@@ -61,6 +61,7 @@ mod validate;
 pub use error::{ConfigError, ConfigErrorKind, RefKind};
 use schema::{default_nsid, default_queue_depth, default_queues, default_stripe_unit};
 pub use schema::{
+    DaemonDriveConfig,
     Backing, DataPathConfig, DriveConfig, EmulatedDriveConfig, Execution, FaultActionConfig, FaultConfig,
     FaultOp, LocalNvmeConfig, MetadataConfig, NamespaceConfig, PciDriveConfig, ResolverConfig, SlabConfig,
     StoreConfig, StripedConfig, TimingConfig, WriteCacheConfig,
