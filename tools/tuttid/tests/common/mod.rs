@@ -94,7 +94,9 @@ pub fn spawn_client(socket: &Path, dir: &Path, region: u64, iterations: u64) -> 
         .unwrap()
 }
 
-/// Reads a child's stdout until a line starting with `prefix`.
+/// Reads a child's stdout until a line containing `prefix` (libtest may
+/// print "test client_role ... " before it on the same line); returns the
+/// line from `prefix` on, or "" at end of file.
 pub fn wait_line(child: &mut Child, prefix: &str) -> String {
     let out = child.stdout.as_mut().unwrap();
     let mut r = BufReader::new(out);
@@ -103,8 +105,8 @@ pub fn wait_line(child: &mut Child, prefix: &str) -> String {
         if r.read_line(&mut line).unwrap() == 0 {
             return String::new();
         }
-        if line.starts_with(prefix) {
-            return line;
+        if let Some(i) = line.find(prefix) {
+            return line[i..].to_owned();
         }
     }
 }
