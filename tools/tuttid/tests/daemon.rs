@@ -56,7 +56,13 @@ fn four_clients_stripe_concurrently_on_disjoint_ranges() {
 #[test]
 fn sigkilled_clients_are_reclaimed_and_others_never_notice() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Daemon::start(dir.path(), &config_yaml(&dir.path().join("tutti.sock"), 3000, ""));
+    // The victims' range (regions 2 and 3: slots 8..16, bytes 1..2 MiB of
+    // the stripe, LBAs 64..128 of each drive) never completes, so a killed
+    // victim always leaves commands in flight, which Delete I/O SQ must
+    // abort before its memory is unmapped.
+    let faults = "faults: [ { lba: [64, 128], action: never_complete } ], ";
+    let yaml = config_yaml_timed(&dir.path().join("tutti.sock"), 3000, "", faults);
+    let d = Daemon::start(dir.path(), &yaml);
     let mut steady: Vec<_> = (0..2).map(|r| spawn_client(&d.socket, dir.path(), r, 0)).collect();
     for k in &mut steady {
         assert_eq!(wait_line(k, "ready").trim(), "ready");
@@ -68,7 +74,7 @@ fn sigkilled_clients_are_reclaimed_and_others_never_notice() {
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
-        std::thread::sleep(Duration::from_micros(seed % 20_000));
+        std::thread::sleep(Duration::from_micros(10_000 + seed % 30_000));
         victim.kill().unwrap(); // SIGKILL, mid-I/O
         victim.wait().unwrap();
     }
@@ -80,6 +86,8 @@ fn sigkilled_clients_are_reclaimed_and_others_never_notice() {
     }
     let s = assert_all_reclaimed(&d.socket);
     assert!(s.reclaimed >= 102, "{s:?}");
+    let aborted: u64 = s.drives.iter().map(|d| d.sq_deletion_aborts).sum();
+    assert!(aborted > 0, "no kill landed mid-I/O: {s:?}");
     eprintln!(
         "100 kills: commands aborted by SQ deletion per drive: {:?}",
         s.drives.iter().map(|d| d.sq_deletion_aborts).collect::<Vec<_>>()

@@ -33,11 +33,17 @@ impl Drop for Daemon {
 /// The daemon config: four emulated drives that uid 0 and this uid may
 /// use, plus `extra` drive entries.
 pub fn config_yaml(socket: &Path, lease_ms: u32, extra: &str) -> String {
+    config_yaml_timed(socket, lease_ms, extra, "")
+}
+
+/// As [`config_yaml`], with `emulated` keys such as a timing model added
+/// to each of the four drives (`timing: { latency_us: 1000 }, `).
+pub fn config_yaml_timed(socket: &Path, lease_ms: u32, extra: &str, emu_extra: &str) -> String {
     let uid = rustix::process::getuid().as_raw();
     let mut s = format!("socket: {}\nsocket_mode: \"0660\"\nlease_ms: {lease_ms}\ndrives:\n", socket.display());
     for d in 0..4 {
         s.push_str(&format!(
-            "  d{d}:\n    device: {{ emulated: {{ namespaces: [ {{ capacity: 8MiB, block_size: 4096 }} ], io_queues: 64 }} }}\n    allow: {{ uids: [0, {uid}] }}\n    queues_per_client: 2\n"
+            "  d{d}:\n    device: {{ emulated: {{ {emu_extra}namespaces: [ {{ capacity: 8MiB, block_size: 4096 }} ], io_queues: 64 }} }}\n    allow: {{ uids: [0, {uid}] }}\n    queues_per_client: 2\n"
         ));
     }
     s.push_str(extra);
