@@ -104,7 +104,13 @@ impl DmaBuffer {
         // SAFETY: the allocation lives until `drop`, which unmaps before
         // freeing; we never create references into it.
         match unsafe { device.dma_map(ptr, rounded) } {
-            Ok(mapping) => Ok(Self { ptr, len: rounded, backing: Backing::Heap { align }, mapping, device: device.clone() }),
+            Ok(mapping) => Ok(Self {
+                ptr,
+                len: rounded,
+                backing: Backing::Heap { align },
+                mapping,
+                device: device.clone(),
+            }),
             Err(e) => {
                 // SAFETY: allocated above with this layout, never mapped.
                 unsafe { alloc::dealloc(raw, layout) };

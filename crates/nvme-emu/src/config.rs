@@ -300,7 +300,11 @@ impl EmulatorConfig {
             }
         }
         if self.shared_doorbells && self.dstrd != SHARED_DOORBELL_DSTRD {
-            return bad("dstrd", u64::from(self.dstrd), "shared_doorbells needs dstrd = 9 (one 4 KiB page per queue pair)");
+            return bad(
+                "dstrd",
+                u64::from(self.dstrd),
+                "shared_doorbells needs dstrd = 9 (one 4 KiB page per queue pair)",
+            );
         }
         if self.cap_to_500ms == 0 {
             return bad("cap_to_500ms", 0, "CAP.TO must be at least 1");

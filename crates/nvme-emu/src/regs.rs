@@ -53,8 +53,8 @@ impl RegisterPage {
         let (ptr, memory) = if config.shared_doorbells {
             shared_window(len, usize::from(config.io_queues) + 1)?
         } else {
-            let layout =
-                Layout::from_size_align(len, 4096).map_err(|_| EmuError::OutOfMemory { bytes: len as u64 })?;
+            let layout = Layout::from_size_align(len, 4096)
+                .map_err(|_| EmuError::OutOfMemory { bytes: len as u64 })?;
             // SAFETY: `len >= 0x1000`, non-zero.
             let ptr = unsafe { alloc::alloc_zeroed(layout) };
             if ptr.is_null() {
@@ -219,7 +219,14 @@ fn os_error(what: &'static str) -> EmuError {
 fn shared_window(len: usize, queues: usize) -> Result<(*mut u8, Memory), EmuError> {
     // SAFETY: a fresh anonymous private mapping at a kernel-chosen address.
     let base = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
     };
     if base == libc::MAP_FAILED {
         return Err(os_error("mmap of the register window"));
@@ -246,7 +253,9 @@ fn shared_window(len: usize, queues: usize) -> Result<(*mut u8, Memory), EmuErro
 /// `offset`.
 fn doorbell_page(base: *mut u8, offset: usize) -> Result<OwnedFd, EmuError> {
     // SAFETY: the name is a NUL-terminated literal.
-    let raw = unsafe { libc::memfd_create(c"nvme-emu-doorbells".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    let raw = unsafe {
+        libc::memfd_create(c"nvme-emu-doorbells".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+    };
     if raw < 0 {
         return Err(os_error("memfd_create"));
     }
@@ -334,7 +343,8 @@ mod tests {
         let fd = p.doorbell_page_fd(2).unwrap();
         let mut word = [0u8; 4];
         // SAFETY: plain pread on a valid descriptor into a local buffer.
-        let n = unsafe { libc::pread(std::os::fd::AsRawFd::as_raw_fd(&fd), word.as_mut_ptr().cast(), 4, 2048) };
+        let n =
+            unsafe { libc::pread(std::os::fd::AsRawFd::as_raw_fd(&fd), word.as_mut_ptr().cast(), 4, 2048) };
         assert_eq!(n, 4);
         assert_eq!(u32::from_le_bytes(word), 9);
         assert!(p.doorbell_page_fd(4).is_none());
@@ -342,7 +352,8 @@ mod tests {
         assert!(p.renew_doorbell_page(2).unwrap());
         p.mmio().write32(doorbell_offset(2, true, 9), 11).unwrap();
         // SAFETY: as above.
-        let n = unsafe { libc::pread(std::os::fd::AsRawFd::as_raw_fd(&fd), word.as_mut_ptr().cast(), 4, 2048) };
+        let n =
+            unsafe { libc::pread(std::os::fd::AsRawFd::as_raw_fd(&fd), word.as_mut_ptr().cast(), 4, 2048) };
         assert_eq!((n, u32::from_le_bytes(word)), (4, 9));
         assert_eq!(p.doorbell(2, true), 11);
         c.dstrd = 0;

@@ -20,8 +20,8 @@ use nvme_emu::{
 use tuttid_proto::DaemonDevice;
 
 use crate::config::{
-    Backing, ConfigError, ConfigErrorKind, DaemonDriveConfig, DriveConfig, EmulatedDriveConfig, Execution, FaultActionConfig,
-    FaultConfig, FaultOp, PciDriveConfig,
+    Backing, ConfigError, ConfigErrorKind, DaemonDriveConfig, DriveConfig, EmulatedDriveConfig, Execution,
+    FaultActionConfig, FaultConfig, FaultOp, PciDriveConfig,
 };
 use crate::error::Error;
 use crate::runtime::Region;
@@ -379,7 +379,12 @@ impl Drive {
                 let wanted = u.queues.max(1).saturating_add(u16::from(on_gpu));
                 let n = wanted.min(f.quota_left).max(1);
                 if n < wanted {
-                    tracing::warn!(drive = name, asked = wanted, quota = f.quota_left, "tuttid quota: fewer queue pairs");
+                    tracing::warn!(
+                        drive = name,
+                        asked = wanted,
+                        quota = f.quota_left,
+                        "tuttid quota: fewer queue pairs"
+                    );
                 }
                 u.queues = if on_gpu && n >= 2 { n - 1 } else { n };
                 u.queue_depth = u.queue_depth.min(u32::from(f.mqes) + 1);

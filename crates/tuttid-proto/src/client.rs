@@ -51,13 +51,22 @@ impl Client {
     /// As [`Client::connect`].
     pub fn connect_with_version(socket: impl AsRef<Path>, version: u32) -> Result<Arc<Self>, ClientError> {
         let path = socket.as_ref().display().to_string();
-        let sock = UnixStream::connect(socket.as_ref())
-            .map_err(|source| ClientError::Disconnected { socket: path.clone(), during: "connect", source })?;
-        sock.set_read_timeout(Some(REPLY_TIMEOUT))
-            .map_err(|source| ClientError::Disconnected { socket: path.clone(), during: "connect", source })?;
-        let mut c = Self { sock: Mutex::new(sock), socket: path, dead: AtomicBool::new(false), lease: REPLY_TIMEOUT };
+        let sock = UnixStream::connect(socket.as_ref()).map_err(|source| ClientError::Disconnected {
+            socket: path.clone(),
+            during: "connect",
+            source,
+        })?;
+        sock.set_read_timeout(Some(REPLY_TIMEOUT)).map_err(|source| ClientError::Disconnected {
+            socket: path.clone(),
+            during: "connect",
+            source,
+        })?;
+        let mut c =
+            Self { sock: Mutex::new(sock), socket: path, dead: AtomicBool::new(false), lease: REPLY_TIMEOUT };
         match c.call(Request::Hello { version }, &[])? {
-            (Response::HelloOk { lease_ms, .. }, _) => c.lease = Duration::from_millis(u64::from(lease_ms.max(30))),
+            (Response::HelloOk { lease_ms, .. }, _) => {
+                c.lease = Duration::from_millis(u64::from(lease_ms.max(30)))
+            }
             (other, _) => return Err(unexpected("Hello", other)),
         }
         let c = Arc::new(c);
@@ -95,10 +104,18 @@ impl Client {
     /// (and the client marked dead) on any socket error or timeout;
     /// [`ClientError::Decode`] for a reply that is not a message (also
     /// marks it dead: the stream cannot be trusted past it).
-    pub fn call(&self, req: Request, fds: &[BorrowedFd<'_>]) -> Result<(Response, Vec<OwnedFd>), ClientError> {
+    pub fn call(
+        &self,
+        req: Request,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(Response, Vec<OwnedFd>), ClientError> {
         if self.is_dead() {
             let source = std::io::Error::from(std::io::ErrorKind::NotConnected);
-            return Err(ClientError::Disconnected { socket: self.socket.clone(), during: req.name(), source });
+            return Err(ClientError::Disconnected {
+                socket: self.socket.clone(),
+                during: req.name(),
+                source,
+            });
         }
         let sock = self.sock.lock().unwrap_or_else(|p| p.into_inner());
         let r = send_frame(&sock, &req.encode(), fds).and_then(|()| recv_frame(&sock));

@@ -64,7 +64,7 @@ impl DaemonDevice {
     pub fn open(client: Arc<Client>, drive: &str) -> Result<Arc<Self>, DaemonDriveError> {
         let facts = client.open_drive(drive)?;
         let len = usize::try_from(facts.bar_len).map_err(|_| DaemonDriveError::Inconsistent("bar_len"))?;
-        if len < 0x2000 || len > (64 << 20) {
+        if !(0x2000..=(64 << 20)).contains(&len) {
             return Err(DaemonDriveError::Inconsistent("bar_len"));
         }
         let window = Window::new(len)?;
@@ -110,7 +110,8 @@ impl DaemonDevice {
     ) -> Result<QueuePair, DaemonDriveError> {
         let (g, [sq_fd, cq_fd, db_fd]) = self.client.grant_queue(&self.drive, entries)?;
         let dstrd = self.facts.dstrd;
-        let page = usize::try_from(g.doorbell_page).map_err(|_| DaemonDriveError::Inconsistent("doorbell page"))?;
+        let page =
+            usize::try_from(g.doorbell_page).map_err(|_| DaemonDriveError::Inconsistent("doorbell page"))?;
         let inside = |off: usize| off >= page && off + 4 <= page + PAGE;
         let (sq_db, cq_db) = (
             nvme_regs::registers::doorbell_offset(g.qid, false, dstrd),
@@ -182,11 +183,14 @@ impl NvmeDevice for DaemonDevice {
             // the memfd stays alive in its mapping until it unmaps it.
             return Ok(());
         }
-        self.client.unregister_memory(id).map_err(|e| DeviceError::Owner { device: self.name.clone(), source: Box::new(e) })
+        self.client
+            .unregister_memory(id)
+            .map_err(|e| DeviceError::Owner { device: self.name.clone(), source: Box::new(e) })
     }
 
     fn alloc_host(&self, len: usize) -> Result<Option<HostMemory>, DeviceError> {
-        let shm = SharedMemory::new(len).map_err(|e| DeviceError::Owner { device: self.name.clone(), source: Box::new(e) })?;
+        let shm = SharedMemory::new(len)
+            .map_err(|e| DeviceError::Owner { device: self.name.clone(), source: Box::new(e) })?;
         let ptr = NonNull::new(shm.as_ptr()).ok_or(DeviceError::BadRange { addr: 0, len })?;
         Ok(Some(HostMemory { ptr, len: shm.len(), owner: Box::new(shm) }))
     }

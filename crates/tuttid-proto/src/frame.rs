@@ -192,6 +192,8 @@ mod tests {
         (&a).write_all(&h).unwrap();
         assert!(matches!(recv_frame(&b), Err(FrameError::Decode(DecodeError::FrameLength { .. }))));
         drop(a);
-        assert!(matches!(recv_frame(&b), Err(FrameError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof));
+        assert!(
+            matches!(recv_frame(&b), Err(FrameError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof)
+        );
     }
 }

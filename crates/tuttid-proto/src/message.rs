@@ -365,7 +365,8 @@ impl Response {
             tag::STATUS_REPORT => Response::Status(decode_status(&mut r)?),
             tag::REFUSED => {
                 let b = r.u8("rule")?;
-                let rule = Rule::from_u8(b).ok_or(DecodeError::BadValue { field: "rule", value: u64::from(b) })?;
+                let rule =
+                    Rule::from_u8(b).ok_or(DecodeError::BadValue { field: "rule", value: u64::from(b) })?;
                 Response::Refused { rule, detail: r.string("detail")? }
             }
             t => return Err(DecodeError::UnknownTag { tag: t }),

@@ -97,7 +97,8 @@ impl SharedMemory {
         let fd = memfd_create("tutti-shm", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
             .map_err(os("memfd_create"))?;
         ftruncate(&fd, len as u64).map_err(os("ftruncate"))?;
-        fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL).map_err(os("F_ADD_SEALS"))?;
+        fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(os("F_ADD_SEALS"))?;
         // SAFETY: a fresh shared mapping of a file of exactly `len` bytes,
         // sealed against shrinking (no SIGBUS later); nothing else is
         // mapped at the address the kernel picks.
@@ -105,10 +106,8 @@ impl SharedMemory {
             mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, &fd, 0)
         }
         .map_err(os("mmap"))?;
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or(ShmError::Os {
-            op: "mmap",
-            source: std::io::Error::other("null mapping"),
-        })?;
+        let ptr = NonNull::new(p.cast::<u8>())
+            .ok_or(ShmError::Os { op: "mmap", source: std::io::Error::other("null mapping") })?;
         let inner = Arc::new(Inner { fd, ptr, len });
         let mut reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
         reg.retain(|w| w.strong_count() > 0);
@@ -165,7 +164,11 @@ impl SharedMemory {
         match offset.checked_add(len) {
             // SAFETY: offset + len <= self.len: inside the mapping.
             Some(end) if end <= self.inner.len => Ok(unsafe { self.as_ptr().add(offset) }),
-            _ => Err(ShmError::BadRange { offset: offset as u64, len: len as u64, size: self.inner.len as u64 }),
+            _ => Err(ShmError::BadRange {
+                offset: offset as u64,
+                len: len as u64,
+                size: self.inner.len as u64,
+            }),
         }
     }
 }
@@ -213,8 +216,8 @@ impl MappedFd {
         let size = fstat(&fd).map_err(os("fstat"))?.st_size as u64;
         let page = PAGE as u64;
         let ok = len > 0
-            && offset % page == 0
-            && len % page == 0
+            && offset.is_multiple_of(page)
+            && len.is_multiple_of(page)
             && offset.checked_add(len).is_some_and(|e| e <= size)
             && usize::try_from(len).is_ok();
         if !ok {
@@ -223,7 +226,14 @@ impl MappedFd {
         // SAFETY: a fresh shared mapping inside a file that cannot shrink
         // (checked above), at an address the kernel picks.
         let p = unsafe {
-            mmap(std::ptr::null_mut(), len as usize, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, &fd, offset)
+            mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                &fd,
+                offset,
+            )
         }
         .map_err(os("mmap"))?;
         let ptr = NonNull::new(p.cast::<u8>()).ok_or(ShmError::NotSealed)?;
@@ -293,8 +303,12 @@ impl Window {
     /// [`ShmError::BadRange`] for an offset outside the window or not page
     /// aligned; [`ShmError::NotSealed`]; [`ShmError::Os`].
     pub fn map_page(&self, offset: usize, fd: BorrowedFd<'_>) -> Result<(), ShmError> {
-        if offset % PAGE != 0 || offset.checked_add(PAGE).is_none_or(|e| e > self.len) {
-            return Err(ShmError::BadRange { offset: offset as u64, len: PAGE as u64, size: self.len as u64 });
+        if !offset.is_multiple_of(PAGE) || offset.checked_add(PAGE).is_none_or(|e| e > self.len) {
+            return Err(ShmError::BadRange {
+                offset: offset as u64,
+                len: PAGE as u64,
+                size: self.len as u64,
+            });
         }
         let seals = fcntl_get_seals(fd).map_err(|_| ShmError::NotSealed)?;
         let size = fstat(fd).map_err(os("fstat"))?.st_size as u64;
@@ -349,7 +363,8 @@ impl Drop for Window {
 ///
 /// [`ShmError::Os`].
 pub fn sealed_memfd(name: &str, len: usize) -> Result<OwnedFd, ShmError> {
-    let fd = memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(os("memfd_create"))?;
+    let fd =
+        memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(os("memfd_create"))?;
     ftruncate(&fd, len as u64).map_err(os("ftruncate"))?;
     fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL).map_err(os("F_ADD_SEALS"))?;
     Ok(fd)

@@ -16,7 +16,11 @@ fn request() -> impl Strategy<Value = Request> {
         name().prop_map(|drive| Request::OpenDrive { drive }),
         (name(), any::<u32>()).prop_map(|(drive, entries)| Request::GrantQueue { drive, entries }),
         (name(), any::<u16>()).prop_map(|(drive, qid)| Request::ReleaseQueue { drive, qid }),
-        (name(), any::<u64>(), any::<u64>()).prop_map(|(drive, offset, len)| Request::RegisterMemory { drive, offset, len }),
+        (name(), any::<u64>(), any::<u64>()).prop_map(|(drive, offset, len)| Request::RegisterMemory {
+            drive,
+            offset,
+            len
+        }),
         any::<u64>().prop_map(|id| Request::UnregisterMemory { id }),
         Just(Request::Heartbeat),
         Just(Request::Status),
@@ -27,16 +31,42 @@ fn response() -> impl Strategy<Value = Response> {
     prop_oneof![
         (any::<u32>(), any::<u32>()).prop_map(|(version, lease_ms)| Response::HelloOk { version, lease_ms }),
         (any::<u16>(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(qid, entries, a, b)| {
-            Response::QueueGranted(QueueGrant { qid, entries, sq_iova: a, cq_iova: b, sq_len: a ^ b, cq_len: b, doorbell_page: a })
+            Response::QueueGranted(QueueGrant {
+                qid,
+                entries,
+                sq_iova: a,
+                cq_iova: b,
+                sq_len: a ^ b,
+                cq_len: b,
+                doorbell_page: a,
+            })
         }),
         Just(Response::Done),
-        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(id, iova, len)| Response::MemoryRegistered { id, iova, len }),
-        (1u8..=12, name()).prop_map(|(r, detail)| Response::Refused { rule: Rule::from_u8(r).unwrap(), detail }),
+        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(id, iova, len)| Response::MemoryRegistered {
+            id,
+            iova,
+            len
+        }),
+        (1u8..=12, name())
+            .prop_map(|(r, detail)| Response::Refused { rule: Rule::from_u8(r).unwrap(), detail }),
         (name(), any::<u16>(), any::<u32>(), prop::collection::vec((name(), any::<u16>()), 0..4)).prop_map(
             |(n, q, pid, queues)| {
                 Response::Status(StatusReport {
-                    drives: vec![DriveStatus { name: n, queues_total: q, queues_free: q / 2, ..Default::default() }],
-                    clients: vec![ClientStatus { pid, uid: pid ^ 1, gid: 3, connected_ms: 9, idle_ms: 1, queues, memory_bytes: 4096 }],
+                    drives: vec![DriveStatus {
+                        name: n,
+                        queues_total: q,
+                        queues_free: q / 2,
+                        ..Default::default()
+                    }],
+                    clients: vec![ClientStatus {
+                        pid,
+                        uid: pid ^ 1,
+                        gid: 3,
+                        connected_ms: 9,
+                        idle_ms: 1,
+                        queues,
+                        memory_bytes: 4096,
+                    }],
                     reclaimed: u64::from(pid),
                 })
             }

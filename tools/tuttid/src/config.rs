@@ -134,8 +134,8 @@ impl DaemonConfig {
     ///
     /// [`ConfigError`].
     pub fn from_path(path: &Path) -> Result<Self, ConfigError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
         Self::from_yaml(&text)
     }
 
@@ -172,7 +172,10 @@ impl DaemonConfig {
         }
         for (name, d) in &self.drives {
             let key = |k: &str| format!("drives.{name}.{k}");
-            if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+            if name.is_empty()
+                || name.len() > 64
+                || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            {
                 return Err(invalid(&format!("drives.{name}"), "names are 1-64 of [A-Za-z0-9_-]"));
             }
             if d.queues_per_client == 0 || d.queues_per_client > 64 {
@@ -219,7 +222,12 @@ drives:
             Err(ConfigError::Invalid { key, .. }) if key == "socket_mode"
         ));
         assert!(matches!(DaemonConfig::from_yaml(&format!("{GOOD}bogus: 1\n")), Err(ConfigError::Parse(_))));
-        let pci = GOOD.replace("{ emulated: { namespaces: [ { capacity: 4MiB, block_size: 4096 } ] } }", "{ pci: { addr: \"0000:01:00.0\" } }");
-        assert!(matches!(DaemonConfig::from_yaml(&pci), Err(ConfigError::Invalid { key, .. }) if key == "drives.d0.device"));
+        let pci = GOOD.replace(
+            "{ emulated: { namespaces: [ { capacity: 4MiB, block_size: 4096 } ] } }",
+            "{ pci: { addr: \"0000:01:00.0\" } }",
+        );
+        assert!(
+            matches!(DaemonConfig::from_yaml(&pci), Err(ConfigError::Invalid { key, .. }) if key == "drives.d0.device")
+        );
     }
 }

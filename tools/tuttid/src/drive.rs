@@ -76,7 +76,8 @@ impl Drive {
         let emulator = Emulator::start(ec).map_err(|e| fail(format!("emulator: {e}")))?;
         let device: Arc<dyn NvmeDevice> = emulator.clone();
         let opts = ControllerOptions { io_queues: e.io_queues, ..ControllerOptions::default() };
-        let controller = Controller::init(device.clone(), opts).map_err(|e| fail(format!("bring-up: {e}")))?;
+        let controller =
+            Controller::init(device.clone(), opts).map_err(|e| fail(format!("bring-up: {e}")))?;
         let ns = controller.usable_namespace(entry.nsid).map_err(|e| fail(format!("namespace: {e}")))?;
         let total = controller.io_queues_granted();
         let facts = DriveFacts {
@@ -142,7 +143,10 @@ impl Drive {
         let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what };
         let sq_len = (entries as usize * 64).next_multiple_of(PAGE);
         let cq_len = (entries as usize * 16).next_multiple_of(PAGE);
-        let db = self.emulator.doorbell_page_fd(qid).ok_or_else(|| fail(format!("no doorbell page for queue {qid}")))?;
+        let db = self
+            .emulator
+            .doorbell_page_fd(qid)
+            .ok_or_else(|| fail(format!("no doorbell page for queue {qid}")))?;
         let (sq, sq_fd) = self.ring(sq_len)?;
         let (cq, cq_fd) = self.ring(cq_len)?;
         let sq_map = self.map(&sq)?;
@@ -160,7 +164,15 @@ impl Drive {
             return Err(fail(format!("creating queue {qid}: {e}")));
         }
         let doorbell_page = nvme_regs_doorbell_page(qid);
-        let grant = QueueGrant { qid, entries, sq_iova, cq_iova, sq_len: sq_len as u64, cq_len: cq_len as u64, doorbell_page };
+        let grant = QueueGrant {
+            qid,
+            entries,
+            sq_iova,
+            cq_iova,
+            sq_len: sq_len as u64,
+            cq_len: cq_len as u64,
+            doorbell_page,
+        };
         Ok((rings, grant, [sq_fd, cq_fd, db]))
     }
 
@@ -182,7 +194,8 @@ impl Drive {
         // SAFETY: `m` stays mapped until after `dma_unmap` of this mapping
         // (its owner, a `Rings` or a registration, is dropped only after
         // `reclaim_memory`/`unregister` unmapped it, or is leaked).
-        let map = unsafe { self.device.dma_map(ptr, m.len()) }.map_err(|e| fail(format!("DMA mapping: {e}")))?;
+        let map =
+            unsafe { self.device.dma_map(ptr, m.len()) }.map_err(|e| fail(format!("DMA mapping: {e}")))?;
         let contiguous = map.pages().windows(2).all(|w| w[1] == w[0] + PAGE as u64);
         if !contiguous {
             let _ = self.device.dma_unmap(&map);

@@ -94,7 +94,13 @@ fn status(socket: &std::path::Path) -> Result<ExitCode, Box<dyn std::error::Erro
     for d in &s.drives {
         println!(
             "{:<13} {:>5}/{:<11} {:>13}  {:>10}  {:>18}  {:>11}",
-            d.name, d.queues_free, d.queues_total, d.registrations, d.dma_faults, d.sq_deletion_aborts, d.quarantined
+            d.name,
+            d.queues_free,
+            d.queues_total,
+            d.registrations,
+            d.dma_faults,
+            d.sq_deletion_aborts,
+            d.quarantined
         );
     }
     println!("clients: {} connected, {} reclaimed since start", s.clients.len(), s.reclaimed);

@@ -76,14 +76,15 @@ impl Server {
             match listener.accept() {
                 Ok((sock, _)) => {
                     let me = self.clone();
-                    let spawned = std::thread::Builder::new()
-                        .name("tuttid-conn".into())
-                        .spawn(move || me.serve(sock));
+                    let spawned =
+                        std::thread::Builder::new().name("tuttid-conn".into()).spawn(move || me.serve(sock));
                     if let Err(e) = spawned {
                         tracing::error!(error = %e, "cannot spawn a connection thread");
                     }
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept");
                     std::thread::sleep(Duration::from_millis(5));
@@ -101,7 +102,11 @@ impl Server {
             tracing::warn!("SO_PEERCRED failed; connection dropped");
             return;
         };
-        let peer = Peer { pid: cred.pid.as_raw_nonzero().get() as u32, uid: cred.uid.as_raw(), gid: cred.gid.as_raw() };
+        let peer = Peer {
+            pid: cred.pid.as_raw_nonzero().get() as u32,
+            uid: cred.uid.as_raw(),
+            gid: cred.gid.as_raw(),
+        };
         if sock.set_nonblocking(false).is_err() || sock.set_read_timeout(Some(self.lease)).is_err() {
             return;
         }
@@ -161,7 +166,10 @@ impl Server {
 
     fn status_reply(&self, peer: Peer) -> Reply {
         if peer.uid != 0 && peer.uid != self.own_uid {
-            return refused(Rule::NotAllowed, format!("uid {} may not see the status (root or the daemon's uid)", peer.uid));
+            return refused(
+                Rule::NotAllowed,
+                format!("uid {} may not see the status (root or the daemon's uid)", peer.uid),
+            );
         }
         (Response::Status(self.status()), Vec::new())
     }
@@ -213,7 +221,10 @@ pub fn bind(path: &Path, mode: u32, gid: Option<u32>) -> Result<UnixListener, Da
     let err = |op, source| DaemonError::Socket { op, path: path.display().to_string(), source };
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
-            return Err(err("refusing to replace a non-socket file at", std::io::ErrorKind::AlreadyExists.into()));
+            return Err(err(
+                "refusing to replace a non-socket file at",
+                std::io::ErrorKind::AlreadyExists.into(),
+            ));
         }
         if UnixStream::connect(path).is_ok() {
             return Err(err("another daemon listens on", std::io::ErrorKind::AddrInUse.into()));

@@ -60,7 +60,16 @@ fn refuse(e: DaemonError) -> Reply {
 impl Session {
     /// A new session for `peer`.
     pub fn new(peer: Peer, drives: Arc<Vec<Drive>>, registrations_max: u32, lease_ms: u32) -> Self {
-        Self { peer, drives, queues: Vec::new(), memory: HashMap::new(), next_id: 1, registrations_max, lease_ms, greeted: false }
+        Self {
+            peer,
+            drives,
+            queues: Vec::new(),
+            memory: HashMap::new(),
+            next_id: 1,
+            registrations_max,
+            lease_ms,
+            greeted: false,
+        }
     }
 
     /// Queue pairs owned, as (drive name, qid).
@@ -164,11 +173,20 @@ impl Session {
             Ok((Response::Done, Vec::new()))
         } else {
             drive.quarantine(rings);
-            Err(DaemonError::Drive { drive: name.to_owned(), what: format!("deleting queue {qid} failed; quarantined") })
+            Err(DaemonError::Drive {
+                drive: name.to_owned(),
+                what: format!("deleting queue {qid} failed; quarantined"),
+            })
         }
     }
 
-    fn register(&mut self, name: &str, offset: u64, len: u64, fds: Vec<OwnedFd>) -> Result<Reply, DaemonError> {
+    fn register(
+        &mut self,
+        name: &str,
+        offset: u64,
+        len: u64,
+        fds: Vec<OwnedFd>,
+    ) -> Result<Reply, DaemonError> {
         let d = self.drive(name)?;
         if self.memory.len() >= self.registrations_max as usize {
             return Err(DaemonError::MemoryQuota { quota: self.registrations_max });
@@ -230,5 +248,4 @@ impl Session {
             }
         }
     }
-
 }

@@ -26,8 +26,9 @@ fn status(socket: &std::path::Path) -> StatusReport {
 fn assert_all_reclaimed(socket: &std::path::Path) -> StatusReport {
     let s = eventually(Duration::from_secs(20), || {
         let s = status(socket);
-        (s.clients.len() == 1 && s.drives.iter().all(|d| d.queues_free == d.queues_total && d.registrations == 0))
-            .then_some(s)
+        (s.clients.len() == 1
+            && s.drives.iter().all(|d| d.queues_free == d.queues_total && d.registrations == 0))
+        .then_some(s)
     });
     let s = s.unwrap_or_else(|| panic!("not reclaimed: {:#?}", status(socket)));
     for d in &s.drives {
@@ -106,7 +107,11 @@ fn restarted_daemon_fails_clients_closed_and_they_reconnect() {
     d.child.wait().unwrap();
     let line = wait_line(&mut live, "failed");
     let st = live.wait().unwrap();
-    assert_eq!(st.code(), Some(EXIT_ERROR), "a client of a dead daemon must fail with an error, not wrong data: {line}");
+    assert_eq!(
+        st.code(),
+        Some(EXIT_ERROR),
+        "a client of a dead daemon must fail with an error, not wrong data: {line}"
+    );
     drop(d);
     let d = Daemon::start(dir.path(), &yaml);
     let mut again = spawn_client(&d.socket, dir.path(), 0, 2);

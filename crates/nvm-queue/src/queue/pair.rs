@@ -198,7 +198,9 @@ impl QueuePair {
         if cfg.max_transfer == 0 {
             return Err(QueueError::BadConfig("max_transfer"));
         }
-        if sq_mem.len() < cfg.sq_entries as usize * SQE_SIZE || cq_mem.len() < cfg.cq_entries as usize * CQE_SIZE {
+        if sq_mem.len() < cfg.sq_entries as usize * SQE_SIZE
+            || cq_mem.len() < cfg.cq_entries as usize * CQE_SIZE
+        {
             return Err(QueueError::BadConfig("ring memory smaller than its entries"));
         }
         let bar = device.bar0();

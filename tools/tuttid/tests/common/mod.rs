@@ -40,7 +40,8 @@ pub fn config_yaml(socket: &Path, lease_ms: u32, extra: &str) -> String {
 /// to each of the four drives (`timing: { latency_us: 1000 }, `).
 pub fn config_yaml_timed(socket: &Path, lease_ms: u32, extra: &str, emu_extra: &str) -> String {
     let uid = rustix::process::getuid().as_raw();
-    let mut s = format!("socket: {}\nsocket_mode: \"0660\"\nlease_ms: {lease_ms}\ndrives:\n", socket.display());
+    let mut s =
+        format!("socket: {}\nsocket_mode: \"0660\"\nlease_ms: {lease_ms}\ndrives:\n", socket.display());
     for d in 0..4 {
         s.push_str(&format!(
             "  d{d}:\n    device: {{ emulated: {{ {emu_extra}namespaces: [ {{ capacity: 8MiB, block_size: 4096 }} ], io_queues: 64 }} }}\n    allow: {{ uids: [0, {uid}] }}\n    queues_per_client: 2\n"
@@ -119,7 +120,8 @@ pub fn wait_line(child: &mut Child, prefix: &str) -> String {
 
 /// The pattern of byte `i` of slot `slot` at round `iter`.
 fn pattern(slot: u64, iter: u64, i: usize) -> u8 {
-    (slot.wrapping_mul(131).wrapping_add(iter.wrapping_mul(29)).wrapping_add(i as u64 * 7 + (i as u64 >> 9))) as u8
+    (slot.wrapping_mul(131).wrapping_add(iter.wrapping_mul(29)).wrapping_add(i as u64 * 7 + (i as u64 >> 9)))
+        as u8
 }
 
 /// Exit codes of the client role.
@@ -157,12 +159,17 @@ fn run_client(socket: &Path, dir: &Path, region: u64, iterations: u64) -> Result
     let dst = SharedMemory::new(n * SLOT).map_err(|x| e(&x))?;
     // SAFETY: both live until the end of this function, after the runtime
     // is shut down; not touched while I/O on them is in flight.
-    let ms = unsafe { rt.register_memory(src.as_ptr(), src.len()) }.map_err(|x| e(&tutti::error_chain(&x)))?;
+    let ms =
+        unsafe { rt.register_memory(src.as_ptr(), src.len()) }.map_err(|x| e(&tutti::error_chain(&x)))?;
     // SAFETY: as above.
-    let md = unsafe { rt.register_memory(dst.as_ptr(), dst.len()) }.map_err(|x| e(&tutti::error_chain(&x)))?;
+    let md =
+        unsafe { rt.register_memory(dst.as_ptr(), dst.len()) }.map_err(|x| e(&tutti::error_chain(&x)))?;
     let slots: Vec<u64> = (0..SLOTS_PER_REGION).map(|k| region * SLOTS_PER_REGION + k).collect();
-    let targets: Vec<_> =
-        slots.iter().map(|s| rt.open(&format!("tutti://kv/{s}"))).collect::<Result<_, _>>().map_err(|x| e(&x))?;
+    let targets: Vec<_> = slots
+        .iter()
+        .map(|s| rt.open(&format!("tutti://kv/{s}")))
+        .collect::<Result<_, _>>()
+        .map_err(|x| e(&x))?;
     println!("ready");
     let mut verified = 0u64;
     let mut buf = vec![0u8; SLOT];
@@ -176,16 +183,25 @@ fn run_client(socket: &Path, dir: &Path, region: u64, iterations: u64) -> Result
             src.write(k * SLOT, &data).map_err(|x| e(&x))?;
             dst.write(k * SLOT, &vec![0xEE; SLOT]).map_err(|x| e(&x))?;
         }
-        let writes: Vec<Request> =
-            targets.iter().enumerate().map(|(k, &t)| Request::write(t, 0, SLOT as u64, ms, (k * SLOT) as u64)).collect();
+        let writes: Vec<Request> = targets
+            .iter()
+            .enumerate()
+            .map(|(k, &t)| Request::write(t, 0, SLOT as u64, ms, (k * SLOT) as u64))
+            .collect();
         io(&rt, &writes)?;
-        let reads: Vec<Request> =
-            targets.iter().enumerate().map(|(k, &t)| Request::read(t, 0, SLOT as u64, md, (k * SLOT) as u64)).collect();
+        let reads: Vec<Request> = targets
+            .iter()
+            .enumerate()
+            .map(|(k, &t)| Request::read(t, 0, SLOT as u64, md, (k * SLOT) as u64))
+            .collect();
         io(&rt, &reads)?;
         for (k, &slot) in slots.iter().enumerate() {
             dst.read(k * SLOT, &mut buf).map_err(|x| e(&x))?;
             if let Some(i) = (0..SLOT).find(|&i| buf[i] != pattern(slot, iter, i)) {
-                return Err((EXIT_WRONG_DATA, format!("slot {slot} round {iter}: byte {i} is {:#x}", buf[i])));
+                return Err((
+                    EXIT_WRONG_DATA,
+                    format!("slot {slot} round {iter}: byte {i} is {:#x}", buf[i]),
+                ));
             }
             verified += SLOT as u64;
         }
