@@ -162,7 +162,11 @@ fn compare(a: &RateArgs, stop: &Stop) -> Result<Ended, String> {
         print_rate(a, q);
         print_rate(a, r);
     }
-    let what = if a.daemon.is_some() { "tuttid client / runtime owning the drive" } else { "runtime API / queue pair" };
+    let what = if a.daemon.is_some() {
+        "tuttid client / runtime owning the drive"
+    } else {
+        "runtime API / queue pair"
+    };
     println!(
         "{what}: {:.3} (medians {:.2} / {:.2} M commands/s), best runs {:.3} ({:.2} / {:.2}), {} run(s) each",
         c.median_ratio,
@@ -271,6 +275,7 @@ pub fn queue_pair_rate(
         repeat: 1,
         settle: false,
         json: false,
+        daemon: None,
     };
     let r = rate_queue_pair(&a, stop)?;
     Ok(r.ended(commands).map_or(Ok(r.commands_per_second), Err))
@@ -373,8 +378,9 @@ fn grant_latency(socket: &std::path::Path, queue_depth: u32) -> Result<(), Strin
     let mem = tutti::SharedMemory::new(1 << 20).map_err(err)?;
     for _ in 0..20 {
         let t = Instant::now();
-        let rt = Runtime::from_config(Config::from_yaml_str(&rate_yaml(queue_depth, Some(socket))).map_err(err)?)
-            .map_err(|e| error_chain(&e))?;
+        let rt =
+            Runtime::from_config(Config::from_yaml_str(&rate_yaml(queue_depth, Some(socket))).map_err(err)?)
+                .map_err(|e| error_chain(&e))?;
         grant.push(t.elapsed());
         let t = Instant::now();
         // SAFETY: `mem` outlives the registration, undone below; no I/O.
