@@ -654,14 +654,7 @@ impl Gpu {
         // been synchronised (its `wait` and its Drop do that first); if the
         // launch fails, nothing reads them.
         unsafe {
-            result::launch_kernel(
-                self.func,
-                (nqueues, 1, 1),
-                (threads, 1, 1),
-                0,
-                self.quiet.io.raw,
-                &mut params,
-            )
+            result::launch_kernel(self.func, (nqueues, 1, 1), (threads, 1, 1), 0, self.quiet.io.raw, &mut params)
         }
         .map_err(drv("cuLaunchKernel"))?;
         Ok(GpuLaunch { bufs: Some(bufs), n, quiet: self.quiet.clone() })

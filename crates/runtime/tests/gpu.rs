@@ -230,14 +230,12 @@ fn gpu_operations_in_flight_together_finish_far_within_the_command_budget() {
     let targets: Vec<_> = (0..OPS).map(|i| rt.open(&format!("tutti://kv/{i}")).unwrap()).collect();
     let start = std::time::Instant::now();
     // Eight kernels queued on the one I/O stream, then the first waited on.
-    let ops: Vec<_> =
-        (0..OPS).map(|i| rt.submit(&op_requests(true, targets[i], ms[i])).op().unwrap()).collect();
+    let ops: Vec<_> = (0..OPS).map(|i| rt.submit(&op_requests(true, targets[i], ms[i])).op().unwrap()).collect();
     for (i, op) in ops.into_iter().enumerate() {
         wait_ok(&rt, op, &format!("write {i}"));
     }
     // Reads too (the emulator copies into GPU memory), waited last first.
-    let ops: Vec<_> =
-        (0..OPS).map(|i| rt.submit(&op_requests(false, targets[i], md[i])).op().unwrap()).collect();
+    let ops: Vec<_> = (0..OPS).map(|i| rt.submit(&op_requests(false, targets[i], md[i])).op().unwrap()).collect();
     for (i, op) in ops.into_iter().enumerate().rev() {
         wait_ok(&rt, op, &format!("read {i}"));
     }
