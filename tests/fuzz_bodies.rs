@@ -640,3 +640,27 @@ mod scripted {
         }
     }
 }
+
+/// The tuttid protocol facing a hostile peer: any payload decodes, as a
+/// request and as a reply, to a typed error or to a message that
+/// re-encodes to exactly the same bytes; any byte stream on the socket
+/// reads as frames or a typed framing error.
+pub fn tuttid_protocol(data: &[u8]) {
+    use tuttid_proto::{Request, Response};
+    if let Ok(r) = Request::decode(data) {
+        assert_eq!(r.encode(), data, "request {r:?} does not re-encode to its bytes");
+    }
+    if let Ok(r) = Response::decode(data) {
+        assert_eq!(r.encode(), data, "reply {r:?} does not re-encode to its bytes");
+    }
+    let Ok((a, b)) = std::os::unix::net::UnixStream::pair() else { return };
+    let _ = b.set_read_timeout(Some(std::time::Duration::from_millis(50)));
+    let _ = std::io::Write::write_all(&mut &a, &data[..data.len().min(100_000)]);
+    drop(a);
+    for _ in 0..64 {
+        match tuttid_proto::frame::recv_frame(&b) {
+            Ok(f) => assert!(!f.payload.is_empty() && f.payload.len() <= tuttid_proto::MAX_FRAME as usize),
+            Err(_) => break,
+        }
+    }
+}

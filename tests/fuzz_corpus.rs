@@ -52,6 +52,11 @@ fn emulator_commands_corpus() {
 }
 
 #[test]
+fn tuttid_protocol_corpus() {
+    replay("tuttid_protocol", bodies::tuttid_protocol);
+}
+
+#[test]
 fn controller_bringup_corpus() {
     replay("controller_bringup", |d| {
         bodies::controller_bringup(d);

@@ -588,17 +588,54 @@ impl Controller {
             )));
         }
         let entries = qp.sq().size();
+        let (sq_base, cq_base) = (qp.sq().memory().device_addr(0)?, qp.cq().memory().device_addr(0)?);
+        self.create_io_queues_at(qid, entries, sq_base, cq_base)
+    }
+
+    /// Creates I/O queue pair `qid` of `entries` entries per ring on ring
+    /// memory at device addresses `sq_base` and `cq_base` (each physically
+    /// contiguous, memory-page aligned, zeroed, and mapped for the device
+    /// by the caller): Create I/O CQ, then Create I/O SQ (NVMe Base 2.0
+    /// 5.4, 5.5). For rings that no [`QueuePair`] of this process drives
+    /// (a daemon granting them to another process).
+    ///
+    /// # Errors
+    ///
+    /// [`ControllerError::NoQueue`] for a qid outside the granted range or
+    /// live already; the admin commands' errors (a failed Create I/O SQ
+    /// deletes the CQ again).
+    pub fn create_io_queues_at(
+        &mut self,
+        qid: u16,
+        entries: u32,
+        sq_base: u64,
+        cq_base: u64,
+    ) -> Result<(), ControllerError> {
+        if qid == 0 || qid > self.io_queues_granted || self.live_queues.contains(&qid) {
+            return Err(ControllerError::NoQueue { qid, granted: self.io_queues_granted });
+        }
         let mut cq = CreateIoCq::new(qid, entries).build();
-        cq.set_prp(qp.cq().memory().device_addr(0)?, 0);
+        cq.set_prp(cq_base, 0);
         self.admin_command(cq, "Create I/O Completion Queue")?;
         let mut sq = CreateIoSq::new(qid, entries, qid).build();
-        sq.set_prp(qp.sq().memory().device_addr(0)?, 0);
+        sq.set_prp(sq_base, 0);
         if let Err(e) = self.admin_command(sq, "Create I/O Submission Queue") {
             let _ = self.admin_command(DeleteIoCq::new(qid).build(), "Delete I/O Completion Queue");
             return Err(e);
         }
         self.live_queues.push(qid);
         Ok(())
+    }
+
+    /// Deletes the SQ of I/O queue `qid` that no [`QueuePair`] of this
+    /// process drives (Delete I/O SQ, NVMe Base 2.0 5.7): the controller
+    /// aborts what it had fetched. [`Controller::delete_io_cq`] follows.
+    ///
+    /// # Errors
+    ///
+    /// [`ControllerError::NoQueue`]; the admin command's errors.
+    pub fn delete_io_sq_of(&mut self, qid: u16) -> Result<(), ControllerError> {
+        self.delete_sq(qid)
     }
 
     /// Deletes the SQ of I/O queue pair `qp` (Delete I/O SQ, NVMe Base 2.0

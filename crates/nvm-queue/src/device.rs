@@ -46,6 +46,25 @@ pub enum DeviceError {
         /// Device address of the mapping.
         iova: u64,
     },
+    /// The host range is not in memory that can be shared with the process
+    /// that owns the device (a `tuttid` drive reaches only memfd-backed
+    /// memory: allocate it with `tuttid_proto::SharedMemory`).
+    #[error("host range {addr:#x}+{len:#x} is not in shared (memfd) memory, which a tuttid drive needs")]
+    NotShareable {
+        /// Host virtual address.
+        addr: usize,
+        /// Length in bytes.
+        len: usize,
+    },
+    /// The process that owns the device refused or failed the mapping.
+    #[error("the owner of device {device} refused the request")]
+    Owner {
+        /// Device name.
+        device: String,
+        /// The owner's answer.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A system call failed (vfio, mmap, mlock...).
     #[error("{op} failed")]
     Os {
@@ -103,6 +122,19 @@ impl DmaMapping {
     }
 }
 
+/// Host memory a device supplies for its own DMA buffers
+/// ([`NvmeDevice::alloc_host`]): `len` bytes at `ptr`, zeroed and page
+/// aligned, kept alive by `owner` (dropping it releases the memory).
+#[derive(Debug)]
+pub struct HostMemory {
+    /// First byte, page aligned.
+    pub ptr: NonNull<u8>,
+    /// Length in bytes (whole pages).
+    pub len: usize,
+    /// Keeps the memory allocated until dropped.
+    pub owner: Box<dyn fmt::Debug + Send + Sync>,
+}
+
 /// One NVMe controller as the driver sees it: a BAR0 register window and a
 /// DMA address space.
 pub trait NvmeDevice: Send + Sync + fmt::Debug {
@@ -128,6 +160,19 @@ pub trait NvmeDevice: Send + Sync + fmt::Debug {
 
     /// Removes a mapping made by [`NvmeDevice::dma_map`].
     fn dma_unmap(&self, mapping: &DmaMapping) -> Result<(), DeviceError>;
+
+    /// Memory for the driver's own DMA buffers (queue memory, PRP lists),
+    /// when the device needs a particular kind (a `tuttid` drive: memory
+    /// shared with the daemon). `Ok(None)`, the default, means the process
+    /// heap will do.
+    ///
+    /// # Errors
+    ///
+    /// Whatever allocating that memory failed with.
+    fn alloc_host(&self, len: usize) -> Result<Option<HostMemory>, DeviceError> {
+        let _ = len;
+        Ok(None)
+    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::device::{DeviceError, DmaMapping, NvmeDevice, HOST_PAGE_SIZE};
+use crate::device::{DeviceError, DmaMapping, HostMemory, NvmeDevice, HOST_PAGE_SIZE};
 
 /// Errors creating or accessing DMA memory.
 #[derive(Debug, thiserror::Error)]
@@ -52,9 +52,23 @@ pub enum DmaError {
 pub struct DmaBuffer {
     ptr: NonNull<u8>,
     len: usize,
-    align: usize,
+    backing: Backing,
     mapping: DmaMapping,
     device: Arc<dyn NvmeDevice>,
+}
+
+/// Where a [`DmaBuffer`]'s memory comes from, and so how it is released.
+#[derive(Debug)]
+enum Backing {
+    /// The process heap, with this alignment: unmapped, then freed.
+    Heap { align: usize },
+    /// Memory the device supplied ([`NvmeDevice::alloc_host`]): unmapped,
+    /// then the owner dropped.
+    Device(#[allow(dead_code)] Box<dyn std::fmt::Debug + Send + Sync>),
+    /// Memory mapped by someone else (a ring `tuttid` granted): not
+    /// unmapped from the device by this buffer (its owner does that after
+    /// deleting the queue); the keeper is dropped.
+    Foreign(#[allow(dead_code)] Box<dyn std::fmt::Debug + Send + Sync>),
 }
 
 // SAFETY: the buffer is plain memory accessed only through copies and atomic
@@ -80,6 +94,9 @@ impl DmaBuffer {
             .checked_next_multiple_of(HOST_PAGE_SIZE)
             .filter(|&n| n > 0)
             .ok_or(DmaError::BadSize { len })?;
+        if let Some(host) = device.alloc_host(rounded).map_err(DmaError::Map)? {
+            return Self::from_device_memory(device, host, rounded, align);
+        }
         let layout = Layout::from_size_align(rounded, align).map_err(|_| DmaError::BadSize { len })?;
         // SAFETY: `layout` has a non-zero size (checked above).
         let raw = unsafe { alloc::alloc_zeroed(layout) };
@@ -87,13 +104,59 @@ impl DmaBuffer {
         // SAFETY: the allocation lives until `drop`, which unmaps before
         // freeing; we never create references into it.
         match unsafe { device.dma_map(ptr, rounded) } {
-            Ok(mapping) => Ok(Self { ptr, len: rounded, align, mapping, device: device.clone() }),
+            Ok(mapping) => Ok(Self {
+                ptr,
+                len: rounded,
+                backing: Backing::Heap { align },
+                mapping,
+                device: device.clone(),
+            }),
             Err(e) => {
                 // SAFETY: allocated above with this layout, never mapped.
                 unsafe { alloc::dealloc(raw, layout) };
                 Err(DmaError::Map(e))
             }
         }
+    }
+
+    fn from_device_memory(
+        device: &Arc<dyn NvmeDevice>,
+        host: HostMemory,
+        len: usize,
+        align: usize,
+    ) -> Result<Self, DmaError> {
+        if host.len < len || !(host.ptr.as_ptr() as usize).is_multiple_of(align) {
+            return Err(DmaError::BadSize { len });
+        }
+        // SAFETY: `host.owner` keeps the memory allocated until this
+        // buffer's drop, which unmaps it first; no references into it.
+        let mapping = unsafe { device.dma_map(host.ptr, len) }.map_err(DmaError::Map)?;
+        // Zeroed by the device's allocator (contract of `alloc_host`).
+        Ok(Self { ptr: host.ptr, len, backing: Backing::Device(host.owner), mapping, device: device.clone() })
+    }
+
+    /// Wraps memory that is mapped for the device already and whose
+    /// mapping someone else removes (queue rings a daemon granted): dropping
+    /// the buffer drops `keeper` (which keeps the memory mapped in this
+    /// process) and does not call [`NvmeDevice::dma_unmap`].
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + len` must be page aligned, readable and writable, and
+    /// stay so while `keeper` lives; `mapping` must give its device
+    /// addresses (at least `len` bytes of it). No Rust reference into the
+    /// memory may exist while the buffer lives.
+    pub unsafe fn from_foreign(
+        device: &Arc<dyn NvmeDevice>,
+        ptr: NonNull<u8>,
+        len: usize,
+        mapping: DmaMapping,
+        keeper: Box<dyn std::fmt::Debug + Send + Sync>,
+    ) -> Result<Self, DmaError> {
+        if len == 0 || !len.is_multiple_of(HOST_PAGE_SIZE) || mapping.len() < len {
+            return Err(DmaError::BadSize { len });
+        }
+        Ok(Self { ptr, len, backing: Backing::Foreign(keeper), mapping, device: device.clone() })
     }
 
     /// Size in bytes (a multiple of 4 KiB).
@@ -213,15 +276,26 @@ impl DmaBuffer {
 
 impl Drop for DmaBuffer {
     fn drop(&mut self) {
+        if matches!(self.backing, Backing::Foreign(_)) {
+            return; // the keeper drops with `self`; its owner unmaps it
+        }
         if let Err(e) = self.device.dma_unmap(&self.mapping) {
             // The device may still reach this memory: leaking is the only
             // safe choice.
             tracing::error!(error = %e, "DMA unmap failed; leaking the buffer");
+            if let Backing::Device(owner) | Backing::Foreign(owner) =
+                std::mem::replace(&mut self.backing, Backing::Heap { align: HOST_PAGE_SIZE })
+            {
+                std::mem::forget(owner);
+            }
             return;
         }
+        let Backing::Heap { align } = self.backing else {
+            return; // a device's memory: its owner drops with `self`
+        };
         // SAFETY: allocated in `new_aligned` with exactly this layout (len is
         // a non-zero multiple of the page size, align a power of two, both
         // checked there by Layout::from_size_align).
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.len, self.align)) };
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.len, align)) };
     }
 }

@@ -47,7 +47,7 @@ pub mod dma;
 pub mod mmio;
 pub mod prp;
 
-pub use device::{DeviceError, DmaMapping, NvmeDevice, HOST_PAGE_SIZE};
+pub use device::{DeviceError, DmaMapping, HostMemory, NvmeDevice, HOST_PAGE_SIZE};
 pub use dma::{DmaBuffer, DmaError};
 pub use mmio::{Doorbell, Mmio, MmioError};
 pub use prp::{Prp, PrpBuilder, PrpError};

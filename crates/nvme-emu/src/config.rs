@@ -9,6 +9,10 @@ use crate::{EmuError, FaultRule};
 /// bytes. Bounds `io_queues` x `4 << dstrd`.
 pub const MAX_REGISTER_PAGE: usize = 16 << 20;
 
+/// CAP.DSTRD that [`EmulatorConfig::shared_doorbells`] needs: doorbells
+/// `4 << 9` = 2048 bytes apart, one 4 KiB page per queue pair.
+pub const SHARED_DOORBELL_DSTRD: u8 = 9;
+
 /// Most namespaces one controller exposes (one Identify active namespace
 /// list, CNS 02h, holds 1024 NSIDs).
 pub const MAX_NAMESPACES: usize = 1024;
@@ -167,6 +171,14 @@ pub struct EmulatorConfig {
     /// nothing, as [`crate::Emulator::set_gone`] at run time. Default
     /// `false`.
     pub registers_all_ones: bool,
+    /// Place each queue's doorbell page in its own memfd (sealed against
+    /// shrinking), so the page of I/O queue pair y (offset `1000h + y *
+    /// 4096`) can be handed to another process without the register page
+    /// or other queues' doorbells ([`crate::Emulator::doorbell_page_fd`]).
+    /// Needs `dstrd == 9`: a stride of 2048 bytes puts SQyTDBL at `1000h +
+    /// 2y * 2048` and CQyHDBL 2048 bytes later, both in that one page
+    /// (NVMe Base 2.0 3.1.4.23/24). Default `false`.
+    pub shared_doorbells: bool,
     /// A volatile write cache (Identify Controller VWC = 1); `None` (the
     /// default): VWC = 0, a completed write is durable and Flush does
     /// nothing.
@@ -208,6 +220,7 @@ impl EmulatorConfig {
             faults: Vec::new(),
             never_ready: false,
             registers_all_ones: false,
+            shared_doorbells: false,
             write_cache: None,
             idle_spin: DEFAULT_IDLE_SPIN,
         }
@@ -285,6 +298,13 @@ impl EmulatorConfig {
             if name.is_empty() {
                 return bad("backing", 0, "a RAM disk needs a non-empty name");
             }
+        }
+        if self.shared_doorbells && self.dstrd != SHARED_DOORBELL_DSTRD {
+            return bad(
+                "dstrd",
+                u64::from(self.dstrd),
+                "shared_doorbells needs dstrd = 9 (one 4 KiB page per queue pair)",
+            );
         }
         if self.cap_to_500ms == 0 {
             return bad("cap_to_500ms", 0, "CAP.TO must be at least 1");

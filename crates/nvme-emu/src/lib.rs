@@ -261,6 +261,7 @@ mod undo;
 pub use admin::{CONTROLLER_ID, VENDOR_ID};
 pub use config::{
     BackingSpec, EmulatorConfig, NamespaceSpec, TimingModel, WriteCacheSpec, DEFAULT_IDLE_SPIN,
+    SHARED_DOORBELL_DSTRD,
 };
 pub use dma::{CopyFence, ExternalMemory, FenceState, HostPin, PageLocker, IOVA_BASE};
 pub use fault::{FaultAction, FaultMatch, FaultRule};
@@ -303,6 +304,15 @@ pub enum EmuError {
     /// The controller thread could not be spawned.
     #[error("spawning the controller thread")]
     Spawn(#[source] std::io::Error),
+    /// A system call setting up shared doorbell pages failed.
+    #[error("{op} failed")]
+    Os {
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// Another live emulator holds the RAM disk ([`BackingSpec::RamDisk`];
     /// or [`remove_ram_disk`] of a disk in use).
     #[error("RAM disk {name:?} is attached to another emulator")]
@@ -416,6 +426,34 @@ impl Emulator {
             .spawn(move || controller::run(thread_shared, ctrl))
             .map_err(EmuError::Spawn)?;
         Ok(Arc::new(Emulator { name: format!("emu:{}", config.name), shared, config, thread: Some(thread) }))
+    }
+
+    /// The memfd of I/O queue pair `qid`'s doorbell page (SQ tail and CQ
+    /// head doorbells, the 4096 bytes at `1000h + qid * 4096` of BAR0),
+    /// when the emulator was started with
+    /// [`EmulatorConfig::shared_doorbells`] and `1 <= qid <= io_queues`;
+    /// `None` otherwise. The admin queue's page is never handed out.
+    pub fn doorbell_page_fd(&self, qid: u16) -> Option<std::os::fd::OwnedFd> {
+        if qid == 0 {
+            return None;
+        }
+        self.shared.regs.doorbell_page_fd(qid)
+    }
+
+    /// Replaces I/O queue pair `qid`'s doorbell page by a fresh, zeroed
+    /// memfd page, so a process that mapped the old page (a client whose
+    /// lease was reclaimed) can no longer ring this queue's doorbells once
+    /// it is granted to someone else. Call it while the queue does not
+    /// exist on the controller. `Ok(false)` without shared doorbells.
+    ///
+    /// # Errors
+    ///
+    /// [`EmuError::Os`] when the new page cannot be made.
+    pub fn renew_doorbell_page(&self, qid: u16) -> Result<bool, EmuError> {
+        if qid == 0 {
+            return Ok(false);
+        }
+        self.shared.regs.renew_doorbell_page(qid)
     }
 
     /// The counters now.

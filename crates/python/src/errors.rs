@@ -108,6 +108,8 @@ pub fn runtime_error_with(e: &tutti::Error, msg: String) -> PyErr {
         tutti::Error::UnknownDrive { .. }
         | tutti::Error::Emulator { .. }
         | tutti::Error::Pci { .. }
+        | tutti::Error::Daemon { .. }
+        | tutti::Error::DaemonOwned { .. }
         | tutti::Error::Controller { .. }
         | tutti::Error::DriveBusy { .. } => DeviceError::new_err(msg),
         tutti::Error::Gpu { .. } => GpuError::new_err(msg),

@@ -17,9 +17,11 @@ use nvme_emu::{
     WriteCacheSpec,
 };
 
+use tuttid_proto::DaemonDevice;
+
 use crate::config::{
-    Backing, ConfigError, ConfigErrorKind, DriveConfig, EmulatedDriveConfig, Execution, FaultActionConfig,
-    FaultConfig, FaultOp, PciDriveConfig,
+    Backing, ConfigError, ConfigErrorKind, DaemonDriveConfig, DriveConfig, EmulatedDriveConfig, Execution,
+    FaultActionConfig, FaultConfig, FaultOp, PciDriveConfig,
 };
 use crate::error::Error;
 use crate::runtime::Region;
@@ -96,7 +98,11 @@ pub(crate) struct Drive {
     pub device: Arc<dyn NvmeDevice>,
     /// The software controller, when the drive is emulated.
     pub emulator: Option<Arc<Emulator>>,
-    pub controller: Mutex<Controller>,
+    /// The controller, when this process owns it (`None` for a `tuttid`
+    /// drive, whose admin queue and registers are the daemon's).
+    pub controller: Option<Mutex<Controller>>,
+    /// The daemon-owned drive, for `daemon` drives.
+    pub daemon: Option<Arc<DaemonDevice>>,
     /// The controller reports a volatile write cache (Identify VWC bit 0).
     pub volatile_write_cache: bool,
     /// GPU-driven queues (execution: gpu), kept for the drive's lifetime.
@@ -112,7 +118,9 @@ pub(crate) struct Drive {
     pub max_transfer: usize,
 }
 
-fn emulator_config(name: &str, cfg: &EmulatedDriveConfig) -> EmulatorConfig {
+/// The emulator configuration of emulated drive `name` as the runtime
+/// starts it (also used by `tuttid`, which runs emulated drives itself).
+pub fn emulator_config(name: &str, cfg: &EmulatedDriveConfig) -> EmulatorConfig {
     let namespaces = cfg
         .namespaces
         .iter()
@@ -252,6 +260,18 @@ fn create_queues(
     for qid in 1..=u.queues + cpu_pairs {
         pairs.push(controller.create_io_queue_pair(qid, depth, outstanding).map_err(ctrl_err)?);
     }
+    hand_out(name, device, pairs, &u, gpu)
+}
+
+/// Hands `pairs` to CPU threads, or all but the last `pairs.len() -
+/// u.queues` to the GPU (mapping the register window into it).
+fn hand_out(
+    name: &str,
+    device: &Arc<dyn NvmeDevice>,
+    mut pairs: Vec<QueuePair>,
+    u: &DriveUse,
+    gpu: Option<&Gpu>,
+) -> Result<Queues, Error> {
     match (u.execution, gpu) {
         (Execution::Cpu, _) => Ok((pairs.into_iter().map(Mutex::new).collect(), None)),
         (Execution::Gpu, Some(g)) => {
@@ -283,6 +303,7 @@ impl Drive {
         gpu: Option<&Gpu>,
     ) -> Result<Self, Error> {
         let (device, emulator): (Arc<dyn NvmeDevice>, _) = match cfg {
+            DriveConfig::Daemon(dc) => return Self::start_daemon(index, name, dc, usage, gpu),
             DriveConfig::Emulated(e) => {
                 let emu = Emulator::start(emulator_config(name, e))
                     .map_err(|source| Error::Emulator { drive: name.to_owned(), source })?;
@@ -322,7 +343,8 @@ impl Drive {
             index,
             device,
             emulator,
-            controller: Mutex::new(controller),
+            controller: Some(Mutex::new(controller)),
+            daemon: None,
             gpu: gpu_queues,
             queues,
             next_queue: AtomicUsize::new(0),
@@ -332,6 +354,79 @@ impl Drive {
             ns,
             max_transfer,
         })
+    }
+
+    /// Connects to `tuttid` for drive `dc.drive` and builds the queue
+    /// pairs `usage` asks for on rings the daemon grants (lowered to the
+    /// client's quota and CAP.MQES + 1, with a warning). No controller is
+    /// touched here: the daemon owns it.
+    fn start_daemon(
+        index: usize,
+        name: &str,
+        dc: &DaemonDriveConfig,
+        usage: Option<DriveUse>,
+        gpu: Option<&Gpu>,
+    ) -> Result<Self, Error> {
+        let derr = |source| Error::Daemon { drive: name.to_owned(), source };
+        let client = tuttid_proto::Client::connect(&dc.socket).map_err(|e| derr(e.into()))?;
+        let dev = DaemonDevice::open(client, &dc.drive).map_err(derr)?;
+        let f = dev.facts().clone();
+        let ns = NamespaceInfo { nsid: f.nsid, block_size: f.block_size, blocks: f.blocks };
+        if let Some(u) = &usage {
+            if u.nsid != f.nsid {
+                let reason = nvm_queue::NamespaceError::NotActive { nsid: u.nsid, active: vec![f.nsid] };
+                return Err(namespace_error(name, Some(u), reason));
+            }
+        }
+        let device: Arc<dyn NvmeDevice> = dev.clone();
+        let (queues, gpu_queues) = match usage {
+            Some(mut u) => {
+                let on_gpu = u.execution == Execution::Gpu;
+                let wanted = u.queues.max(1).saturating_add(u16::from(on_gpu));
+                let n = wanted.min(f.quota_left).max(1);
+                if n < wanted {
+                    tracing::warn!(
+                        drive = name,
+                        asked = wanted,
+                        quota = f.quota_left,
+                        "tuttid quota: fewer queue pairs"
+                    );
+                }
+                u.queues = if on_gpu && n >= 2 { n - 1 } else { n };
+                u.queue_depth = u.queue_depth.min(u32::from(f.mqes) + 1);
+                let outstanding = (u.queue_depth - 1).clamp(1, 32768) as u16;
+                let mut pairs = Vec::new();
+                for _ in 0..n {
+                    pairs.push(dev.grant_queue_pair(u.queue_depth, outstanding).map_err(derr)?);
+                }
+                hand_out(name, &device, pairs, &u, gpu)?
+            }
+            None => (Vec::new(), None),
+        };
+        Ok(Self {
+            volatile_write_cache: f.volatile_write_cache,
+            name: name.to_owned(),
+            index,
+            device,
+            emulator: None,
+            controller: None,
+            daemon: Some(dev),
+            gpu: gpu_queues,
+            queues,
+            next_queue: AtomicUsize::new(0),
+            next_gpu_queue: AtomicUsize::new(0),
+            state: AtomicU8::new(DriveState::Ready as u8),
+            health: Mutex::new(Health { state: DriveState::Ready, gpu_kernels: 0, pinned: Vec::new() }),
+            ns,
+            max_transfer: usize::try_from(f.max_transfer).unwrap_or(usize::MAX),
+        })
+    }
+
+    /// Why a `tuttid` drive is dead (the connection to the daemon was
+    /// lost: its grants are void), or `None`.
+    pub fn daemon_dead(&self) -> Option<String> {
+        let d = self.daemon.as_ref()?;
+        d.client().is_dead().then(|| format!("connection to tuttid at {} lost", d.client().socket()))
     }
 
     /// The drive's state (a lock-free read).

@@ -102,6 +102,25 @@ pub enum Error {
         #[source]
         source: nvme_pci::PciError,
     },
+    /// A drive owned by `tuttid`: the daemon refused (the source names the
+    /// rule), or the connection to it failed.
+    #[error("drive {drive:?}: tuttid")]
+    Daemon {
+        /// Drive name.
+        drive: String,
+        /// Cause.
+        #[source]
+        source: tuttid_proto::DaemonDriveError,
+    },
+    /// The operation needs the controller (reset, admin commands), which
+    /// the daemon owns: a client never touches it.
+    #[error("drive {drive:?} is owned by tuttid: {operation} is done by the daemon, not by a client")]
+    DaemonOwned {
+        /// Drive name.
+        drive: String,
+        /// What was asked.
+        operation: &'static str,
+    },
     /// Bringing up or talking to a controller failed.
     #[error("drive {drive:?}: controller")]
     Controller {

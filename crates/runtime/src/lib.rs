@@ -54,6 +54,7 @@ mod runtime;
 
 pub use binding::ResolveError;
 pub use config::Config;
+pub use drive::emulator_config;
 pub use error::{Alignment, Error, RequestError, RequestStatus, UriError};
 pub use handle::{HandleError, MemoryHandle, OpHandle, TargetHandle};
 pub use nvme_regs::Status as NvmeStatus;
@@ -62,3 +63,4 @@ pub use runtime::{
     error_chain, Runtime, RuntimeStats, ShutdownReport, StoreInfo, ABORT_REAP_BOUND, GPU_COMMAND_BUDGET,
     HEALTH_CHECK_INTERVAL, MAX_BATCH, SUBMIT_RETRY_BOUND, URI_SCHEME,
 };
+pub use tuttid_proto::SharedMemory;

@@ -76,6 +76,12 @@ pub struct RateArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Run the runtime path on drive `d0` of the `tuttid` listening on this
+    /// socket (give that drive `backing: null`, `mqes` >= queue depth - 1).
+    /// With `--compare`: the runtime owning an emulated drive directly
+    /// against the runtime as a tuttid client, and the grant latency.
+    #[arg(long, conflicts_with = "settle")]
+    pub daemon: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Serialize)]
@@ -128,16 +134,23 @@ fn median_best(runs: &[RateResult]) -> (f64, f64) {
 fn compare(a: &RateArgs, stop: &Stop) -> Result<Ended, String> {
     let (mut qp, mut rt) = (Vec::new(), Vec::new());
     for _ in 0..a.repeat {
-        let q = rate_queue_pair(a, stop)?;
+        // With a daemon: the runtime owning the drive is the baseline.
+        let q = match &a.daemon {
+            Some(_) => rate_runtime(a, None, stop)?,
+            None => rate_queue_pair(a, stop)?,
+        };
         if let Some(ended) = q.ended(a.commands) {
             return Ok(ended);
         }
         qp.push(q);
-        let r = rate_runtime(a, stop)?;
+        let r = rate_runtime(a, a.daemon.as_deref(), stop)?;
         if let Some(ended) = r.ended(a.commands) {
             return Ok(ended);
         }
         rt.push(r);
+    }
+    if let Some(socket) = &a.daemon {
+        grant_latency(socket, a.queue_depth)?;
     }
     let ((qm, qb), (rm, rb)) = (median_best(&qp), median_best(&rt));
     let c = Comparison { median_ratio: rm / qm, best_ratio: rb / qb, queue_pair: qp, runtime: rt };
@@ -149,8 +162,13 @@ fn compare(a: &RateArgs, stop: &Stop) -> Result<Ended, String> {
         print_rate(a, q);
         print_rate(a, r);
     }
+    let what = if a.daemon.is_some() {
+        "tuttid client / runtime owning the drive"
+    } else {
+        "runtime API / queue pair"
+    };
     println!(
-        "runtime API / queue pair: {:.3} (medians {:.2} / {:.2} M commands/s), best runs {:.3} ({:.2} / {:.2}), {} run(s) each",
+        "{what}: {:.3} (medians {:.2} / {:.2} M commands/s), best runs {:.3} ({:.2} / {:.2}), {} run(s) each",
         c.median_ratio,
         rm / 1e6,
         qm / 1e6,
@@ -167,7 +185,11 @@ pub fn rate(a: &RateArgs, stop: &Stop) -> Result<Ended, String> {
     if a.compare {
         return compare(a, stop);
     }
-    let r = if a.runtime { rate_runtime(a, stop)? } else { rate_queue_pair(a, stop)? };
+    let r = if a.runtime || a.daemon.is_some() {
+        rate_runtime(a, a.daemon.as_deref(), stop)?
+    } else {
+        rate_queue_pair(a, stop)?
+    };
     if let Some(ended) = r.ended(a.commands) {
         return Ok(ended);
     }
@@ -253,6 +275,7 @@ pub fn queue_pair_rate(
         repeat: 1,
         settle: false,
         json: false,
+        daemon: None,
     };
     let r = rate_queue_pair(&a, stop)?;
     Ok(r.ended(commands).map_or(Ok(r.commands_per_second), Err))
@@ -332,25 +355,69 @@ fn measured_rt_wait(rt: &Runtime, op: OpHandle) -> Result<Vec<RequestStatus>, St
     rt.wait(op, Duration::from_secs(10)).map_err(err)
 }
 
-/// The runtime: one `local_nvme` drive with null backing and one queue
-/// pair of `queue_depth` entries; `batch` 4 KiB reads per submit.
-fn rate_runtime(a: &RateArgs, stop: &Stop) -> Result<RateResult, String> {
-    let yaml = format!(
-        "drives:\n  d0:\n    emulated:\n      namespaces: [{{ capacity: 4GiB, block_size: 4096 }}]\n      backing: null\n\
-         resolvers:\n  kv:\n    slab: {{ slot_size: 4KiB }}\n\
-         datapaths:\n  one:\n    local_nvme: {{ drive: d0, queues: 1, queue_depth: {} }}\n\
-         stores:\n  kv: {{ resolver: kv, datapath: one }}\n",
-        a.queue_depth
+/// The runtime YAML of `rate`: drive `d0` emulated (null backing) or
+/// drive `d0` of the tuttid at `daemon`, one `local_nvme` queue pair.
+fn rate_yaml(queue_depth: u32, daemon: Option<&std::path::Path>) -> String {
+    let drive = match daemon {
+        Some(s) => format!("  d0: {{ daemon: {{ socket: {}, drive: d0 }} }}\n", s.display()),
+        None => "  d0:\n    emulated:\n      namespaces: [{ capacity: 4GiB, block_size: 4096 }]\n      backing: null\n".into(),
+    };
+    format!(
+        "drives:\n{drive}resolvers:\n  kv:\n    slab: {{ slot_size: 4KiB }}\n\
+         datapaths:\n  one:\n    local_nvme: {{ drive: d0, queues: 1, queue_depth: {queue_depth} }}\n\
+         stores:\n  kv: {{ resolver: kv, datapath: one }}\n"
+    )
+}
+
+/// Grant latency against the tuttid at `socket`: 20 times, a runtime
+/// started on it (connect, handshake, drive facts, one queue pair granted
+/// and mapped) and 1 MiB of shared memory registered; prints the median
+/// and the worst of each.
+fn grant_latency(socket: &std::path::Path, queue_depth: u32) -> Result<(), String> {
+    let (mut grant, mut register) = (Vec::new(), Vec::new());
+    let mem = tutti::SharedMemory::new(1 << 20).map_err(err)?;
+    for _ in 0..20 {
+        let t = Instant::now();
+        let rt =
+            Runtime::from_config(Config::from_yaml_str(&rate_yaml(queue_depth, Some(socket))).map_err(err)?)
+                .map_err(|e| error_chain(&e))?;
+        grant.push(t.elapsed());
+        let t = Instant::now();
+        // SAFETY: `mem` outlives the registration, undone below; no I/O.
+        #[allow(unsafe_code)]
+        let h = unsafe { rt.register_memory(mem.as_ptr(), mem.len()) }.map_err(err)?;
+        register.push(t.elapsed());
+        rt.unregister_memory(h).map_err(err)?;
+        drop(rt);
+    }
+    grant.sort();
+    register.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "grant latency (connect + handshake + 1 queue pair of {queue_depth}): median {:.3} ms, worst {:.3} ms; register 1 MiB: median {:.3} ms, worst {:.3} ms (20 runs)",
+        ms(grant[10]),
+        ms(grant[19]),
+        ms(register[10]),
+        ms(register[19])
     );
-    let rt = Runtime::from_config(Config::from_yaml_str(&yaml).map_err(err)?).map_err(err)?;
+    Ok(())
+}
+
+/// The runtime: one `local_nvme` drive (emulated with null backing, or
+/// the tuttid drive at `daemon`) and one queue pair of `queue_depth`
+/// entries; `batch` 4 KiB reads per submit.
+fn rate_runtime(a: &RateArgs, daemon: Option<&std::path::Path>, stop: &Stop) -> Result<RateResult, String> {
+    let yaml = rate_yaml(a.queue_depth, daemon);
+    let rt = Runtime::from_config(Config::from_yaml_str(&yaml).map_err(err)?).map_err(|e| error_chain(&e))?;
     let batch = a.batch as usize;
     let targets: Vec<_> =
         (0..batch).map(|i| rt.open(&format!("tutti://kv/{i}"))).collect::<Result<_, _>>().map_err(err)?;
-    let mut buf = vec![0u64; batch * 512];
+    // Shared memory: a tuttid drive reaches nothing else.
+    let buf = tutti::SharedMemory::new(batch * 4096).map_err(err)?;
     // SAFETY: `buf` outlives the registration and is never read or written
     // by this thread (null backing moves no data).
     #[allow(unsafe_code)]
-    let mem = unsafe { rt.register_memory(buf.as_mut_ptr().cast(), buf.len() * 8) }.map_err(err)?;
+    let mem = unsafe { rt.register_memory(buf.as_ptr(), buf.len()) }.map_err(err)?;
     let reqs: Vec<Request> =
         targets.iter().enumerate().map(|(i, &t)| Request::read(t, 0, 4096, mem, i as u64 * 4096)).collect();
     let emu = || rt.emulator("d0").map_or(0, |e| e.stats().commands);
@@ -387,7 +454,7 @@ fn rate_runtime(a: &RateArgs, stop: &Stop) -> Result<RateResult, String> {
     drop(buf);
     let interrupted = stopped.filter(|_| completed < a.commands).map(|s| (s, shutdown_summary(&report)));
     Ok(RateResult {
-        path: "runtime API",
+        path: if daemon.is_some() { "runtime API on tuttid" } else { "runtime API" },
         commands: completed,
         seconds: secs,
         commands_per_second: completed as f64 / secs,

@@ -163,12 +163,45 @@ impl QueuePair {
     /// the pair's doorbells from its BAR0. Creating the queues on the
     /// controller (AQA/ASQ/ACQ or Create I/O CQ/SQ) is the controller's job.
     pub fn new(device: &Arc<dyn NvmeDevice>, cfg: QueuePairConfig) -> Result<Self, QueueError> {
+        if Ring::new(cfg.sq_entries).is_none() || Ring::new(cfg.cq_entries).is_none() {
+            return Err(QueueError::BadConfig("SQ or CQ entries"));
+        }
+        // Queue memory must be one physically contiguous range (PC = 1)
+        // whose base is aligned to the memory page size (ASQ/ACQ and the
+        // PRP1 of Create I/O SQ/CQ, NVMe Base 2.0 3.1.4.10-11, 5.4/5.5).
+        let sq_mem = DmaBuffer::new_aligned(device, cfg.sq_entries as usize * SQE_SIZE, cfg.page_size)?;
+        let cq_mem = DmaBuffer::new_aligned(device, cfg.cq_entries as usize * CQE_SIZE, cfg.page_size)?;
+        Self::from_rings(device, cfg, sq_mem, cq_mem)
+    }
+
+    /// A pair on ring memory that exists already (rings a daemon created on
+    /// the controller and shared with this process): `sq_mem` holds
+    /// `cfg.sq_entries` SQEs, `cq_mem` `cfg.cq_entries` CQEs, both zeroed
+    /// when the queues were created. Takes the doorbells from the device's
+    /// register window and allocates the PRP list pages.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::BadConfig`] for a bad shape or rings too small;
+    /// [`QueueError::NotContiguous`]; [`QueueError::Doorbell`];
+    /// [`QueueError::Dma`] when the PRP list memory cannot be had.
+    pub fn from_rings(
+        device: &Arc<dyn NvmeDevice>,
+        cfg: QueuePairConfig,
+        sq_mem: DmaBuffer,
+        cq_mem: DmaBuffer,
+    ) -> Result<Self, QueueError> {
         let sq_ring = Ring::new(cfg.sq_entries).ok_or(QueueError::BadConfig("SQ entries"))?;
         let cq_ring = Ring::new(cfg.cq_entries).ok_or(QueueError::BadConfig("CQ entries"))?;
         let cids = CidTable::new(cfg.max_outstanding).ok_or(QueueError::BadConfig("max_outstanding"))?;
         let prp = PrpBuilder::new(cfg.page_size).map_err(|_| QueueError::BadConfig("page size"))?;
         if cfg.max_transfer == 0 {
             return Err(QueueError::BadConfig("max_transfer"));
+        }
+        if sq_mem.len() < cfg.sq_entries as usize * SQE_SIZE
+            || cq_mem.len() < cfg.cq_entries as usize * CQE_SIZE
+        {
+            return Err(QueueError::BadConfig("ring memory smaller than its entries"));
         }
         let bar = device.bar0();
         let db = |is_cq| {
@@ -179,11 +212,6 @@ impl QueuePair {
                 .map_err(|source| QueueError::Doorbell { qid: cfg.qid, source })
         };
         let (sq_db, cq_db) = (db(false)?, db(true)?);
-        // Queue memory must be one physically contiguous range (PC = 1)
-        // whose base is aligned to the memory page size (ASQ/ACQ and the
-        // PRP1 of Create I/O SQ/CQ, NVMe Base 2.0 3.1.4.10-11, 5.4/5.5).
-        let sq_mem = DmaBuffer::new_aligned(device, cfg.sq_entries as usize * SQE_SIZE, cfg.page_size)?;
-        let cq_mem = DmaBuffer::new_aligned(device, cfg.cq_entries as usize * CQE_SIZE, cfg.page_size)?;
         for (what, m) in [("SQ memory", &sq_mem), ("CQ memory", &cq_mem)] {
             let pages = m.mapping().pages();
             let contiguous = pages.windows(2).all(|w| w[1] == w[0] + crate::HOST_PAGE_SIZE as u64);

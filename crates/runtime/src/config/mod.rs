@@ -61,9 +61,9 @@ mod validate;
 pub use error::{ConfigError, ConfigErrorKind, RefKind};
 use schema::{default_nsid, default_queue_depth, default_queues, default_stripe_unit};
 pub use schema::{
-    Backing, DataPathConfig, DriveConfig, EmulatedDriveConfig, Execution, FaultActionConfig, FaultConfig,
-    FaultOp, LocalNvmeConfig, MetadataConfig, NamespaceConfig, PciDriveConfig, ResolverConfig, SlabConfig,
-    StoreConfig, StripedConfig, TimingConfig, WriteCacheConfig,
+    Backing, DaemonDriveConfig, DataPathConfig, DriveConfig, EmulatedDriveConfig, Execution,
+    FaultActionConfig, FaultConfig, FaultOp, LocalNvmeConfig, MetadataConfig, NamespaceConfig,
+    PciDriveConfig, ResolverConfig, SlabConfig, StoreConfig, StripedConfig, TimingConfig, WriteCacheConfig,
 };
 pub use size::{ByteSize, ByteSizeParseError};
 pub use validate::{normalize_pci_addr, MAX_STRIPE_DRIVES, MIN_STRIPE_DRIVES};

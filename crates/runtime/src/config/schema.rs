@@ -20,6 +20,25 @@ pub enum DriveConfig {
     /// vfio-pci (`tutti-probe bind <addr>`), driven through the project's
     /// own queues.
     Pci(PciDriveConfig),
+    /// A drive owned by `tuttid`: this process gets I/O queue pairs on it
+    /// from the daemon over its Unix socket, and never touches the
+    /// controller's admin queue or registers (docs/tuttid.md).
+    Daemon(DaemonDriveConfig),
+}
+
+/// A drive that `tuttid` owns, used through queue pairs it grants.
+///
+/// YAML: `{ daemon: { socket: /run/tutti.sock, drive: d0 } }`. The
+/// namespace, MQES, MDTS and the number of queue pairs this client may
+/// hold come from the daemon at start. Memory registered for I/O must be
+/// shared memory (`tutti::SharedMemory`); any other memory is refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonDriveConfig {
+    /// Path of the daemon's socket.
+    pub socket: PathBuf,
+    /// The drive's name in the daemon's config.
+    pub drive: String,
 }
 
 /// A PCI NVMe function driven through vfio-pci (`nvme-pci`).

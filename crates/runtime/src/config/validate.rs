@@ -95,6 +95,8 @@ impl Config {
                     emu.validate(&format!("drives.{name}.emulated"))?;
                     check_backing_shared(name, &emu.backing, &mut files, &mut ram_disks)?;
                 }
+                // The daemon checks the drive name and everything else.
+                DriveConfig::Daemon(_) => {}
             }
         }
         Ok(())
@@ -423,7 +425,7 @@ fn check_queues(
         // MQES and the queue grant are read from the controller at start:
         // the depth is clamped to CAP.MQES + 1 and the queue count to what
         // Set Features grants, with a warning.
-        DriveConfig::Pci(_) => {}
+        DriveConfig::Pci(_) | DriveConfig::Daemon(_) => {}
     }
     Ok(())
 }
@@ -458,6 +460,6 @@ fn namespace<'a>(
                 )),
             }
         }
-        DriveConfig::Pci(_) => Ok(None),
+        DriveConfig::Pci(_) | DriveConfig::Daemon(_) => Ok(None),
     }
 }

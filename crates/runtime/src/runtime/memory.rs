@@ -155,6 +155,12 @@ impl Runtime {
         }
         let mut mapped = Mapped::new(0, len, self.drives.len());
         for d in &self.drives {
+            if d.daemon.is_some() {
+                return Err(memory_error(format!(
+                    "drive {:?} is owned by tuttid: its emulator runs in the daemon, which cannot reach this process's GPU memory (real drives would need peer DMA)",
+                    d.name
+                )));
+            }
             let Some(emu) = &d.emulator else {
                 return Err(memory_error(format!(
                     "drive {:?} would need peer DMA to GPU memory (not yet written)",

@@ -62,7 +62,16 @@ impl Runtime {
                 // still held: a reset (which needs that lock) cannot slip
                 // in between the CSTS read and the verdict and be undone by
                 // a stale reading.
-                let Ok(c) = d.controller.try_lock() else { continue };
+                let Some(ctrl) = &d.controller else {
+                    // A tuttid drive: dead when the connection is.
+                    if let Some(why) = d.daemon_dead() {
+                        if d.mark_failed() {
+                            self.abandon_failed(d, &why);
+                        }
+                    }
+                    continue;
+                };
+                let Ok(c) = ctrl.try_lock() else { continue };
                 let Some(why) = controller_dead(&c) else { continue };
                 let failed = d.mark_failed();
                 drop(c);
@@ -78,7 +87,10 @@ impl Runtime {
     /// slow one, the registers can.
     pub(super) fn gpu_drive_dead(&self, index: usize) -> bool {
         let Some(d) = self.drives.get(index) else { return false };
-        let dead = controller_dead(&lock(&d.controller));
+        let dead = match &d.controller {
+            Some(c) => controller_dead(&lock(c)),
+            None => d.daemon_dead(),
+        };
         if let Some(why) = &dead {
             if d.mark_failed() {
                 tracing::error!(drive = %d.name, reason = %why, "controller failed under GPU-driven I/O");
@@ -151,6 +163,11 @@ impl Runtime {
         {
             return Err(Error::ShuttingDown);
         }
+        if d.controller.is_none() {
+            // The daemon owns the controller; a dead connection's grants
+            // are void and a new runtime reconnects (docs/tuttid.md).
+            return Err(Error::DaemonOwned { drive: d.name.clone(), operation: "reset_drive" });
+        }
         // No kernel may run on GPU queues while they are re-created; new
         // launches on the drive are refused from here on.
         d.begin_reset().map_err(|ops| Error::DriveBusy { drive: d.name.clone(), ops })?;
@@ -164,7 +181,10 @@ impl Runtime {
 /// Resets `d`'s controller and re-creates its CPU or GPU queues.
 fn recreate(d: &Drive) -> Result<(), Error> {
     let ctrl_err = |source| Error::Controller { drive: d.name.clone(), source };
-    let mut c = lock(&d.controller);
+    let Some(ctrl) = &d.controller else {
+        return Err(Error::DaemonOwned { drive: d.name.clone(), operation: "reset_drive" });
+    };
+    let mut c = lock(ctrl);
     c.reset().map_err(ctrl_err)?;
     for q in &d.queues {
         c.recreate_io_queue_pair(&mut lock(q)).map_err(ctrl_err)?;

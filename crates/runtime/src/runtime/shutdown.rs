@@ -123,7 +123,10 @@ impl Runtime {
     /// (each would only wait out its timeout). Returns the completions reaped after SQ deletion and the
     /// first error.
     fn shutdown_drive(&self, d: &Drive, was: DriveState) -> (u64, Result<(), String>) {
-        let mut c = lock(&d.controller);
+        let Some(ctrl) = &d.controller else {
+            return (0, release_daemon_queues(d));
+        };
+        let mut c = lock(ctrl);
         if let Some(why) = controller_gone(&c) {
             // Admin commands and CC.SHN would each wait out their timeout;
             // the commands its queues still hold are counted as lost.
@@ -165,6 +168,23 @@ impl Runtime {
         }
         (reaped, first_err.map_or(Ok(()), |e| Err(error_chain(&e))))
     }
+}
+
+/// Gives a `tuttid` drive's queue pairs back (the daemon deletes each SQ,
+/// then its CQ); the connection closes when the runtime is dropped.
+fn release_daemon_queues(d: &Drive) -> Result<(), String> {
+    let Some(dev) = &d.daemon else { return Ok(()) };
+    if let Some(why) = d.daemon_dead() {
+        return Err(format!("{why}; the daemon reclaimed the queues"));
+    }
+    let mut first_err = None;
+    for q in &d.queues {
+        let qid = lock(q).qid();
+        if let Err(e) = dev.client().release_queue(&dev.facts().drive, qid) {
+            first_err.get_or_insert_with(|| error_chain(&e));
+        }
+    }
+    first_err.map_or(Ok(()), Err)
 }
 
 /// The latest instant after `now` this platform's clock can hold (searched

@@ -1,0 +1,233 @@
+//! The daemon's YAML config: the socket (path, file mode, group), the
+//! lease, and the drives with their allow lists and quotas. Unknown keys
+//! are refused. Drive devices use the runtime's drive shapes
+//! (`tutti::config::DriveConfig`).
+//!
+//! ```yaml
+//! socket: /run/tutti.sock
+//! socket_mode: "0660"          # octal, applied to the socket file
+//! socket_gid: 1001             # optional: chown the socket to this group
+//! lease_ms: 3000               # silence this long (no heartbeat) = dead client
+//! drives:
+//!   d0:
+//!     device: { emulated: { namespaces: [ { capacity: 256MiB, block_size: 4096 } ], io_queues: 32 } }
+//!     allow: { uids: [1000], gids: [1001] }
+//!     queues_per_client: 4
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use tutti::config::DriveConfig;
+
+/// The whole config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonConfig {
+    /// Path of the listening Unix socket (a stale socket file there is
+    /// replaced; any other file is refused).
+    pub socket: PathBuf,
+    /// File mode of the socket, octal string (default "0600": the
+    /// daemon's user only). Connecting needs write permission on it.
+    #[serde(default = "default_mode")]
+    pub socket_mode: String,
+    /// Group to give the socket file (chown), so a group of users can
+    /// connect with mode 0660. Default: unchanged.
+    #[serde(default)]
+    pub socket_gid: Option<u32>,
+    /// Lease in milliseconds: a client silent this long (no request, no
+    /// heartbeat) is reclaimed. 100..=600000, default 3000.
+    #[serde(default = "default_lease")]
+    pub lease_ms: u32,
+    /// Most memory registrations one client may hold (all drives).
+    /// Default 4096.
+    #[serde(default = "default_registrations")]
+    pub registrations_per_client: u32,
+    /// The drives, by name.
+    pub drives: BTreeMap<String, DriveEntry>,
+}
+
+/// One drive the daemon owns.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriveEntry {
+    /// The device, in the runtime's drive syntax. Emulated drives run
+    /// inside the daemon with CAP.DSTRD forced to 9 and doorbell pages in
+    /// memfds; `pci` drives are refused at start (docs/tuttid.md).
+    pub device: DriveConfig,
+    /// Who may use it.
+    pub allow: Allow,
+    /// Most queue pairs one client holds on this drive at once (default 4).
+    #[serde(default = "default_quota")]
+    pub queues_per_client: u16,
+    /// Namespace served (default 1).
+    #[serde(default = "default_nsid")]
+    pub nsid: u32,
+}
+
+/// Peers allowed on a drive: a connection whose SO_PEERCRED uid is in
+/// `uids` or whose gid is in `gids` may use it. Empty lists allow nobody.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Allow {
+    /// User ids.
+    #[serde(default)]
+    pub uids: Vec<u32>,
+    /// Group ids (the peer's primary gid as SO_PEERCRED reports it).
+    #[serde(default)]
+    pub gids: Vec<u32>,
+}
+
+impl Allow {
+    /// `true` when `uid` or `gid` is listed.
+    pub fn permits(&self, uid: u32, gid: u32) -> bool {
+        self.uids.contains(&uid) || self.gids.contains(&gid)
+    }
+}
+
+fn default_mode() -> String {
+    "0600".into()
+}
+fn default_lease() -> u32 {
+    3000
+}
+fn default_quota() -> u16 {
+    4
+}
+fn default_nsid() -> u32 {
+    1
+}
+fn default_registrations() -> u32 {
+    4096
+}
+
+/// A config that cannot be used, naming the key and the rule.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file cannot be read.
+    #[error("reading {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// YAML syntax, an unknown key, a wrong type.
+    #[error("parsing the config: {0}")]
+    Parse(String),
+    /// A value breaks a rule.
+    #[error("{key}: {rule}")]
+    Invalid {
+        /// YAML key path.
+        key: String,
+        /// What is wrong.
+        rule: String,
+    },
+}
+
+impl DaemonConfig {
+    /// Reads and validates the file at `path`.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`].
+    pub fn from_path(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        Self::from_yaml(&text)
+    }
+
+    /// Parses and validates YAML text.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`].
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let c: Self = serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The socket mode as bits.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] for anything but an octal number up to 0777.
+    pub fn mode(&self) -> Result<u32, ConfigError> {
+        u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .ok_or_else(|| invalid("socket_mode", "an octal file mode such as \"0660\""))
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.mode()?;
+        if !(100..=600_000).contains(&self.lease_ms) {
+            return Err(invalid("lease_ms", "must be 100..=600000"));
+        }
+        if self.drives.is_empty() || self.drives.len() > 64 {
+            return Err(invalid("drives", "1 to 64 drives"));
+        }
+        for (name, d) in &self.drives {
+            let key = |k: &str| format!("drives.{name}.{k}");
+            if name.is_empty()
+                || name.len() > 64
+                || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            {
+                return Err(invalid(&format!("drives.{name}"), "names are 1-64 of [A-Za-z0-9_-]"));
+            }
+            if d.queues_per_client == 0 || d.queues_per_client > 64 {
+                return Err(invalid(&key("queues_per_client"), "must be 1..=64"));
+            }
+            if let DriveConfig::Pci(_) = d.device {
+                return Err(invalid(
+                    &key("device"),
+                    "pci drives are not served by tuttid yet: their doorbells share one BAR0 page (CAP.DSTRD = 0) and a BAR0 mapping can only be passed as the whole vfio device fd (docs/tuttid.md, \"Real drives\")",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn invalid(key: &str, rule: &str) -> ConfigError {
+    ConfigError::Invalid { key: key.to_owned(), rule: rule.to_owned() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+socket: /tmp/t.sock
+socket_mode: "0660"
+drives:
+  d0:
+    device: { emulated: { namespaces: [ { capacity: 4MiB, block_size: 4096 } ] } }
+    allow: { uids: [0, 1000] }
+"#;
+
+    #[test]
+    fn parses_and_refuses() {
+        let c = DaemonConfig::from_yaml(GOOD).unwrap();
+        assert_eq!(c.mode().unwrap(), 0o660);
+        assert_eq!(c.lease_ms, 3000);
+        let d = &c.drives["d0"];
+        assert!(d.allow.permits(1000, 5) && !d.allow.permits(7, 7));
+        assert_eq!(d.queues_per_client, 4);
+        assert!(matches!(
+            DaemonConfig::from_yaml(&GOOD.replace("0660", "9")),
+            Err(ConfigError::Invalid { key, .. }) if key == "socket_mode"
+        ));
+        assert!(matches!(DaemonConfig::from_yaml(&format!("{GOOD}bogus: 1\n")), Err(ConfigError::Parse(_))));
+        let pci = GOOD.replace(
+            "{ emulated: { namespaces: [ { capacity: 4MiB, block_size: 4096 } ] } }",
+            "{ pci: { addr: \"0000:01:00.0\" } }",
+        );
+        assert!(
+            matches!(DaemonConfig::from_yaml(&pci), Err(ConfigError::Invalid { key, .. }) if key == "drives.d0.device")
+        );
+    }
+}

@@ -1,0 +1,286 @@
+//! A drive the daemon owns: its emulated controller, its admin queue
+//! (`nvm_queue::Controller`), the pool of I/O queue ids, and the grants of
+//! rings in shared memory.
+
+use std::os::fd::OwnedFd;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use nvm_queue::{Controller, ControllerOptions, DmaMapping, NvmeDevice};
+use nvme_emu::{Emulator, SHARED_DOORBELL_DSTRD};
+use tutti::config::DriveConfig;
+use tuttid_proto::message::{DriveFacts, DriveStatus, QueueGrant};
+use tuttid_proto::shm::{sealed_memfd, MappedFd, PAGE};
+
+use crate::config::{Allow, DriveEntry};
+use crate::error::DaemonError;
+
+/// One drive.
+#[derive(Debug)]
+pub struct Drive {
+    /// Name from the config.
+    pub name: String,
+    /// Who may use it.
+    pub allow: Allow,
+    /// Queue pairs per client.
+    pub quota: u16,
+    emulator: Arc<Emulator>,
+    device: Arc<dyn NvmeDevice>,
+    controller: Mutex<Controller>,
+    /// Queue ids not granted now.
+    free: Mutex<Vec<u16>>,
+    total: u16,
+    facts: DriveFacts,
+    /// Live memory registrations on this drive (all clients).
+    pub registrations: AtomicU32,
+    /// Queue pairs whose deletion failed (memory kept, qid withheld).
+    pub quarantined: AtomicU32,
+}
+
+/// A granted queue pair's rings, as the daemon holds them. Dropping it
+/// does not unmap anything from the device: [`Drive::reclaim_memory`] does,
+/// after the queue is deleted.
+#[derive(Debug)]
+pub struct Rings {
+    /// Queue id.
+    pub qid: u16,
+    /// Keeps the SQ ring mapped in the daemon (the device DMAs into it).
+    _sq: MappedFd,
+    /// Keeps the CQ ring mapped.
+    _cq: MappedFd,
+    sq_map: DmaMapping,
+    cq_map: DmaMapping,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Drive {
+    /// Starts drive `name`: the emulator (doorbell pages in memfds,
+    /// CAP.DSTRD = 9), controller bring-up with as many I/O queue pairs as
+    /// it grants, and namespace `entry.nsid`.
+    ///
+    /// # Errors
+    ///
+    /// [`DaemonError::Drive`] naming the drive.
+    pub fn start(name: &str, entry: &DriveEntry) -> Result<Self, DaemonError> {
+        let fail = |what: String| DaemonError::Drive { drive: name.to_owned(), what };
+        let DriveConfig::Emulated(e) = &entry.device else {
+            return Err(fail("only emulated drives are served (config validation refuses pci)".into()));
+        };
+        let mut ec = tutti::emulator_config(name, e);
+        ec.dstrd = SHARED_DOORBELL_DSTRD;
+        ec.shared_doorbells = true;
+        let emulator = Emulator::start(ec).map_err(|e| fail(format!("emulator: {e}")))?;
+        let device: Arc<dyn NvmeDevice> = emulator.clone();
+        let opts = ControllerOptions { io_queues: e.io_queues, ..ControllerOptions::default() };
+        let controller =
+            Controller::init(device.clone(), opts).map_err(|e| fail(format!("bring-up: {e}")))?;
+        let ns = controller.usable_namespace(entry.nsid).map_err(|e| fail(format!("namespace: {e}")))?;
+        let total = controller.io_queues_granted();
+        let facts = DriveFacts {
+            drive: name.to_owned(),
+            nsid: ns.nsid,
+            block_size: ns.block_size,
+            blocks: ns.blocks,
+            max_transfer: controller.max_transfer() as u64,
+            page_size: controller.page_size() as u32,
+            dstrd: controller.cap().dstrd(),
+            mqes: controller.cap().mqes_z(),
+            bar_len: device.bar0().len() as u64,
+            quota_left: entry.queues_per_client,
+            volatile_write_cache: controller.info().has_volatile_write_cache(),
+        };
+        Ok(Self {
+            name: name.to_owned(),
+            allow: entry.allow.clone(),
+            quota: entry.queues_per_client,
+            emulator,
+            device,
+            controller: Mutex::new(controller),
+            free: Mutex::new((1..=total).rev().collect()),
+            total,
+            facts,
+            registrations: AtomicU32::new(0),
+            quarantined: AtomicU32::new(0),
+        })
+    }
+
+    /// The device (for mapping client memory).
+    pub fn device(&self) -> &Arc<dyn NvmeDevice> {
+        &self.device
+    }
+
+    /// Facts for a client that may hold `quota_left` more pairs.
+    pub fn facts(&self, quota_left: u16) -> DriveFacts {
+        DriveFacts { quota_left, ..self.facts.clone() }
+    }
+
+    /// Creates a queue pair of up to `entries` entries per ring: a qid from
+    /// the pool, ring memfds mapped here and for the device, Create I/O CQ
+    /// then SQ. Returns the rings, the grant message and its 3 descriptors
+    /// (SQ ring, CQ ring, doorbell page).
+    ///
+    /// # Errors
+    ///
+    /// [`DaemonError::PoolEmpty`]; [`DaemonError::Drive`] when memory or
+    /// the admin commands fail (the qid goes back, nothing stays mapped).
+    pub fn grant(&self, entries: u32) -> Result<(Rings, QueueGrant, [OwnedFd; 3]), DaemonError> {
+        let entries = entries.clamp(2, u32::from(self.facts.mqes) + 1);
+        let qid = lock(&self.free).pop().ok_or(DaemonError::PoolEmpty { drive: self.name.clone() })?;
+        match self.create(qid, entries) {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                lock(&self.free).push(qid);
+                Err(e)
+            }
+        }
+    }
+
+    fn create(&self, qid: u16, entries: u32) -> Result<(Rings, QueueGrant, [OwnedFd; 3]), DaemonError> {
+        let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what };
+        let sq_len = (entries as usize * 64).next_multiple_of(PAGE);
+        let cq_len = (entries as usize * 16).next_multiple_of(PAGE);
+        let db = self
+            .emulator
+            .doorbell_page_fd(qid)
+            .ok_or_else(|| fail(format!("no doorbell page for queue {qid}")))?;
+        let (sq, sq_fd) = self.ring(sq_len)?;
+        let (cq, cq_fd) = self.ring(cq_len)?;
+        let sq_map = self.map(&sq)?;
+        let cq_map = match self.map(&cq) {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = self.device.dma_unmap(&sq_map);
+                return Err(e);
+            }
+        };
+        let rings = Rings { qid, _sq: sq, _cq: cq, sq_map, cq_map };
+        let (sq_iova, cq_iova) = (rings.sq_map.pages()[0], rings.cq_map.pages()[0]);
+        if let Err(e) = lock(&self.controller).create_io_queues_at(qid, entries, sq_iova, cq_iova) {
+            self.unmap_rings(&rings);
+            return Err(fail(format!("creating queue {qid}: {e}")));
+        }
+        let doorbell_page = nvme_regs_doorbell_page(qid);
+        let grant = QueueGrant {
+            qid,
+            entries,
+            sq_iova,
+            cq_iova,
+            sq_len: sq_len as u64,
+            cq_len: cq_len as u64,
+            doorbell_page,
+        };
+        Ok((rings, grant, [sq_fd, cq_fd, db]))
+    }
+
+    /// A zeroed, sealed ring memfd mapped here, and a descriptor for the client.
+    fn ring(&self, len: usize) -> Result<(MappedFd, OwnedFd), DaemonError> {
+        let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what };
+        let fd = sealed_memfd("tuttid-ring", len).map_err(|e| fail(format!("ring memfd: {e}")))?;
+        let theirs = fd.try_clone().map_err(|e| fail(format!("dup: {e}")))?;
+        let m = MappedFd::map(fd, 0, len as u64).map_err(|e| fail(format!("ring mmap: {e}")))?;
+        Ok((m, theirs))
+    }
+
+    /// Maps `m` for the device; refuses a mapping that is not one run of
+    /// device addresses (the protocol sends one base address).
+    #[allow(unsafe_code)] // dma_map's contract, stated at the call
+    pub fn map(&self, m: &MappedFd) -> Result<DmaMapping, DaemonError> {
+        let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what };
+        let ptr = NonNull::new(m.as_ptr()).ok_or_else(|| fail("null mapping".into()))?;
+        // SAFETY: `m` stays mapped until after `dma_unmap` of this mapping
+        // (its owner, a `Rings` or a registration, is dropped only after
+        // `reclaim_memory`/`unregister` unmapped it, or is leaked).
+        let map =
+            unsafe { self.device.dma_map(ptr, m.len()) }.map_err(|e| fail(format!("DMA mapping: {e}")))?;
+        let contiguous = map.pages().windows(2).all(|w| w[1] == w[0] + PAGE as u64);
+        if !contiguous {
+            let _ = self.device.dma_unmap(&map);
+            return Err(fail("device addresses not contiguous".into()));
+        }
+        Ok(map)
+    }
+
+    fn unmap_rings(&self, r: &Rings) {
+        for m in [&r.sq_map, &r.cq_map] {
+            if let Err(e) = self.device.dma_unmap(m) {
+                tracing::error!(drive = %self.name, qid = r.qid, error = %e, "ring unmap failed");
+            }
+        }
+    }
+
+    /// Delete I/O SQ `qid` (aborting what the controller had fetched).
+    /// `false` when it failed: the queue is quarantined by the caller.
+    pub fn delete_sq(&self, qid: u16) -> bool {
+        match lock(&self.controller).delete_io_sq_of(qid) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(drive = %self.name, qid, error = %e, "Delete I/O SQ failed");
+                false
+            }
+        }
+    }
+
+    /// Delete I/O CQ `qid` (after its SQ). `false` when it failed.
+    pub fn delete_cq(&self, qid: u16) -> bool {
+        match lock(&self.controller).delete_io_cq(qid) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(drive = %self.name, qid, error = %e, "Delete I/O CQ failed");
+                false
+            }
+        }
+    }
+
+    /// After its SQ and CQ were deleted: unmaps the rings and returns the
+    /// qid to the pool.
+    pub fn reclaim_rings(&self, r: Rings) {
+        self.unmap_rings(&r);
+        // The old owner may still have the doorbell page mapped (a live
+        // client whose lease expired): give the queue a new page.
+        if let Err(e) = self.emulator.renew_doorbell_page(r.qid) {
+            tracing::error!(drive = %self.name, qid = r.qid, error = %e, "doorbell page not renewed; qid withheld");
+            self.quarantined.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        lock(&self.free).push(r.qid);
+        drop(r);
+    }
+
+    /// Keeps `r` mapped forever and its qid out of the pool: its deletion
+    /// failed, so the controller may still use it.
+    pub fn quarantine(&self, r: Rings) {
+        self.quarantined.fetch_add(1, Ordering::Relaxed);
+        std::mem::forget(r);
+    }
+
+    /// The drive's row of the status report.
+    pub fn status(&self) -> DriveStatus {
+        let st = self.emulator.stats();
+        DriveStatus {
+            name: self.name.clone(),
+            queues_total: self.total,
+            queues_free: lock(&self.free).len() as u16,
+            registrations: self.registrations.load(Ordering::Relaxed),
+            dma_faults: st.dma_faults,
+            sq_deletion_aborts: st.sq_deletion_aborts,
+            quarantined: self.quarantined.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Live I/O queues on the controller (for shutdown).
+    pub fn shutdown(&self) {
+        if let Err(e) = lock(&self.controller).shutdown() {
+            tracing::warn!(drive = %self.name, error = %e, "controller shutdown");
+        }
+    }
+}
+
+/// Offset of queue pair `qid`'s doorbell page at CAP.DSTRD = 9: SQyTDBL at
+/// `1000h + 2y * 2048` = `1000h + y * 4096`, CQyHDBL 2048 bytes later.
+fn nvme_regs_doorbell_page(qid: u16) -> u64 {
+    0x1000 + u64::from(qid) * PAGE as u64
+}

@@ -1,0 +1,121 @@
+//! `tuttid`: the one process that owns the drives. It brings their
+//! controllers up, keeps their admin queues, and grants I/O queue pairs
+//! (rings in shared memory, one doorbell page each) to client processes
+//! that connect to its Unix socket, checked by their peer credentials
+//! against each drive's allow list and quota. A client's connection is its
+//! lease: when it closes or goes silent, its SQs are deleted, then its CQs,
+//! and only then is its memory unmapped. docs/tuttid.md has the details.
+//!
+//! ```text
+//! tuttid serve --config tuttid.yaml
+//! tuttid status --socket /run/tutti.sock
+//! ```
+
+mod config;
+mod drive;
+mod error;
+mod server;
+mod session;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// The tutti daemon.
+#[derive(Debug, Parser)]
+#[command(name = "tuttid", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Open the drives of the config and serve clients until SIGINT/SIGTERM.
+    Serve {
+        /// The YAML config (docs/tuttid.md).
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Print the daemon's drives, clients (pid, uid), queues and lease ages.
+    Status {
+        /// The daemon's socket.
+        #[arg(long)]
+        socket: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TUTTID_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let r = match Cli::parse().cmd {
+        Cmd::Serve { config } => serve(&config),
+        Cmd::Status { socket } => status(&socket),
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            let mut msg = e.to_string();
+            let mut src = e.source();
+            while let Some(s) = src {
+                msg.push_str(&format!(": {s}"));
+                src = s.source();
+            }
+            eprintln!("tuttid: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(path: &std::path::Path) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let cfg = config::DaemonConfig::from_path(path)?;
+    let stop = tutti_signals::Stop::install()?;
+    let server = server::Server::start(&cfg)?;
+    let listener = server::bind(&cfg.socket, cfg.mode()?, cfg.socket_gid)?;
+    println!("tuttid: listening on {} ({} drives)", cfg.socket.display(), cfg.drives.len());
+    let flag = stop.flag();
+    server.run(&listener, &flag);
+    let _ = std::fs::remove_file(&cfg.socket);
+    let code = stop.requested().map_or(0, |s| s.exit_code());
+    eprintln!("tuttid: stopped");
+    Ok(ExitCode::from(code))
+}
+
+fn status(socket: &std::path::Path) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let c = tuttid_proto::Client::connect(socket)?;
+    let s = c.status()?;
+    println!("drive         queues free/total  registrations  dma_faults  sq_deletion_aborts  quarantined");
+    for d in &s.drives {
+        println!(
+            "{:<13} {:>5}/{:<11} {:>13}  {:>10}  {:>18}  {:>11}",
+            d.name,
+            d.queues_free,
+            d.queues_total,
+            d.registrations,
+            d.dma_faults,
+            d.sq_deletion_aborts,
+            d.quarantined
+        );
+    }
+    println!("clients: {} connected, {} reclaimed since start", s.clients.len(), s.reclaimed);
+    for cl in &s.clients {
+        let qs: Vec<String> = cl.queues.iter().map(|(d, q)| format!("{d}/{q}")).collect();
+        println!(
+            "  pid {:>7} uid {:>5} gid {:>5}  lease age {:>6} ms (idle {:>5} ms)  memory {:>10} B  queues [{}]",
+            cl.pid,
+            cl.uid,
+            cl.gid,
+            cl.connected_ms,
+            cl.idle_ms,
+            cl.memory_bytes,
+            qs.join(", ")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,243 @@
+//! The listening socket, one thread per connection, the table of live
+//! clients for the operator view, and the connection loop: handshake,
+//! requests checked against what the connection owns, the lease (a read
+//! timeout), and reclaim when the connection ends for any reason.
+
+use std::collections::HashMap;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tuttid_proto::frame::{borrow_all, recv_frame, send_frame, FrameError};
+use tuttid_proto::message::{ClientStatus, Request, Response, StatusReport};
+use tuttid_proto::{Rule, MAX_FRAME};
+
+use crate::config::DaemonConfig;
+use crate::drive::Drive;
+use crate::error::DaemonError;
+use crate::session::{Peer, Reply, Session};
+
+/// A live client as the operator view shows it.
+#[derive(Debug, Clone)]
+struct Row {
+    peer: Peer,
+    connected: Instant,
+    last: Instant,
+    queues: Vec<(String, u16)>,
+    memory_bytes: u64,
+}
+
+/// The daemon's shared state.
+#[derive(Debug)]
+pub struct Server {
+    drives: Arc<Vec<Drive>>,
+    clients: Mutex<HashMap<u64, Row>>,
+    next_client: AtomicU64,
+    reclaimed: AtomicU64,
+    lease: Duration,
+    lease_ms: u32,
+    registrations_max: u32,
+    own_uid: u32,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Server {
+    /// Starts every drive of `cfg`.
+    ///
+    /// # Errors
+    ///
+    /// The first drive that fails to start.
+    pub fn start(cfg: &DaemonConfig) -> Result<Arc<Self>, DaemonError> {
+        let drives = cfg.drives.iter().map(|(n, e)| Drive::start(n, e)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Arc::new(Self {
+            drives: Arc::new(drives),
+            clients: Mutex::new(HashMap::new()),
+            next_client: AtomicU64::new(1),
+            reclaimed: AtomicU64::new(0),
+            lease: Duration::from_millis(u64::from(cfg.lease_ms)),
+            lease_ms: cfg.lease_ms,
+            registrations_max: cfg.registrations_per_client,
+            own_uid: rustix::process::getuid().as_raw(),
+        }))
+    }
+
+    /// Accepts connections until `stop` is set, one thread each.
+    pub fn run(self: &Arc<Self>, listener: &UnixListener, stop: &AtomicBool) {
+        if let Err(e) = listener.set_nonblocking(true) {
+            tracing::error!(error = %e, "listener cannot be made non-blocking");
+            return;
+        }
+        while !stop.load(Ordering::Acquire) {
+            match listener.accept() {
+                Ok((sock, _)) => {
+                    let me = self.clone();
+                    let spawned =
+                        std::thread::Builder::new().name("tuttid-conn".into()).spawn(move || me.serve(sock));
+                    if let Err(e) = spawned {
+                        tracing::error!(error = %e, "cannot spawn a connection thread");
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        }
+        for d in self.drives.iter() {
+            d.shutdown();
+        }
+    }
+
+    /// One connection, from accept to reclaim.
+    fn serve(self: Arc<Self>, sock: UnixStream) {
+        let Ok(cred) = rustix::net::sockopt::socket_peercred(&sock) else {
+            tracing::warn!("SO_PEERCRED failed; connection dropped");
+            return;
+        };
+        let peer = Peer {
+            pid: cred.pid.as_raw_nonzero().get() as u32,
+            uid: cred.uid.as_raw(),
+            gid: cred.gid.as_raw(),
+        };
+        if sock.set_nonblocking(false).is_err() || sock.set_read_timeout(Some(self.lease)).is_err() {
+            return;
+        }
+        let id = self.next_client.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let row = Row { peer, connected: now, last: now, queues: Vec::new(), memory_bytes: 0 };
+        lock(&self.clients).insert(id, row);
+        tracing::info!(pid = peer.pid, uid = peer.uid, gid = peer.gid, "client connected");
+        let mut session = Session::new(peer, self.drives.clone(), self.registrations_max, self.lease_ms);
+        let why = self.serve_loop(&sock, &mut session, id);
+        tracing::info!(pid = peer.pid, reason = why, "client gone: reclaiming");
+        lock(&self.clients).remove(&id);
+        session.reclaim();
+        self.reclaimed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests until the connection ends; returns why it ended.
+    fn serve_loop(&self, sock: &UnixStream, session: &mut Session, id: u64) -> &'static str {
+        loop {
+            let frame = match recv_frame(sock) {
+                Ok(f) => f,
+                Err(e) if e.is_timeout() => return "lease expired (no heartbeat)",
+                Err(FrameError::Decode(e)) => {
+                    let _ = reply(sock, refused(Rule::Malformed, e.to_string()));
+                    return "bad frame";
+                }
+                Err(FrameError::Io(_)) => return "connection closed",
+            };
+            if let Some(r) = lock(&self.clients).get_mut(&id) {
+                r.last = Instant::now();
+            }
+            let answer = match Request::decode(&frame.payload) {
+                Err(e) => refused(Rule::Malformed, e.to_string()),
+                Ok(req) if frame.fds.len() != req.fds() => refused(
+                    Rule::Malformed,
+                    format!("{} carries {} descriptors, {} came", req.name(), req.fds(), frame.fds.len()),
+                ),
+                Ok(req) if !session.greeted => match session.hello(&req) {
+                    Ok(r) => r,
+                    Err(r) => {
+                        let _ = reply(sock, r);
+                        return "handshake refused";
+                    }
+                },
+                Ok(Request::Status) => self.status_reply(session.peer),
+                Ok(req) => session.handle(req, frame.fds),
+            };
+            if let Some(r) = lock(&self.clients).get_mut(&id) {
+                r.queues = session.queue_list();
+                r.memory_bytes = session.memory_bytes();
+            }
+            if reply(sock, answer).is_err() {
+                return "reply failed";
+            }
+        }
+    }
+
+    fn status_reply(&self, peer: Peer) -> Reply {
+        if peer.uid != 0 && peer.uid != self.own_uid {
+            return refused(
+                Rule::NotAllowed,
+                format!("uid {} may not see the status (root or the daemon's uid)", peer.uid),
+            );
+        }
+        (Response::Status(self.status()), Vec::new())
+    }
+
+    /// The operator view now (clients trimmed to fit one frame).
+    pub fn status(&self) -> StatusReport {
+        let now = Instant::now();
+        let mut clients: Vec<ClientStatus> = lock(&self.clients)
+            .values()
+            .map(|r| ClientStatus {
+                pid: r.peer.pid,
+                uid: r.peer.uid,
+                gid: r.peer.gid,
+                connected_ms: now.duration_since(r.connected).as_millis() as u64,
+                idle_ms: now.duration_since(r.last).as_millis() as u64,
+                queues: r.queues.clone(),
+                memory_bytes: r.memory_bytes,
+            })
+            .collect();
+        clients.sort_by_key(|c| c.pid);
+        let mut s = StatusReport {
+            drives: self.drives.iter().map(Drive::status).collect(),
+            clients,
+            reclaimed: self.reclaimed.load(Ordering::Relaxed),
+        };
+        while Response::Status(s.clone()).encode().len() > MAX_FRAME as usize && s.clients.pop().is_some() {}
+        s
+    }
+}
+
+fn refused(rule: Rule, detail: String) -> Reply {
+    (Response::Refused { rule, detail }, Vec::new())
+}
+
+fn reply(sock: &UnixStream, (resp, fds): Reply) -> Result<(), FrameError> {
+    send_frame(sock, &resp.encode(), &borrow_all(&fds))
+}
+
+/// Binds the socket at `path` with `mode` (and group `gid`): a stale
+/// socket file is replaced, a live one (a daemon answers) or any other
+/// file is refused. The socket is created under umask 0177 and then
+/// chmod-ed, so it is never more open than configured.
+///
+/// # Errors
+///
+/// [`DaemonError::Socket`].
+pub fn bind(path: &Path, mode: u32, gid: Option<u32>) -> Result<UnixListener, DaemonError> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let err = |op, source| DaemonError::Socket { op, path: path.display().to_string(), source };
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(err(
+                "refusing to replace a non-socket file at",
+                std::io::ErrorKind::AlreadyExists.into(),
+            ));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(err("another daemon listens on", std::io::ErrorKind::AddrInUse.into()));
+        }
+        std::fs::remove_file(path).map_err(|e| err("removing the stale socket", e))?;
+    }
+    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+    let l = UnixListener::bind(path);
+    rustix::process::umask(old);
+    let l = l.map_err(|e| err("binding", e))?;
+    if let Some(g) = gid {
+        std::os::unix::fs::chown(path, None, Some(g)).map_err(|e| err("chown of", e))?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| err("chmod of", e))?;
+    Ok(l)
+}

@@ -1,0 +1,251 @@
+//! One client connection: its peer credentials, what it owns (queue pairs,
+//! memory registrations), the requests it may make, and the reclaim of
+//! everything when it ends (SQs deleted, then CQs, then memory unmapped).
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use nvm_queue::DmaMapping;
+use tuttid_proto::message::{Request, Response};
+use tuttid_proto::shm::MappedFd;
+use tuttid_proto::PROTOCOL_VERSION;
+
+use crate::drive::{Drive, Rings};
+use crate::error::DaemonError;
+
+/// Peer credentials from SO_PEERCRED at accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// Process id.
+    pub pid: u32,
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+/// Client memory mapped for one drive.
+#[derive(Debug)]
+struct Registration {
+    drive: usize,
+    memory: MappedFd,
+    mapping: DmaMapping,
+}
+
+/// What one connection owns.
+#[derive(Debug)]
+pub struct Session {
+    /// The peer.
+    pub peer: Peer,
+    drives: Arc<Vec<Drive>>,
+    /// Granted rings, by (drive index, qid).
+    queues: Vec<(usize, Rings)>,
+    memory: HashMap<u64, Registration>,
+    next_id: u64,
+    registrations_max: u32,
+    lease_ms: u32,
+    /// `Hello` accepted.
+    pub greeted: bool,
+}
+
+/// A reply and the descriptors that go with it.
+pub type Reply = (Response, Vec<OwnedFd>);
+
+fn refuse(e: DaemonError) -> Reply {
+    (Response::Refused { rule: e.rule(), detail: e.to_string() }, Vec::new())
+}
+
+impl Session {
+    /// A new session for `peer`.
+    pub fn new(peer: Peer, drives: Arc<Vec<Drive>>, registrations_max: u32, lease_ms: u32) -> Self {
+        Self {
+            peer,
+            drives,
+            queues: Vec::new(),
+            memory: HashMap::new(),
+            next_id: 1,
+            registrations_max,
+            lease_ms,
+            greeted: false,
+        }
+    }
+
+    /// Queue pairs owned, as (drive name, qid).
+    pub fn queue_list(&self) -> Vec<(String, u16)> {
+        self.queues.iter().map(|(d, r)| (self.drives[*d].name.clone(), r.qid)).collect()
+    }
+
+    /// Bytes of memory registered.
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory.values().map(|r| r.memory.len() as u64).sum()
+    }
+
+    /// Handles the handshake: `Hello` with this daemon's version.
+    pub fn hello(&mut self, req: &Request) -> Result<Reply, Reply> {
+        match req {
+            Request::Hello { version } if *version == PROTOCOL_VERSION => {
+                self.greeted = true;
+                Ok((Response::HelloOk { version: PROTOCOL_VERSION, lease_ms: self.lease_ms }, Vec::new()))
+            }
+            Request::Hello { version } => Err((
+                Response::Refused {
+                    rule: tuttid_proto::Rule::Version,
+                    detail: format!("client speaks protocol {version}, tuttid speaks {PROTOCOL_VERSION}"),
+                },
+                Vec::new(),
+            )),
+            other => Err((
+                Response::Refused {
+                    rule: tuttid_proto::Rule::HandshakeFirst,
+                    detail: format!("{} before Hello", other.name()),
+                },
+                Vec::new(),
+            )),
+        }
+    }
+
+    /// Serves one request after the handshake (`fds`: the descriptors that
+    /// came with it, already checked to match its type).
+    pub fn handle(&mut self, req: Request, fds: Vec<OwnedFd>) -> Reply {
+        let r = match req {
+            Request::Hello { .. } => {
+                Err(DaemonError::BadRequest("Hello after the handshake (rule handshake-first)".into()))
+            }
+            Request::OpenDrive { drive } => self.open_drive(&drive),
+            Request::GrantQueue { drive, entries } => self.grant(&drive, entries),
+            Request::ReleaseQueue { drive, qid } => self.release(&drive, qid),
+            Request::RegisterMemory { drive, offset, len } => self.register(&drive, offset, len, fds),
+            Request::UnregisterMemory { id } => self.unregister(id),
+            Request::Heartbeat => Ok((Response::Done, Vec::new())),
+            Request::Status => Err(DaemonError::BadRequest("status is served by the server".into())),
+        };
+        r.unwrap_or_else(refuse)
+    }
+
+    /// The drive named `name`, if this peer may use it.
+    fn drive(&self, name: &str) -> Result<usize, DaemonError> {
+        let i = self
+            .drives
+            .iter()
+            .position(|d| d.name == name)
+            .ok_or_else(|| DaemonError::UnknownDrive { drive: name.to_owned() })?;
+        let Peer { uid, gid, .. } = self.peer;
+        if !self.drives[i].allow.permits(uid, gid) {
+            return Err(DaemonError::NotAllowed { drive: name.to_owned(), uid, gid });
+        }
+        Ok(i)
+    }
+
+    fn held(&self, d: usize) -> u16 {
+        self.queues.iter().filter(|(i, _)| *i == d).count() as u16
+    }
+
+    fn open_drive(&mut self, name: &str) -> Result<Reply, DaemonError> {
+        let d = self.drive(name)?;
+        let left = self.drives[d].quota.saturating_sub(self.held(d));
+        Ok((Response::DriveFacts(self.drives[d].facts(left)), Vec::new()))
+    }
+
+    fn grant(&mut self, name: &str, entries: u32) -> Result<Reply, DaemonError> {
+        let d = self.drive(name)?;
+        let drive = &self.drives[d];
+        if self.held(d) >= drive.quota {
+            return Err(DaemonError::Quota { drive: name.to_owned(), quota: drive.quota });
+        }
+        let (rings, grant, fds) = drive.grant(entries)?;
+        self.queues.push((d, rings));
+        Ok((Response::QueueGranted(grant), fds.into()))
+    }
+
+    fn release(&mut self, name: &str, qid: u16) -> Result<Reply, DaemonError> {
+        let d = self.drive(name)?;
+        let pos = self
+            .queues
+            .iter()
+            .position(|(i, r)| *i == d && r.qid == qid)
+            .ok_or(DaemonError::NotOwned { what: "queue", id: u64::from(qid) })?;
+        let (d, rings) = self.queues.swap_remove(pos);
+        let drive = &self.drives[d];
+        if drive.delete_sq(qid) && drive.delete_cq(qid) {
+            drive.reclaim_rings(rings);
+            Ok((Response::Done, Vec::new()))
+        } else {
+            drive.quarantine(rings);
+            Err(DaemonError::Drive {
+                drive: name.to_owned(),
+                what: format!("deleting queue {qid} failed; quarantined"),
+            })
+        }
+    }
+
+    fn register(
+        &mut self,
+        name: &str,
+        offset: u64,
+        len: u64,
+        fds: Vec<OwnedFd>,
+    ) -> Result<Reply, DaemonError> {
+        let d = self.drive(name)?;
+        if self.memory.len() >= self.registrations_max as usize {
+            return Err(DaemonError::MemoryQuota { quota: self.registrations_max });
+        }
+        let fd = fds.into_iter().next().ok_or_else(|| DaemonError::BadMemory("no descriptor".into()))?;
+        if len > (1 << 40) {
+            return Err(DaemonError::BadMemory(format!("{len} bytes is more than 1 TiB")));
+        }
+        let memory = MappedFd::map(fd, offset, len).map_err(|e| DaemonError::BadMemory(e.to_string()))?;
+        let drive = &self.drives[d];
+        let mapping = drive.map(&memory)?;
+        drive.registrations.fetch_add(1, Ordering::Relaxed);
+        let (id, iova) = (self.next_id, mapping.pages()[0]);
+        self.next_id += 1;
+        self.memory.insert(id, Registration { drive: d, memory, mapping });
+        Ok((Response::MemoryRegistered { id, iova, len }, Vec::new()))
+    }
+
+    fn unregister(&mut self, id: u64) -> Result<Reply, DaemonError> {
+        let r = self.memory.remove(&id).ok_or(DaemonError::NotOwned { what: "memory", id })?;
+        self.unmap(r);
+        Ok((Response::Done, Vec::new()))
+    }
+
+    /// Unmaps a registration; on failure keeps its memory mapped forever
+    /// (the device might still reach it).
+    fn unmap(&self, r: Registration) {
+        let drive = &self.drives[r.drive];
+        drive.registrations.fetch_sub(1, Ordering::Relaxed);
+        if let Err(e) = drive.device().dma_unmap(&r.mapping) {
+            tracing::error!(drive = %drive.name, error = %e, "unmapping client memory failed; keeping it");
+            std::mem::forget(r);
+        }
+    }
+
+    /// Reclaims everything: every SQ deleted (the controller aborts what it
+    /// had fetched), then every CQ, then the rings and the client's memory
+    /// unmapped, and the qids returned to the pool. A queue whose deletion
+    /// failed is quarantined, and with it all the client's memory on that
+    /// drive stays mapped (the drive might still DMA into it).
+    pub fn reclaim(mut self) {
+        let queues = std::mem::take(&mut self.queues);
+        let sq_ok: Vec<bool> = queues.iter().map(|(d, r)| self.drives[*d].delete_sq(r.qid)).collect();
+        let mut bad_drives = Vec::new();
+        for ((d, rings), ok) in queues.into_iter().zip(sq_ok) {
+            let drive = &self.drives[d];
+            if ok && drive.delete_cq(rings.qid) {
+                drive.reclaim_rings(rings);
+            } else {
+                bad_drives.push(d);
+                drive.quarantine(rings);
+            }
+        }
+        for (_, r) in std::mem::take(&mut self.memory) {
+            if bad_drives.contains(&r.drive) {
+                std::mem::forget(r);
+            } else {
+                self.unmap(r);
+            }
+        }
+    }
+}
