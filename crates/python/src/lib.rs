@@ -21,6 +21,7 @@ mod kv;
 mod memory;
 mod request;
 mod runtime;
+mod shared;
 mod status;
 
 use pyo3::prelude::*;
@@ -31,6 +32,7 @@ fn _tutti(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<runtime::PyRuntime>()?;
     m.add_class::<runtime::Memory>()?;
+    m.add_class::<shared::SharedBuffer>()?;
     m.add_class::<runtime::ShutdownReport>()?;
     m.add_class::<request::Request>()?;
     m.add_class::<request::Operation>()?;

@@ -105,10 +105,23 @@ fn byte_len(shape: &[i64], itemsize: i64) -> Option<usize> {
 }
 
 impl Export {
-    /// Exports `obj`: a GPU array (`__cuda_array_interface__`, then
+    /// Exports `obj`: a `tutti.SharedBuffer` (its own mapping), a GPU array
+    /// (`__cuda_array_interface__`, then
     /// `__dlpack__` for non-CPU devices), else a buffer-protocol object,
     /// else a host DLPack tensor.
     pub fn from_object(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
+        if let Ok(sb) = obj.cast::<crate::shared::SharedBuffer>() {
+            // Its own mapping, held by the reference to the object.
+            let sb = sb.get();
+            return Ok(Export {
+                ptr: sb.ptr(),
+                len: sb.len(),
+                location: Location::Host,
+                readonly: false,
+                owner: Some(obj.clone().unbind()),
+                hold: Hold::Reference,
+            });
+        }
         if obj.hasattr("__cuda_array_interface__")? {
             return Self::from_cai(obj);
         }

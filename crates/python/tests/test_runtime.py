@@ -52,6 +52,23 @@ def test_flush_succeeds(rt):
     assert repr(tutti.flush(t)).startswith("flush(")
 
 
+def test_a_shared_buffer_is_registered_and_its_mmap_sees_the_same_bytes(rt):
+    t = rt.open("tutti://kv/2")
+    src, dst = tutti.SharedBuffer(5000), tutti.SharedBuffer(8192)
+    assert src.nbytes == 8192 and len(dst) == 8192  # whole pages
+    data = pattern(8192, seed=11)
+    np.frombuffer(src.buffer, dtype=np.uint8)[:] = data  # through Python's own mapping
+    ms, md = rt.register(src), rt.register(dst)
+    assert ms.kind == "host" and ms.nbytes == 8192
+    assert rt.submit([tutti.write(t, 0, 8192, ms)]).wait()[0].ok
+    assert rt.submit([tutti.read(t, 0, 8192, md)]).wait()[0].ok
+    assert np.array_equal(np.frombuffer(dst.buffer, dtype=np.uint8), data)
+    rt.unregister(ms)
+    rt.unregister(md)
+    with pytest.raises(tutti.MemoryRegistrationError):
+        tutti.SharedBuffer(0)
+
+
 def test_other_buffer_types(rt):
     t = rt.open("tutti://kv/2")
     data = bytearray(pattern(4096, seed=3).tobytes())

@@ -138,6 +138,21 @@ class Operation:
     def done(self) -> bool:
         """Whether every request is final (polls once)."""
 
+class SharedBuffer:
+    """Shared host memory (a memfd): the host memory a tuttid-owned drive can reach.
+
+    Register the object itself; read and write its bytes through `.buffer`.
+    """
+
+    def __init__(self, nbytes: int) -> None: ...
+    @property
+    def nbytes(self) -> int:
+        """Length in bytes (whole 4 KiB pages)."""
+    @property
+    def buffer(self) -> Any:
+        """An mmap.mmap of the same pages."""
+    def __len__(self) -> int: ...
+
 class Memory:
     """Memory registered with a runtime."""
 
