@@ -74,6 +74,10 @@ pub struct StripeArgs {
     /// executable).
     #[arg(long, requires = "daemon")]
     pub tuttid: Option<PathBuf>,
+    /// With `--daemon`: runs of each path per drive count (alternating,
+    /// 1..=20); the medians are compared.
+    #[arg(long, default_value_t = 1, requires = "daemon", value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub repeat: u32,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -314,12 +318,15 @@ fn keep_two_in_flight(
 #[derive(Debug, Serialize)]
 struct ComparePoint {
     drives: usize,
-    /// The runtime owning the emulated drives, GB/s.
+    /// The runtime owning the emulated drives, GB/s: median of the runs.
     owner_gb_s: f64,
-    /// The runtime as a tuttid client on the same drives, GB/s.
+    /// The runtime as a tuttid client on the same drives, GB/s: median.
     client_gb_s: f64,
     /// `client_gb_s` / `owner_gb_s`.
     ratio: f64,
+    /// Every run of each path, in the order measured (alternating).
+    owner_runs: Vec<f64>,
+    client_runs: Vec<f64>,
     /// The timing model's limit: drives x `drive_mb_s`, GB/s.
     modelled_gb_s: f64,
 }
@@ -337,22 +344,27 @@ fn stripe_compare(a: &StripeArgs, stop: &Stop) -> Result<Ended, String> {
     let daemon = crate::daemon::DaemonChild::start(&binary, &drives, 8)?;
     let mut points = Vec::new();
     for n in 1..=a.max_drives as usize {
-        let mut gb_s = [0.0f64; 2];
-        for (i, socket) in [None, Some(daemon.socket())].into_iter().enumerate() {
-            let run = stripe_run(a, n, req, socket, stop)?;
-            if let Some((signal, report)) = run.interrupted {
-                let detail = format!("during the {n}-drive run; {}", shutdown_summary(&report));
-                return Ok(Ended::Interrupted { signal, detail });
+        let mut runs: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+        for _ in 0..a.repeat {
+            for (i, socket) in [None, Some(daemon.socket())].into_iter().enumerate() {
+                let run = stripe_run(a, n, req, socket, stop)?;
+                if let Some((signal, report)) = run.interrupted {
+                    let detail = format!("during the {n}-drive run; {}", shutdown_summary(&report));
+                    return Ok(Ended::Interrupted { signal, detail });
+                }
+                runs[i].push(run.bytes as f64 / run.seconds / 1e9);
             }
-            gb_s[i] = run.bytes as f64 / run.seconds / 1e9;
         }
-        let modelled_gb_s = n as f64 * a.drive_mb_s as f64 / 1000.0;
+        let (owner, client) = (median(&runs[0]), median(&runs[1]));
+        let [owner_runs, client_runs] = runs;
         points.push(ComparePoint {
             drives: n,
-            owner_gb_s: gb_s[0],
-            client_gb_s: gb_s[1],
-            ratio: gb_s[1] / gb_s[0],
-            modelled_gb_s,
+            owner_gb_s: owner,
+            client_gb_s: client,
+            ratio: client / owner,
+            owner_runs,
+            client_runs,
+            modelled_gb_s: n as f64 * a.drive_mb_s as f64 / 1000.0,
         });
     }
     drop(daemon);
@@ -361,12 +373,13 @@ fn stripe_compare(a: &StripeArgs, stop: &Stop) -> Result<Ended, String> {
         return Ok(Ended::Complete);
     }
     println!(
-        "striped {}, {} KiB requests, 2 batches of {} in flight, data in shared memory, timing model {} MB/s + {} us per drive; runtime owning the drives vs tuttid client, same run:",
+        "striped {}, {} KiB requests, 2 batches of {} in flight, data in shared memory, timing model {} MB/s + {} us per drive; runtime owning the drives vs tuttid client, same run, medians of {} run(s) each:",
         if a.write { "writes" } else { "reads" },
         a.request_kib,
         a.batch,
         a.drive_mb_s,
-        a.latency_us
+        a.latency_us,
+        a.repeat
     );
     for p in &points {
         println!(
@@ -375,4 +388,28 @@ fn stripe_compare(a: &StripeArgs, stop: &Stop) -> Result<Ended, String> {
         );
     }
     Ok(Ended::Complete)
+}
+
+/// The median of `v` (the mean of the middle two for an even count; 0 when
+/// empty).
+fn median(v: &[f64]) -> f64 {
+    let mut r = v.to_vec();
+    r.sort_by(f64::total_cmp);
+    match r.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => r[n / 2],
+        n => (r[n / 2 - 1] + r[n / 2]) / 2.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
+    }
 }
