@@ -704,9 +704,9 @@ mod tests {
             v.read(b, &mut got).unwrap();
             assert_eq!(got, [1, 0, 0, 0, 0, 0, 0, 0], "domain 8 memory untouched by domain 7");
         }
-        // SAFETY: allocated above with this layout; the space is dropped
-        // (never used again) before.
         drop(space);
+        // SAFETY: allocated above with this layout; the space that mapped
+        // it is dropped.
         unsafe { dealloc(p.as_ptr(), layout) };
     }
 }
