@@ -614,7 +614,9 @@ impl Emulator {
 
     /// Maps memory the emulator reaches only through copies (GPU memory,
     /// see [`ExternalMemory`]) into this controller's device address space,
-    /// for data transfers. Unmap with [`NvmeDevice::dma_unmap`].
+    /// for data transfers, in [`SHARED_DOMAIN`] (SQs given another domain
+    /// with [`Emulator::set_sq_domain`] cannot reach it). Unmap with
+    /// [`NvmeDevice::dma_unmap`].
     pub fn map_external(&self, mem: Arc<dyn ExternalMemory>) -> Result<DmaMapping, DeviceError> {
         self.shared.iova.map_external(mem)
     }

@@ -48,7 +48,7 @@ pub struct Session {
     lease_ms: u32,
     /// The connection's DMA domain: its rings and memory are mapped in it
     /// and its SQs belong to it, so its commands reach no one else's
-    /// memory (nonzero, distinct between live connections).
+    /// memory (nonzero; see `server::domain_of`).
     domain: u32,
     /// `Hello` accepted.
     pub greeted: bool,
