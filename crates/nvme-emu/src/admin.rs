@@ -221,7 +221,10 @@ impl Controller {
         }
         cq.sq_count += 1;
         sh.regs.clear_doorbell(qid, false);
-        self.sqs[usize::from(qid)] = Some(SubQueue::new(sqe.prp1, size, cqid));
+        let mut sq = SubQueue::new(sqe.prp1, size, cqid);
+        // Acquire: pairs with `Emulator::set_sq_domain`'s Release store.
+        sq.domain = sh.sq_domains.get(usize::from(qid)).map_or(0, |d| d.load(Ordering::Acquire));
+        self.sqs[usize::from(qid)] = Some(sq);
         self.active_sqs.push(qid);
         self.io_queue_created = true;
         Outcome::ok(0)

@@ -46,6 +46,10 @@ const GONE_REFILL: Duration = Duration::from_millis(1);
 pub(crate) struct Shared {
     pub regs: RegisterPage,
     pub iova: IovaSpace,
+    /// DMA domain of each qid's next I/O SQ, by qid (index 0 unused:
+    /// the admin SQ is always [`crate::SHARED_DOMAIN`]);
+    /// [`crate::Emulator::set_sq_domain`] writes, Create I/O SQ reads.
+    pub sq_domains: Box<[std::sync::atomic::AtomicU32]>,
     pub stats: StatsAtomics,
     pub stop: AtomicBool,
     /// Fault-injection rules ([`crate::FaultRule`]).
@@ -89,6 +93,7 @@ pub(crate) struct StatsAtomics {
     pub media_bytes_written: AtomicU64,
     pub doorbell_violations: AtomicU64,
     pub dma_faults: AtomicU64,
+    pub dma_domain_faults: AtomicU64,
     pub sq_tail_backwards: AtomicU64,
     pub sqe_overwritten: AtomicU64,
     pub cq_full_stalls: AtomicU64,
@@ -496,9 +501,13 @@ impl Controller {
                 _ => break,
             }
             let sqe = sq.fetch(dma)?;
+            // The command's data and PRP lists must lie in its SQ's domain.
+            let domain = sq.domain;
             n += 1;
             let before = dma.copies_started();
+            dma.set_domain(domain);
             let (outcome, injected) = self.execute_with_faults(sh, dma, media, qid, &sqe);
+            dma.set_domain(crate::SHARED_DOMAIN);
             if let Outcome::Complete { status, dw0, media_bytes } = outcome {
                 let c = Completion { dw0, sqid: qid, cid: injected.cid, status, quirk: injected.quirk };
                 if dma.copies_started() == before {
@@ -775,9 +784,14 @@ impl Controller {
         }
     }
 
-    /// Counts a DMA fault on a data transfer.
-    pub(crate) fn data_fault(&self, sh: &Shared) {
-        sh.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
+    /// Counts a DMA fault on a data transfer: a refused access to another
+    /// DMA domain's memory, or one outside every mapping.
+    pub(crate) fn data_fault(&self, sh: &Shared, dma: &DmaView<'_>) {
+        if dma.take_foreign() {
+            sh.stats.dma_domain_faults.fetch_add(1, Ordering::Relaxed);
+        } else {
+            sh.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Reads a command's data (PRP1/PRP2, `len` bytes) into `self.scratch`
@@ -798,7 +812,7 @@ impl Controller {
                 break;
             };
             if dma.read(s.iova, dst).is_err() {
-                self.data_fault(sh);
+                self.data_fault(sh, dma);
                 return Err(crate::prp::PrpError::Fault(DmaFault { iova: s.iova, len: l }).status());
             }
             off += l;
@@ -825,7 +839,7 @@ impl Controller {
                 .write(s.iova, data.get(off..off + from_data).unwrap_or(&[]))
                 .and_then(|()| dma.zero(s.iova + from_data as u64, l - from_data));
             if r.is_err() {
-                self.data_fault(sh);
+                self.data_fault(sh, dma);
                 return Err(crate::prp::PrpError::Fault(DmaFault { iova: s.iova, len: l }).status());
             }
             off += l;
@@ -837,7 +851,7 @@ impl Controller {
     pub(crate) fn walk(&mut self, sh: &Shared, dma: &DmaView<'_>, sqe: &Sqe, len: u64) -> Result<(), Status> {
         crate::prp::walk(dma, sqe.prp1, sqe.prp2, len, self.page, &mut self.segs).map_err(|e| {
             if matches!(e, crate::prp::PrpError::Fault(_)) {
-                self.data_fault(sh);
+                self.data_fault(sh, dma);
             }
             e.status()
         })

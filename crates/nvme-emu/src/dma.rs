@@ -18,6 +18,17 @@
 //! Mapped memory is shared with the driver's threads, so it is accessed
 //! only with `ptr::copy_nonoverlapping` and atomics, never through Rust
 //! references.
+//!
+//! Every mapping carries a DMA domain (an owner tag, as an IOMMU domain or
+//! PASID would be on a real host): [`SHARED_DOMAIN`] (0) for the
+//! controller's owner, or the tag of one client of a daemon. While the
+//! controller executes a command from an SQ of domain `D != 0`
+//! ([`DmaView::set_domain`]), every data buffer and PRP list page it
+//! touches must lie in a mapping of domain `D`; anything else is a fault
+//! (counted apart from unmapped addresses, [`DmaView::take_foreign`]), and
+//! the foreign memory is not touched. Commands from SQs of domain 0 (the
+//! admin queue, and every SQ of an emulator whose owner never sets a
+//! domain) reach every mapping, as before.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -26,6 +37,11 @@ use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use nvm_queue::{DeviceError, DmaMapping, HOST_PAGE_SIZE};
+
+/// The DMA domain of the controller's owner: mappings made with
+/// [`nvm_queue::NvmeDevice::dma_map`] and SQs whose domain was never set.
+/// An SQ of this domain reaches every mapping.
+pub const SHARED_DOMAIN: u32 = 0;
 
 /// First device address handed out.
 pub const IOVA_BASE: u64 = 0x1_0000_0000;
@@ -53,6 +69,8 @@ struct Region {
     /// Index into `Regions::external` for memory the emulator reaches
     /// through copies (GPU memory), `None` for host memory.
     external: Option<u32>,
+    /// The DMA domain it was mapped in ([`SHARED_DOMAIN`] or a client's).
+    domain: u32,
 }
 
 /// Memory the emulator cannot address directly but can copy to and from,
@@ -234,16 +252,16 @@ impl IovaSpace {
         Self { regions: RwLock::new(Regions { map: BTreeMap::new(), next: IOVA_BASE, external: Vec::new() }) }
     }
 
-    /// Maps `len` bytes at `host` (page aligned, `len > 0`) and returns
-    /// their device addresses.
-    pub(crate) fn map(&self, host: NonNull<u8>, len: usize) -> Result<DmaMapping, DeviceError> {
+    /// Maps `len` bytes at `host` (page aligned, `len > 0`) in DMA domain
+    /// `domain` and returns their device addresses.
+    pub(crate) fn map(&self, host: NonNull<u8>, len: usize, domain: u32) -> Result<DmaMapping, DeviceError> {
         let addr = host.as_ptr() as usize;
         let bad = DeviceError::BadRange { addr, len };
         if len == 0 || addr & (HOST_PAGE_SIZE - 1) != 0 || addr.checked_add(len).is_none() {
             return Err(bad);
         }
         let mut r = self.regions.write().unwrap_or_else(|e| e.into_inner());
-        Self::insert(&mut r, Region { iova: 0, len: len as u64, host, external: None })
+        Self::insert(&mut r, Region { iova: 0, len: len as u64, host, external: None, domain })
     }
 
     /// Maps external memory (see [`ExternalMemory`]) for data transfers.
@@ -258,7 +276,13 @@ impl IovaSpace {
             u32::try_from(r.external.len()).map_err(|_| DeviceError::AddressSpaceExhausted { len })?;
         let m = Self::insert(
             &mut r,
-            Region { iova: 0, len: len as u64, host: NonNull::dangling(), external: Some(index) },
+            Region {
+                iova: 0,
+                len: len as u64,
+                host: NonNull::dangling(),
+                external: Some(index),
+                domain: SHARED_DOMAIN,
+            },
         )?;
         r.external.push(Some(mem));
         Ok(m)
@@ -306,6 +330,8 @@ impl IovaSpace {
             next: Cell::new(0),
             started: RefCell::new(Vec::new()),
             copies: Cell::new(0),
+            domain: Cell::new(SHARED_DOMAIN),
+            foreign: Cell::new(false),
         }
     }
 }
@@ -326,6 +352,13 @@ pub(crate) struct DmaView<'a> {
     /// Asynchronous copies started through this view so far (a command
     /// started some when this moved during its execution).
     copies: Cell<u64>,
+    /// DMA domain of the command being executed ([`SHARED_DOMAIN`]: any
+    /// mapping may be reached).
+    domain: Cell<u32>,
+    /// An access was refused because its mapping belongs to another domain
+    /// (since the last [`DmaView::take_foreign`] or
+    /// [`DmaView::set_domain`]).
+    foreign: Cell<bool>,
 }
 
 /// Entries of [`DmaView`]'s lookup cache.
@@ -366,15 +399,38 @@ impl DmaView<'_> {
         Ok(unsafe { r.host.as_ptr().add(off as usize) })
     }
 
-    /// The region holding all of `iova..iova + len`, and the offset in it.
+    /// The region holding all of `iova..iova + len`, and the offset in it;
+    /// a fault also when the region belongs to another DMA domain than the
+    /// current command's (noted for [`DmaView::take_foreign`]).
+    #[inline]
     fn locate(&self, iova: u64, len: usize) -> Result<(Region, u64), DmaFault> {
         let fault = DmaFault { iova, len };
         let r = self.find(iova).ok_or(fault)?;
+        let domain = self.domain.get();
+        if domain != SHARED_DOMAIN && r.domain != domain {
+            self.foreign.set(true);
+            return Err(fault);
+        }
         let off = iova - r.iova;
         match off.checked_add(len as u64) {
             Some(end) if end <= r.len => Ok((r, off)),
             _ => Err(fault),
         }
+    }
+
+    /// Sets the DMA domain of the accesses that follow (the command about
+    /// to execute comes from an SQ of `domain`; [`SHARED_DOMAIN`] after
+    /// it) and forgets an earlier refused foreign access.
+    #[inline]
+    pub(crate) fn set_domain(&self, domain: u32) {
+        self.domain.set(domain);
+        self.foreign.set(false);
+    }
+
+    /// Whether an access was refused for belonging to another domain since
+    /// the last call (or [`DmaView::set_domain`]); clears the note.
+    pub(crate) fn take_foreign(&self) -> bool {
+        self.foreign.replace(false)
     }
 
     /// The external memory of region `r`, if it is one.
@@ -577,10 +633,10 @@ mod tests {
         // SAFETY: non-zero size.
         let p = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
         let space = IovaSpace::new();
-        let a = space.map(p, 4096).unwrap();
+        let a = space.map(p, 4096, SHARED_DOMAIN).unwrap();
         // SAFETY: in bounds of the allocation.
         let p2 = unsafe { NonNull::new_unchecked(p.as_ptr().add(4096)) };
-        let b = space.map(p2, 2 * 4096 - 100).unwrap();
+        let b = space.map(p2, 2 * 4096 - 100, SHARED_DOMAIN).unwrap();
         assert_eq!(a.pages(), &[IOVA_BASE]);
         assert_eq!(b.pages()[0], IOVA_BASE + 2 * 4096, "guard page between mappings");
         {
@@ -600,15 +656,57 @@ mod tests {
             assert_eq!(v.load_u32(IOVA_BASE + 16, Ordering::Acquire).unwrap(), 7);
             assert!(v.load_u32(IOVA_BASE + 17, Ordering::Acquire).is_err());
         }
-        assert!(space.map(p, 0).is_err());
+        assert!(space.map(p, 0, SHARED_DOMAIN).is_err());
         // SAFETY: in bounds.
         let unaligned = unsafe { NonNull::new_unchecked(p.as_ptr().add(8)) };
-        assert!(matches!(space.map(unaligned, 8), Err(DeviceError::BadRange { .. })));
+        assert!(matches!(space.map(unaligned, 8, SHARED_DOMAIN), Err(DeviceError::BadRange { .. })));
         space.unmap(&a).unwrap();
         assert!(matches!(space.unmap(&a), Err(DeviceError::NotMapped { .. })));
         assert!(space.view().check(IOVA_BASE, 1).is_err());
         space.unmap(&b).unwrap();
         // SAFETY: allocated above with this layout; no longer mapped.
+        unsafe { dealloc(p.as_ptr(), layout) };
+    }
+
+    #[test]
+    fn a_domain_reaches_only_its_own_mappings() {
+        let layout = Layout::from_size_align(3 * 4096, 4096).unwrap();
+        // SAFETY: non-zero size.
+        let p = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
+        // SAFETY: in bounds of the allocation.
+        let at = |i: usize| unsafe { NonNull::new_unchecked(p.as_ptr().add(i * 4096)) };
+        let space = IovaSpace::new();
+        let own = space.map(at(0), 4096, SHARED_DOMAIN).unwrap().pages()[0];
+        let a = space.map(at(1), 4096, 7).unwrap().pages()[0];
+        let b = space.map(at(2), 4096, 8).unwrap().pages()[0];
+        {
+            let v = space.view();
+            // Domain 0 (the default) reaches every mapping.
+            for iova in [own, a, b] {
+                v.write(iova, &[1]).unwrap();
+            }
+            assert!(!v.take_foreign());
+            v.set_domain(7);
+            v.write(a + 1, &[2]).unwrap();
+            assert!(!v.take_foreign(), "own domain");
+            assert!(v.write(b + 1, &[3]).is_err());
+            assert!(v.take_foreign(), "noted as foreign");
+            assert!(!v.take_foreign(), "note cleared by take");
+            assert!(v.read(own, &mut [0u8; 1]).is_err(), "the owner's memory is foreign too");
+            assert!(v.zero(b, 8).is_err());
+            assert!(v.store_u32(b + 4, 9, Ordering::Relaxed).is_err());
+            assert!(v.check(b, 1).is_err());
+            assert!(v.take_foreign());
+            assert!(v.check(b + 4096, 1).is_err(), "unmapped: a fault");
+            assert!(!v.take_foreign(), "but not a foreign one");
+            v.set_domain(SHARED_DOMAIN);
+            let mut got = [0u8; 8];
+            v.read(b, &mut got).unwrap();
+            assert_eq!(got, [1, 0, 0, 0, 0, 0, 0, 0], "domain 8 memory untouched by domain 7");
+        }
+        drop(space);
+        // SAFETY: allocated above with this layout; the space that mapped
+        // it is dropped.
         unsafe { dealloc(p.as_ptr(), layout) };
     }
 }

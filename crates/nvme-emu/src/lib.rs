@@ -94,6 +94,14 @@
 //! queue memory; [`EmuStats::dma_faults`]), the controller counts, warns
 //! about (`tracing::warn!`) and survives:
 //!
+//! * DMA into another client's memory: with DMA domains
+//!   ([`Emulator::dma_map_in_domain`], [`Emulator::set_sq_domain`]) a
+//!   command from an SQ of domain `D != 0` whose data buffer or PRP list
+//!   page lies in a mapping of another domain completes with Data Transfer
+//!   Error (SCT 0h, SC 04h, DNR), the status an IOMMU fault on the
+//!   device's DMA gives on a real host and the same as an unmapped
+//!   address, so a client learns nothing about others' mappings; the
+//!   foreign memory is not touched ([`EmuStats::dma_domain_faults`]);
 //! * an SQ tail doorbell that moves backwards or laps the head
 //!   ([`EmuStats::sq_tail_backwards`], ignored);
 //! * an SQE overwritten while its slot was still the controller's
@@ -263,7 +271,7 @@ pub use config::{
     BackingSpec, EmulatorConfig, NamespaceSpec, TimingModel, WriteCacheSpec, DEFAULT_IDLE_SPIN,
     SHARED_DOORBELL_DSTRD,
 };
-pub use dma::{CopyFence, ExternalMemory, FenceState, HostPin, PageLocker, IOVA_BASE};
+pub use dma::{CopyFence, ExternalMemory, FenceState, HostPin, PageLocker, IOVA_BASE, SHARED_DOMAIN};
 pub use fault::{FaultAction, FaultMatch, FaultRule};
 pub use media::{MediaAccessError, PowerFailReport};
 pub use ram_disk::remove_ram_disk;
@@ -297,6 +305,14 @@ pub enum EmuError {
         /// The I/O error.
         #[source]
         source: std::io::Error,
+    },
+    /// A queue id outside the I/O queues the emulator was configured with.
+    #[error("no I/O queue {qid} (the emulator has I/O queues 1..={io_queues})")]
+    NoSuchQueue {
+        /// The queue id asked for.
+        qid: u16,
+        /// `EmulatorConfig::io_queues`.
+        io_queues: u16,
     },
     /// The register page could not be wrapped as an MMIO window.
     #[error("register page")]
@@ -357,6 +373,12 @@ pub struct EmuStats {
     /// Accesses to device addresses outside every mapped region (data,
     /// PRP lists, queue memory).
     pub dma_faults: u64,
+    /// Commands refused because a data buffer or PRP list page lay in a
+    /// mapping of another DMA domain than their SQ's
+    /// ([`Emulator::set_sq_domain`], [`Emulator::dma_map_in_domain`]):
+    /// what an IOMMU fault would be on a real host. Not counted in
+    /// `dma_faults`; the foreign memory was not touched.
+    pub dma_domain_faults: u64,
     /// Commands a fault-injection rule applied to ([`FaultRule`]), counted
     /// when the command is fetched.
     pub faults_injected: u64,
@@ -408,6 +430,7 @@ impl Emulator {
         let shared = Arc::new(Shared {
             regs,
             iova: dma::IovaSpace::new(),
+            sq_domains: (0..=config.io_queues).map(|_| std::sync::atomic::AtomicU32::new(0)).collect(),
             stats: StatsAtomics::default(),
             stop: AtomicBool::new(false),
             faults: fault::Faults::new(config.faults.clone()),
@@ -467,6 +490,7 @@ impl Emulator {
             media_bytes_written: l(&s.media_bytes_written),
             doorbell_violations: l(&s.doorbell_violations),
             dma_faults: l(&s.dma_faults),
+            dma_domain_faults: l(&s.dma_domain_faults),
             faults_injected: l(&self.shared.faults.injected),
             sq_tail_backwards: l(&s.sq_tail_backwards),
             sqe_overwritten: l(&s.sqe_overwritten),
@@ -590,9 +614,59 @@ impl Emulator {
 
     /// Maps memory the emulator reaches only through copies (GPU memory,
     /// see [`ExternalMemory`]) into this controller's device address space,
-    /// for data transfers. Unmap with [`NvmeDevice::dma_unmap`].
+    /// for data transfers, in [`SHARED_DOMAIN`] (SQs given another domain
+    /// with [`Emulator::set_sq_domain`] cannot reach it). Unmap with
+    /// [`NvmeDevice::dma_unmap`].
     pub fn map_external(&self, mem: Arc<dyn ExternalMemory>) -> Result<DmaMapping, DeviceError> {
         self.shared.iova.map_external(mem)
+    }
+
+    /// Maps `host..host + len` (4 KiB-aligned `host`, `len > 0`) as
+    /// [`NvmeDevice::dma_map`] does, owned by DMA domain `domain`: commands
+    /// from SQs of another non-zero domain cannot reach it (their data
+    /// buffers and PRP list pages there fail with Data Transfer Error,
+    /// counted in [`EmuStats::dma_domain_faults`]). Domain
+    /// [`SHARED_DOMAIN`] (0) is the controller owner's, the same as
+    /// [`NvmeDevice::dma_map`]. Unmap with [`NvmeDevice::dma_unmap`].
+    ///
+    /// # Errors
+    ///
+    /// As [`NvmeDevice::dma_map`]: [`DeviceError::BadRange`] for an
+    /// unaligned or empty range, [`DeviceError::AddressSpaceExhausted`].
+    ///
+    /// # Safety
+    ///
+    /// As [`NvmeDevice::dma_map`]: the memory must stay allocated until
+    /// [`NvmeDevice::dma_unmap`] of the mapping has returned, and nothing
+    /// may hold a Rust reference into it while the controller may write it.
+    pub unsafe fn dma_map_in_domain(
+        &self,
+        host: NonNull<u8>,
+        len: usize,
+        domain: u32,
+    ) -> Result<DmaMapping, DeviceError> {
+        self.shared.iova.map(host, len, domain)
+    }
+
+    /// Sets the DMA domain of I/O SQ `qid` (1..=`io_queues`): the SQ the
+    /// next Create I/O SQ of `qid` makes belongs to `domain`, and its
+    /// commands reach only data buffers and PRP list pages mapped in that
+    /// domain (every mapping for [`SHARED_DOMAIN`], the default). Set it
+    /// before sending Create I/O SQ; an SQ that exists keeps the domain
+    /// it was created with. Rings are fetched and completions posted by
+    /// the controller whatever their domain.
+    ///
+    /// # Errors
+    ///
+    /// [`EmuError::NoSuchQueue`] when `qid` is 0 (the admin queue, always
+    /// the owner's) or above `io_queues`.
+    pub fn set_sq_domain(&self, qid: u16, domain: u32) -> Result<(), EmuError> {
+        let slot = (qid != 0).then(|| self.shared.sq_domains.get(usize::from(qid))).flatten();
+        let slot = slot.ok_or(EmuError::NoSuchQueue { qid, io_queues: self.config.io_queues })?;
+        // Release: ordered before the doorbell write of the Create I/O SQ
+        // that follows, whose handling reads it (Acquire).
+        slot.store(domain, Ordering::Release);
+        Ok(())
     }
 
     /// Page-locks the RAM media (the RAM and RAM disk stores' images)
@@ -646,7 +720,7 @@ impl NvmeDevice for Emulator {
     /// device addresses from [`IOVA_BASE`] up, followed by an unmapped
     /// guard page.
     unsafe fn dma_map(&self, host: NonNull<u8>, len: usize) -> Result<DmaMapping, DeviceError> {
-        self.shared.iova.map(host, len)
+        self.shared.iova.map(host, len, SHARED_DOMAIN)
     }
 
     /// Removes a mapping; waits until the controller thread's current poll

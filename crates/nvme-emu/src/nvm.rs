@@ -119,7 +119,7 @@ impl Controller {
             match r {
                 Ok(()) => {}
                 Err(MediaError::Dma) => {
-                    self.data_fault(sh);
+                    self.data_fault(sh, dma);
                     return fail(generic::DATA_TRANSFER_ERROR);
                 }
                 Err(MediaError::Status(st)) => return Outcome::status(st),

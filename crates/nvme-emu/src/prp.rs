@@ -167,7 +167,7 @@ mod tests {
             // SAFETY: non-zero size.
             let p = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
             let space = IovaSpace::new();
-            space.map(p, pages * 4096).unwrap();
+            space.map(p, pages * 4096, crate::SHARED_DOMAIN).unwrap();
             Mem { space, p, layout }
         }
         fn set_u64(&self, iova: u64, v: u64) {

@@ -120,6 +120,9 @@ pub(crate) struct SubQueue {
     /// CIDs of commands fetched and held without a completion
     /// ([`crate::FaultAction::NeverComplete`]); Delete I/O SQ aborts them.
     pub held: Vec<u16>,
+    /// DMA domain of its commands' data buffers and PRP lists
+    /// ([`crate::SHARED_DOMAIN`]: any mapping).
+    pub domain: u32,
 }
 
 impl SubQueue {
@@ -135,6 +138,7 @@ impl SubQueue {
             released: 0,
             snapshots: vec![0; size as usize],
             held: Vec::new(),
+            domain: crate::SHARED_DOMAIN,
         }
     }
 

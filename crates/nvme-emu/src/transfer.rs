@@ -115,7 +115,7 @@ impl Controller {
             cq.in_flight = cq.in_flight.saturating_sub(1);
         }
         if state != FenceState::Done && completion.status.is_success() {
-            self.data_fault(sh);
+            self.data_fault(sh, dma);
             completion.status = Status::generic(generic::DATA_TRANSFER_ERROR);
         }
         match due {

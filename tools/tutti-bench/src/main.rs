@@ -21,6 +21,7 @@ use clap::{Args, Parser, Subcommand};
 use interrupt::Ended;
 
 mod bench;
+mod daemon;
 mod interrupt;
 mod kv_bench;
 mod rate;

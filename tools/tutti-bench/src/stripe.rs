@@ -4,10 +4,17 @@
 //! timing model's limit with the CPU time the application's own threads
 //! spent per GB moved (the emulator's controller threads excluded).
 //!
+//! With `--daemon` it measures, for each drive count, the runtime owning
+//! the emulated drives and then the same runtime as a client of a `tuttid`
+//! child process serving the same drives (granted queue pairs, the
+//! emulators in the daemon), with data in shared memory (memfd) for both,
+//! and reports each path's GB/s and their ratio (see [`crate::daemon`]).
+//!
 //! It checks its [`Stop`] between batches: once a signal asked to stop, it
 //! issues nothing new, lets what is in flight complete (bounded), shuts its
 //! queues and controllers down, and ends [`Ended::Interrupted`].
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -57,6 +64,20 @@ pub struct StripeArgs {
     /// GPU execution (`execution: gpu`), data in GPU memory (GPU 0).
     #[arg(long)]
     pub gpu: bool,
+    /// For each drive count, the runtime owning the drives and then the
+    /// same runtime as a client of a `tuttid` child process serving the
+    /// same emulated drives; data in shared memory for both; prints both
+    /// and their ratio.
+    #[arg(long, conflicts_with = "gpu")]
+    pub daemon: bool,
+    /// The `tuttid` binary for `--daemon` (default: `tuttid` next to this
+    /// executable).
+    #[arg(long, requires = "daemon")]
+    pub tuttid: Option<PathBuf>,
+    /// With `--daemon`: runs of each path per drive count (alternating,
+    /// 1..=20); the medians are compared.
+    #[arg(long, default_value_t = 1, requires = "daemon", value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub repeat: u32,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -80,10 +101,13 @@ struct StripePoint {
 
 /// Runs 1..=max_drives and prints the points.
 pub fn stripe(a: &StripeArgs, stop: &Stop) -> Result<Ended, String> {
+    if a.daemon {
+        return stripe_compare(a, stop);
+    }
     let req = a.request_kib << 10;
     let mut points: Vec<StripePoint> = Vec::new();
     for n in 1..=a.max_drives as usize {
-        let run = stripe_run(a, n, req, stop)?;
+        let run = stripe_run(a, n, req, None, stop)?;
         if let Some((signal, report)) = run.interrupted {
             let detail = format!("during the {n}-drive run; {}", shutdown_summary(&report));
             return Ok(Ended::Interrupted { signal, detail });
@@ -172,9 +196,11 @@ fn stripe_config(a: &StripeArgs, n: usize, req: u64) -> Config {
     cfg
 }
 
-/// The I/O buffer: host words, or a GPU allocation.
+/// The I/O buffer: host words, shared memory (`--daemon`), or a GPU
+/// allocation.
 enum Buffer {
     Host(Vec<u64>),
+    Shared(tutti::SharedMemory),
     Gpu(gpu_io::GpuBuffer),
 }
 
@@ -186,6 +212,9 @@ impl Buffer {
             // flight.
             #[allow(unsafe_code)]
             Buffer::Host(w) => unsafe { rt.register_memory(w.as_mut_ptr().cast(), len) }.map_err(err),
+            // SAFETY: as above.
+            #[allow(unsafe_code)]
+            Buffer::Shared(m) => unsafe { rt.register_memory(m.as_ptr(), len) }.map_err(err),
             // SAFETY: as above, for the device allocation.
             #[allow(unsafe_code)]
             Buffer::Gpu(b) => unsafe { rt.register_gpu_memory(b.device_ptr(), len) }.map_err(err),
@@ -193,10 +222,22 @@ impl Buffer {
     }
 }
 
-/// Moves data for `a.seconds` (or until a stop request) over `n` drives.
-fn stripe_run(a: &StripeArgs, n: usize, req: u64, stop: &Stop) -> Result<StripeRun, String> {
+/// Moves data for `a.seconds` (or until a stop request) over `n` drives:
+/// emulated in this process, or the same drives of the `tuttid` at
+/// `daemon`.
+fn stripe_run(
+    a: &StripeArgs,
+    n: usize,
+    req: u64,
+    daemon: Option<&Path>,
+    stop: &Stop,
+) -> Result<StripeRun, String> {
     let slots = a.batch;
-    let rt = Runtime::from_config(stripe_config(a, n, req)).map_err(err)?;
+    let cfg = match daemon {
+        Some(socket) => crate::daemon::as_client(stripe_config(a, n, req), socket),
+        None => stripe_config(a, n, req),
+    };
+    let rt = Runtime::from_config(cfg).map_err(err)?;
     let targets: Vec<_> =
         (0..slots).map(|i| rt.open(&format!("tutti://kv/{i}"))).collect::<Result<_, _>>().map_err(err)?;
     // Two batches, each with its own half of the buffer, are kept in
@@ -204,6 +245,9 @@ fn stripe_run(a: &StripeArgs, n: usize, req: u64, stop: &Stop) -> Result<StripeR
     // other keeps every drive's queue non-empty.
     let len = (2 * slots * req) as usize;
     let mut buf = match (a.gpu, rt.gpu()) {
+        // Shared memory on both paths of `--daemon`: the only difference
+        // between them is who owns the drives.
+        (false, _) if a.daemon => Buffer::Shared(tutti::SharedMemory::new(len).map_err(err)?),
         (false, _) => Buffer::Host(vec![0u64; len / 8]),
         (true, Some(g)) => Buffer::Gpu(gpu_io::GpuBuffer::zeroed(g, len).map_err(err)?),
         (true, None) => return Err("--gpu: the runtime has no GPU".into()),
@@ -269,4 +313,103 @@ fn keep_two_in_flight(
     }
     let seconds = start.elapsed().as_secs_f64();
     Ok((bytes, seconds, app_cpu_seconds() - cpu0))
+}
+
+#[derive(Debug, Serialize)]
+struct ComparePoint {
+    drives: usize,
+    /// The runtime owning the emulated drives, GB/s: median of the runs.
+    owner_gb_s: f64,
+    /// The runtime as a tuttid client on the same drives, GB/s: median.
+    client_gb_s: f64,
+    /// `client_gb_s` / `owner_gb_s`.
+    ratio: f64,
+    /// Every run of each path, in the order measured (alternating).
+    owner_runs: Vec<f64>,
+    client_runs: Vec<f64>,
+    /// The timing model's limit: drives x `drive_mb_s`, GB/s.
+    modelled_gb_s: f64,
+}
+
+/// `--daemon`: a tuttid child serving `max_drives` drives like the
+/// benchmark's own; per drive count, the runtime owning its drives, then
+/// the runtime on the daemon's.
+fn stripe_compare(a: &StripeArgs, stop: &Stop) -> Result<Ended, String> {
+    let req = a.request_kib << 10;
+    let binary = crate::daemon::tuttid_binary(a.tuttid.as_deref())?;
+    // Every daemon drive as the one-drive run's (the largest capacity).
+    let one = stripe_config(a, 1, req);
+    let drive = one.drives.values().next().cloned().ok_or("no drive in the stripe config")?;
+    let drives: Vec<_> = (0..a.max_drives).map(|i| (format!("d{i}"), drive.clone())).collect();
+    let daemon = crate::daemon::DaemonChild::start(&binary, &drives, 8)?;
+    let mut points = Vec::new();
+    for n in 1..=a.max_drives as usize {
+        let mut runs: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+        for _ in 0..a.repeat {
+            for (i, socket) in [None, Some(daemon.socket())].into_iter().enumerate() {
+                let run = stripe_run(a, n, req, socket, stop)?;
+                if let Some((signal, report)) = run.interrupted {
+                    let detail = format!("during the {n}-drive run; {}", shutdown_summary(&report));
+                    return Ok(Ended::Interrupted { signal, detail });
+                }
+                runs[i].push(run.bytes as f64 / run.seconds / 1e9);
+            }
+        }
+        let (owner, client) = (median(&runs[0]), median(&runs[1]));
+        let [owner_runs, client_runs] = runs;
+        points.push(ComparePoint {
+            drives: n,
+            owner_gb_s: owner,
+            client_gb_s: client,
+            ratio: client / owner,
+            owner_runs,
+            client_runs,
+            modelled_gb_s: n as f64 * a.drive_mb_s as f64 / 1000.0,
+        });
+    }
+    drop(daemon);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&points).unwrap_or_default());
+        return Ok(Ended::Complete);
+    }
+    println!(
+        "striped {}, {} KiB requests, 2 batches of {} in flight, data in shared memory, timing model {} MB/s + {} us per drive; runtime owning the drives vs tuttid client, same run, medians of {} run(s) each:",
+        if a.write { "writes" } else { "reads" },
+        a.request_kib,
+        a.batch,
+        a.drive_mb_s,
+        a.latency_us,
+        a.repeat
+    );
+    for p in &points {
+        println!(
+            "  {} drive(s): owner {:6.3} GB/s, tuttid client {:6.3} GB/s, client / owner {:.3} (modelled {:.1} GB/s)",
+            p.drives, p.owner_gb_s, p.client_gb_s, p.ratio, p.modelled_gb_s
+        );
+    }
+    Ok(Ended::Complete)
+}
+
+/// The median of `v` (the mean of the middle two for an even count; 0 when
+/// empty).
+fn median(v: &[f64]) -> f64 {
+    let mut r = v.to_vec();
+    r.sort_by(f64::total_cmp);
+    match r.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => r[n / 2],
+        n => (r[n / 2 - 1] + r[n / 2]) / 2.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
+    }
 }

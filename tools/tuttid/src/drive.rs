@@ -118,19 +118,20 @@ impl Drive {
         DriveFacts { quota_left, ..self.facts.clone() }
     }
 
-    /// Creates a queue pair of up to `entries` entries per ring: a qid from
-    /// the pool, ring memfds mapped here and for the device, Create I/O CQ
-    /// then SQ. Returns the rings, the grant message and its 3 descriptors
-    /// (SQ ring, CQ ring, doorbell page).
+    /// Creates a queue pair of up to `entries` entries per ring for the
+    /// client of DMA domain `domain`: a qid from the pool, ring memfds
+    /// mapped here and for the device (in `domain`), the SQ's domain set,
+    /// Create I/O CQ then SQ. Returns the rings, the grant message and its
+    /// 3 descriptors (SQ ring, CQ ring, doorbell page).
     ///
     /// # Errors
     ///
     /// [`DaemonError::PoolEmpty`]; [`DaemonError::Drive`] when memory or
     /// the admin commands fail (the qid goes back, nothing stays mapped).
-    pub fn grant(&self, entries: u32) -> Result<(Rings, QueueGrant, [OwnedFd; 3]), DaemonError> {
+    pub fn grant(&self, entries: u32, domain: u32) -> Result<(Rings, QueueGrant, [OwnedFd; 3]), DaemonError> {
         let entries = entries.clamp(2, u32::from(self.facts.mqes) + 1);
         let qid = lock(&self.free).pop().ok_or(DaemonError::PoolEmpty { drive: self.name.clone() })?;
-        match self.create(qid, entries) {
+        match self.create(qid, entries, domain) {
             Ok(r) => Ok(r),
             Err(e) => {
                 lock(&self.free).push(qid);
@@ -139,7 +140,12 @@ impl Drive {
         }
     }
 
-    fn create(&self, qid: u16, entries: u32) -> Result<(Rings, QueueGrant, [OwnedFd; 3]), DaemonError> {
+    fn create(
+        &self,
+        qid: u16,
+        entries: u32,
+        domain: u32,
+    ) -> Result<(Rings, QueueGrant, [OwnedFd; 3]), DaemonError> {
         let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what };
         let sq_len = (entries as usize * 64).next_multiple_of(PAGE);
         let cq_len = (entries as usize * 16).next_multiple_of(PAGE);
@@ -149,8 +155,8 @@ impl Drive {
             .ok_or_else(|| fail(format!("no doorbell page for queue {qid}")))?;
         let (sq, sq_fd) = self.ring(sq_len)?;
         let (cq, cq_fd) = self.ring(cq_len)?;
-        let sq_map = self.map(&sq)?;
-        let cq_map = match self.map(&cq) {
+        let sq_map = self.map(&sq, domain)?;
+        let cq_map = match self.map(&cq, domain) {
             Ok(m) => m,
             Err(e) => {
                 let _ = self.device.dma_unmap(&sq_map);
@@ -159,6 +165,12 @@ impl Drive {
         };
         let rings = Rings { qid, _sq: sq, _cq: cq, sq_map, cq_map };
         let (sq_iova, cq_iova) = (rings.sq_map.pages()[0], rings.cq_map.pages()[0]);
+        // Before Create I/O SQ: the controller takes the SQ's domain then,
+        // so the client's first command is already confined to its memory.
+        if let Err(e) = self.emulator.set_sq_domain(qid, domain) {
+            self.unmap_rings(&rings);
+            return Err(fail(format!("DMA domain of queue {qid}: {e}")));
+        }
         if let Err(e) = lock(&self.controller).create_io_queues_at(qid, entries, sq_iova, cq_iova) {
             self.unmap_rings(&rings);
             return Err(fail(format!("creating queue {qid}: {e}")));
@@ -185,17 +197,18 @@ impl Drive {
         Ok((m, theirs))
     }
 
-    /// Maps `m` for the device; refuses a mapping that is not one run of
-    /// device addresses (the protocol sends one base address).
+    /// Maps `m` for the device in DMA domain `domain` (a client's: only
+    /// that client's SQs can reach it); refuses a mapping that is not one
+    /// run of device addresses (the protocol sends one base address).
     #[allow(unsafe_code)] // dma_map's contract, stated at the call
-    pub fn map(&self, m: &MappedFd) -> Result<DmaMapping, DaemonError> {
+    pub fn map(&self, m: &MappedFd, domain: u32) -> Result<DmaMapping, DaemonError> {
         let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what };
         let ptr = NonNull::new(m.as_ptr()).ok_or_else(|| fail("null mapping".into()))?;
         // SAFETY: `m` stays mapped until after `dma_unmap` of this mapping
         // (its owner, a `Rings` or a registration, is dropped only after
         // `reclaim_memory`/`unregister` unmapped it, or is leaked).
-        let map =
-            unsafe { self.device.dma_map(ptr, m.len()) }.map_err(|e| fail(format!("DMA mapping: {e}")))?;
+        let map = unsafe { self.emulator.dma_map_in_domain(ptr, m.len(), domain) }
+            .map_err(|e| fail(format!("DMA mapping: {e}")))?;
         let contiguous = map.pages().windows(2).all(|w| w[1] == w[0] + PAGE as u64);
         if !contiguous {
             let _ = self.device.dma_unmap(&map);

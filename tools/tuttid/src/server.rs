@@ -115,7 +115,9 @@ impl Server {
         let row = Row { peer, connected: now, last: now, queues: Vec::new(), memory_bytes: 0 };
         lock(&self.clients).insert(id, row);
         tracing::info!(pid = peer.pid, uid = peer.uid, gid = peer.gid, "client connected");
-        let mut session = Session::new(peer, self.drives.clone(), self.registrations_max, self.lease_ms);
+        let domain = domain_of(id);
+        let mut session =
+            Session::new(peer, self.drives.clone(), self.registrations_max, self.lease_ms, domain);
         let why = self.serve_loop(&sock, &mut session, id);
         tracing::info!(pid = peer.pid, reason = why, "client gone: reclaiming");
         lock(&self.clients).remove(&id);
@@ -200,6 +202,13 @@ impl Server {
     }
 }
 
+/// The DMA domain of connection `id` (ids count from 1): 1..=u32::MAX,
+/// never [`nvme_emu::SHARED_DOMAIN`] (the daemon's own), distinct for any
+/// `u32::MAX` consecutive connections.
+fn domain_of(id: u64) -> u32 {
+    (id.wrapping_sub(1) % u64::from(u32::MAX)) as u32 + 1
+}
+
 fn refused(rule: Rule, detail: String) -> Reply {
     (Response::Refused { rule, detail }, Vec::new())
 }
@@ -240,4 +249,20 @@ pub fn bind(path: &Path, mode: u32, gid: Option<u32>) -> Result<UnixListener, Da
     }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| err("chmod of", e))?;
     Ok(l)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::domain_of;
+
+    #[test]
+    fn connection_domains_are_never_the_daemons_and_do_not_repeat_soon() {
+        assert_eq!(domain_of(1), 1);
+        assert_eq!(domain_of(2), 2);
+        assert_eq!(domain_of(u64::from(u32::MAX)), u32::MAX);
+        assert_eq!(domain_of(u64::from(u32::MAX) + 1), 1, "wraps past 0");
+        for id in [0, u64::MAX, u64::MAX - 1, 1 << 40] {
+            assert_ne!(domain_of(id), nvme_emu::SHARED_DOMAIN, "id {id}");
+        }
+    }
 }

@@ -46,6 +46,10 @@ pub struct Session {
     next_id: u64,
     registrations_max: u32,
     lease_ms: u32,
+    /// The connection's DMA domain: its rings and memory are mapped in it
+    /// and its SQs belong to it, so its commands reach no one else's
+    /// memory (nonzero; see `server::domain_of`).
+    domain: u32,
     /// `Hello` accepted.
     pub greeted: bool,
 }
@@ -58,9 +62,16 @@ fn refuse(e: DaemonError) -> Reply {
 }
 
 impl Session {
-    /// A new session for `peer`.
-    pub fn new(peer: Peer, drives: Arc<Vec<Drive>>, registrations_max: u32, lease_ms: u32) -> Self {
+    /// A new session for `peer`, whose DMA domain is `domain` (nonzero).
+    pub fn new(
+        peer: Peer,
+        drives: Arc<Vec<Drive>>,
+        registrations_max: u32,
+        lease_ms: u32,
+        domain: u32,
+    ) -> Self {
         Self {
+            domain,
             peer,
             drives,
             queues: Vec::new(),
@@ -154,7 +165,7 @@ impl Session {
         if self.held(d) >= drive.quota {
             return Err(DaemonError::Quota { drive: name.to_owned(), quota: drive.quota });
         }
-        let (rings, grant, fds) = drive.grant(entries)?;
+        let (rings, grant, fds) = drive.grant(entries, self.domain)?;
         self.queues.push((d, rings));
         Ok((Response::QueueGranted(grant), fds.into()))
     }
@@ -197,7 +208,7 @@ impl Session {
         }
         let memory = MappedFd::map(fd, offset, len).map_err(|e| DaemonError::BadMemory(e.to_string()))?;
         let drive = &self.drives[d];
-        let mapping = drive.map(&memory)?;
+        let mapping = drive.map(&memory, self.domain)?;
         drive.registrations.fetch_add(1, Ordering::Relaxed);
         let (id, iova) = (self.next_id, mapping.pages()[0]);
         self.next_id += 1;
