@@ -14,6 +14,7 @@
 mod config;
 mod drive;
 mod error;
+mod forward;
 mod server;
 mod session;
 
