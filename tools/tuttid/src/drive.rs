@@ -356,6 +356,16 @@ impl Drive {
     }
 }
 
+impl Drop for Drive {
+    /// Stops the forwarding thread (a drive dropped without `shutdown`,
+    /// e.g. when another drive of the config failed to start).
+    fn drop(&mut self) {
+        if let Doorbells::Forwarded(f) = &self.doorbells {
+            f.stop();
+        }
+    }
+}
+
 /// Offset of queue pair `qid`'s doorbell page at CAP.DSTRD = 9: SQyTDBL at
 /// `1000h + 2y * 2048` = `1000h + y * 4096`, CQyHDBL 2048 bytes later.
 fn nvme_regs_doorbell_page(qid: u16) -> u64 {

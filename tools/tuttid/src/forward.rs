@@ -24,7 +24,8 @@
 //! it holds, and the forwarder maps each page to exactly one qid.
 //!
 //! Cost: while any shadow word changed within the last [`SPIN_FOR`], the
-//! thread spins (one core); after that it sleeps [`IDLE_SLEEP`] between
+//! thread polls without sleeping (one core, yielding to other runnable
+//! threads between passes); after that it sleeps [`IDLE_SLEEP`] between
 //! passes. A doorbell therefore reaches the controller within one pass
 //! (well under a microsecond for a few queues) while busy, and within
 //! about `IDLE_SLEEP` plus the kernel's timer slack (~50 µs) after idling.
@@ -167,7 +168,10 @@ impl Forwarder {
             } else if last_change.elapsed() > SPIN_FOR {
                 std::thread::sleep(IDLE_SLEEP);
             } else {
-                std::hint::spin_loop();
+                // Busy: poll again at once, but let other runnable threads
+                // of this CPU go first (a small VM, an oversubscribed
+                // host); with nothing else runnable this returns at once.
+                std::thread::yield_now();
             }
         }
     }

@@ -95,6 +95,7 @@ pub fn run(a: &VerifyArgs) -> Result<u64, Failure> {
     let targets: Vec<_> =
         slots.iter().map(|s| rt.open(&format!("tutti://kv/{s}"))).collect::<Result<_, _>>().map_err(fail)?;
     let mut verified = 0u64;
+    let t0 = Instant::now();
     let mut buf = vec![0u8; slot];
     for round in 0..a.rounds {
         for (k, &s) in slots.iter().enumerate() {
@@ -118,7 +119,13 @@ pub fn run(a: &VerifyArgs) -> Result<u64, Failure> {
             verified += len;
         }
     }
-    println!("verified {verified} bytes in {} rounds over {}", a.rounds, a.drives.join(","));
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "verified {verified} bytes in {} rounds over {} ({secs:.2} s, {:.1} MB/s written and read)",
+        a.rounds,
+        a.drives.join(","),
+        2.0 * verified as f64 / secs / 1e6
+    );
     hold(a)?;
     let report = rt.shutdown(Duration::from_secs(5));
     if report.commands_in_flight != 0 {
