@@ -275,15 +275,15 @@ fn check(order: &[String], steps: &BTreeMap<String, Step>, firmware: Option<&str
     failures
 }
 
-/// The tuttid steps: two clients each verified its 4 rounds of 8 slots of
-/// 1 MiB (`verified 33554432 bytes`), both were seen holding queues, and
+/// The tuttid steps: two clients each verified its 2 rounds of 8 slots of
+/// 1 MiB (`verified 16777216 bytes`), both were seen holding queues, and
 /// the pool was whole afterwards.
 fn check_tuttid(steps: &BTreeMap<String, Step>) -> Vec<String> {
     let mut failures = Vec::new();
     if let Some(s) = steps.get("tuttid-clients") {
-        let verified = s.lines.iter().filter(|l| l.contains(": verified 33554432 bytes in 4 rounds")).count();
+        let verified = s.lines.iter().filter(|l| l.contains(": verified 16777216 bytes in 2 rounds")).count();
         if verified != 2 {
-            failures.push(format!("tuttid-clients: {verified} clients verified their 32 MiB, expected 2"));
+            failures.push(format!("tuttid-clients: {verified} clients verified their 16 MiB, expected 2"));
         }
         if !s.lines.iter().any(|l| l.trim() == "client processes holding queues: 2") {
             failures.push("tuttid-clients: the status did not show 2 client processes holding queues".into());

@@ -213,7 +213,7 @@ tuttid_clients() {
     pids=""
     for r in 0 1; do
         timeout "$STEP_TIMEOUT" tuttid verify --socket "$TUTTID_SOCK" --drives "$TUTTID_DRIVES" \
-            --region $r --rounds 4 --hold "$TUTTID_TMP/release" >"$TUTTID_TMP/client$r.log" 2>&1 &
+            --region $r --rounds 2 --hold "$TUTTID_TMP/release" >"$TUTTID_TMP/client$r.log" 2>&1 &
         pids="$pids $!"
     done
     i=0

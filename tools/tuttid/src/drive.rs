@@ -97,7 +97,7 @@ impl Drive {
         let doorbells = match (&emulator, forwarded) {
             (Some(emu), false) => Doorbells::Pages(emu.clone()),
             _ => Doorbells::Forwarded(
-                Forwarder::start(name, device.clone(), controller.cap().dstrd())
+                Forwarder::start(name, device.clone(), controller.cap().dstrd(), entry.forward_spin())
                     .map_err(|e| fail(format!("forwarding thread: {e}")))?,
             ),
         };

@@ -23,7 +23,8 @@
 //! can still only ring its own queues: the shadow page is the only thing
 //! it holds, and the forwarder maps each page to exactly one qid.
 //!
-//! Cost: while any shadow word changed within the last [`SPIN_FOR`], the
+//! Cost: while any shadow word changed within the last [`SPIN_FOR`] (the
+//! drive's `forward_spin_us`), the
 //! thread polls without sleeping (one core, yielding to other runnable
 //! threads between passes); after that it sleeps [`IDLE_SLEEP`] between
 //! passes. A doorbell therefore reaches the controller within one pass
@@ -44,7 +45,8 @@ use tuttid_proto::shm::{sealed_memfd, MappedFd, PAGE};
 pub const SHADOW_DSTRD: u8 = 9;
 /// Byte offset of the CQ head word in a shadow page (SQ tail at 0).
 pub const SHADOW_CQ_OFFSET: usize = 2048;
-/// Spin this long after the last change before sleeping between passes.
+/// Default time to keep polling without sleeping after the last change
+/// (the drive config's `forward_spin_us`).
 pub const SPIN_FOR: Duration = Duration::from_micros(200);
 /// Sleep between passes once idle.
 pub const IDLE_SLEEP: Duration = Duration::from_micros(20);
@@ -85,6 +87,8 @@ pub struct Forwarder {
     device: Arc<dyn NvmeDevice>,
     /// The controller's CAP.DSTRD (real doorbell layout).
     dstrd: u8,
+    /// Poll without sleeping this long after the last change.
+    spin_for: Duration,
     shadows: Mutex<Vec<Shadow>>,
     stop: AtomicBool,
     /// Counters.
@@ -98,16 +102,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Forwarder {
     /// Starts the forwarding thread of drive `name`, whose controller
-    /// (`device`) has doorbell stride CAP.DSTRD = `dstrd`.
+    /// (`device`) has doorbell stride CAP.DSTRD = `dstrd`; it polls without
+    /// sleeping for `spin_for` after each change.
     ///
     /// # Errors
     ///
     /// The thread could not be spawned.
-    pub fn start(name: &str, device: Arc<dyn NvmeDevice>, dstrd: u8) -> std::io::Result<Arc<Self>> {
+    pub fn start(
+        name: &str,
+        device: Arc<dyn NvmeDevice>,
+        dstrd: u8,
+        spin_for: Duration,
+    ) -> std::io::Result<Arc<Self>> {
         let f = Arc::new(Self {
             name: name.to_owned(),
             device,
             dstrd,
+            spin_for,
             shadows: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             stats: ForwardStats::default(),
@@ -165,7 +176,7 @@ impl Forwarder {
                 last_change = Instant::now();
             } else if queues == 0 {
                 std::thread::sleep(EMPTY_SLEEP);
-            } else if last_change.elapsed() > SPIN_FOR {
+            } else if last_change.elapsed() > self.spin_for {
                 std::thread::sleep(IDLE_SLEEP);
             } else {
                 // Busy: poll again at once, but let other runnable threads
