@@ -131,9 +131,11 @@ impl Forwarder {
     }
 
     /// A fresh, zeroed shadow page for a new grant of queue pair `qid`
-    /// (`entries` per ring), registered for forwarding. Call after the
-    /// queue was created (its doorbells are 0). Returns the client's copy
-    /// of the page's descriptor.
+    /// (`entries` per ring), registered for forwarding. Its words start at
+    /// 0, as a new queue's doorbells, so nothing is forwarded before the
+    /// client rings: it may be added before the queue is created (the
+    /// daemon does, and removes it if creation fails). Returns the client's
+    /// copy of the page's descriptor.
     ///
     /// # Errors
     ///
