@@ -195,8 +195,22 @@ fn check(order: &[String], steps: &BTreeMap<String, Step>, firmware: Option<&str
             .collect();
     expected.extend(CONTROLLERS.iter().map(|(a, _)| format!("identify-{a}")));
     expected.extend(CONTROLLERS.iter().map(|(a, _)| format!("conformance-{a}")));
-    expected.extend(["selftest", "replay", "unbind", "list-final"].iter().map(|s| (*s).to_owned()));
+    expected.extend(
+        [
+            "selftest",
+            "tuttid-serve",
+            "tuttid-clients",
+            "tuttid-pool",
+            "tuttid-stop",
+            "replay",
+            "unbind",
+            "list-final",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned()),
+    );
     let mut failures = check_rcs(&expected, order, steps);
+    failures.extend(check_tuttid(steps));
 
     // identify: through the project's own admin queue.
     for (addr, serial) in CONTROLLERS {
@@ -257,6 +271,28 @@ fn check(order: &[String], steps: &BTreeMap<String, Step>, firmware: Option<&str
             failures.push("replay: no warning that q3 granted fewer queue pairs than asked".into());
         }
         failures.extend(check_verified("replay", s));
+    }
+    failures
+}
+
+/// The tuttid steps: two clients each verified its 2 rounds of 8 slots of
+/// 1 MiB (`verified 16777216 bytes`), both were seen holding queues, and
+/// the pool was whole afterwards.
+fn check_tuttid(steps: &BTreeMap<String, Step>) -> Vec<String> {
+    let mut failures = Vec::new();
+    if let Some(s) = steps.get("tuttid-clients") {
+        let verified = s.lines.iter().filter(|l| l.contains(": verified 16777216 bytes in 2 rounds")).count();
+        if verified != 2 {
+            failures.push(format!("tuttid-clients: {verified} clients verified their 16 MiB, expected 2"));
+        }
+        if !s.lines.iter().any(|l| l.trim() == "client processes holding queues: 2") {
+            failures.push("tuttid-clients: the status did not show 2 client processes holding queues".into());
+        }
+    }
+    if let Some(s) = steps.get("tuttid-pool") {
+        if !s.lines.iter().any(|l| l.trim() == "pool whole") {
+            failures.push("tuttid-pool: the pool was not whole after the clients exited".into());
+        }
     }
     failures
 }

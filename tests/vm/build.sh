@@ -2,7 +2,7 @@
 # Builds everything the QEMU guest needs, cached under target/vm/:
 #   target/vm/kernel/<pkg>/   the Debian kernel package, unpacked (dpkg -x),
 #                             vmlinux (uncompressed ELF) or the bzImage
-#   target/vm/cargo/          statically linked tutti-probe / tutti-bench
+#   target/vm/cargo/          statically linked tutti-probe / tutti-bench / tuttid
 #   target/vm/initramfs/      the guest's root (busybox, modules, binaries)
 #   target/vm/initramfs.cpio.gz
 # Prints the paths for run.sh as KEY=VALUE lines on stdout (everything else
@@ -183,7 +183,7 @@ log "kernel $KVER; modules in load order: ${ORDER[*]}${BUILTIN:+; built in: ${BU
 # --target keeps proc-macros (built for the host) dynamic. A separate
 # --target-dir: no wait on the lock of an outer cargo build/test.
 CARGO_OUT="$VM/cargo/x86_64-unknown-linux-gnu/release"
-PKGS=(-p tutti-bench)
+PKGS=(-p tutti-bench -p tuttid)
 HAVE_PROBE=0
 if [ "${TUTTI_VM_WITHOUT_PROBE:-0}" = 1 ]; then
     log "TUTTI_VM_WITHOUT_PROBE=1: the guest has no tutti-probe (its steps fail with rc=127)"
@@ -208,7 +208,7 @@ if [ "${TUTTI_VM_NO_CARGO:-0}" != 1 ]; then
             cargo build --release --locked --target x86_64-unknown-linux-gnu \
             --target-dir "$VM/cargo" "${PKGS[@]}" >&2)
 fi
-BINS=(tutti-bench)
+BINS=(tutti-bench tuttid)
 [ "$HAVE_PROBE" = 1 ] && BINS+=(tutti-probe)
 for b in "${BINS[@]}"; do
     [ -x "$CARGO_OUT/$b" ] || { log "missing $CARGO_OUT/$b"; exit 1; }
@@ -245,6 +245,7 @@ done
 install -m 0755 "$HERE/init" "$IR/init"
 install -m 0755 "${TUTTI_VM_GUEST_SCRIPT:-$HERE/guest-test.sh}" "$IR/vm/guest-test.sh"
 install -m 0644 "$HERE/replay.yaml" "$IR/vm/replay.yaml"
+install -m 0644 "$HERE/tuttid.yaml" "$IR/vm/tuttid.yaml"
 echo "$KVER" >"$IR/vm/kernel-version"
 
 INITRD="$VM/initramfs.cpio.gz"

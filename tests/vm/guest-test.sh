@@ -166,6 +166,120 @@ check_vfio_sysfs() {
     return $rc
 }
 
+# ---------------------------------------------------------------- tuttid --
+# The daemon owns the four vfio-bound controllers (/vm/tuttid.yaml: pci
+# drives, doorbells forwarded from shadow pages); two `tuttid verify`
+# clients stripe over all four through granted queues, every byte
+# verified, and hold their queues until the status was read; after they
+# exit, the daemon's pool is whole.
+TUTTID_SOCK=/run/tuttid.sock
+TUTTID_DRIVES=q0,q1,q2,q3
+TUTTID_TMP=/tmp/tuttid
+
+# tuttid_serve: starts the daemon in the background, waits for
+# "listening" (30 s).
+tuttid_serve() {
+    local i
+    rm -rf "$TUTTID_TMP"
+    mkdir -p "$TUTTID_TMP"
+    tuttid serve --config /vm/tuttid.yaml >"$TUTTID_TMP/daemon.log" 2>&1 &
+    echo $! >"$TUTTID_TMP/daemon.pid"
+    i=0
+    while [ $i -lt 300 ]; do
+        if grep -q listening "$TUTTID_TMP/daemon.log"; then
+            cat "$TUTTID_TMP/daemon.log"
+            return 0
+        fi
+        kill -0 "$(cat "$TUTTID_TMP/daemon.pid")" 2>/dev/null || break
+        sleep 0.1
+        i=$((i + 1))
+    done
+    echo "tuttid did not start listening"
+    cat "$TUTTID_TMP/daemon.log"
+    return 1
+}
+
+# The number of client processes (distinct pids) holding queues in the
+# status at $1.
+tuttid_client_pids() {
+    grep 'queues \[[a-z]' "$1" | awk '{ print $2 }' | sort -u | wc -l
+}
+
+# tuttid_clients: two verify clients (regions 0 and 1), the status while
+# both hold their queues, then their exit codes and output.
+tuttid_clients() {
+    local r i rc n pids
+    rc=0
+    pids=""
+    for r in 0 1; do
+        timeout "$STEP_TIMEOUT" tuttid verify --socket "$TUTTID_SOCK" --drives "$TUTTID_DRIVES" \
+            --region $r --rounds 2 --hold "$TUTTID_TMP/release" >"$TUTTID_TMP/client$r.log" 2>&1 &
+        pids="$pids $!"
+    done
+    i=0
+    while [ $i -lt 1200 ]; do
+        n=$(grep -l holding "$TUTTID_TMP/client0.log" "$TUTTID_TMP/client1.log" 2>/dev/null | wc -l)
+        [ "$n" = 2 ] && break
+        for p in $pids; do kill -0 "$p" 2>/dev/null || i=1200; done
+        sleep 0.1
+        i=$((i + 1))
+    done
+    tuttid status --socket "$TUTTID_SOCK" >"$TUTTID_TMP/status-during" 2>&1
+    cat "$TUTTID_TMP/status-during"
+    n=$(tuttid_client_pids "$TUTTID_TMP/status-during")
+    echo "client processes holding queues: $n"
+    [ "$n" = 2 ] || rc=1
+    touch "$TUTTID_TMP/release"
+    r=0
+    for p in $pids; do
+        wait "$p"
+        echo "client $r rc=$?" >>"$TUTTID_TMP/rcs"
+        sed "s/^/client $r: /" "$TUTTID_TMP/client$r.log"
+        r=$((r + 1))
+    done
+    cat "$TUTTID_TMP/rcs"
+    grep -q 'rc=[1-9]' "$TUTTID_TMP/rcs" && rc=1
+    return $rc
+}
+
+# tuttid_pool: once only the status connection is left, every queue pair
+# is back in each drive's pool and no registration is left (30 s).
+tuttid_pool() {
+    local i
+    i=0
+    while [ $i -lt 300 ]; do
+        tuttid status --socket "$TUTTID_SOCK" >"$TUTTID_TMP/status-after" 2>&1
+        if grep -q '^clients: 1 connected' "$TUTTID_TMP/status-after" &&
+            awk '/^drive /{ d = 1; next } /^clients:/{ d = 0 } d { split($2, q, "/"); n++; if (q[1] != q[2] || $3 != 0) bad = 1 }
+                 END { exit (bad || n != 4) }' "$TUTTID_TMP/status-after"; then
+            cat "$TUTTID_TMP/status-after"
+            echo "pool whole"
+            return 0
+        fi
+        sleep 0.1
+        i=$((i + 1))
+    done
+    cat "$TUTTID_TMP/status-after"
+    echo "pool not whole"
+    return 1
+}
+
+# tuttid_stop: SIGTERM; the daemon shuts its controllers down, prints
+# "stopped" and exits 143 (128 + SIGTERM). A watchdog kills it after 60 s.
+tuttid_stop() {
+    local pid rc w
+    pid=$(cat "$TUTTID_TMP/daemon.pid")
+    kill -TERM "$pid"
+    (sleep 60 && kill -KILL "$pid" 2>/dev/null) &
+    w=$!
+    wait "$pid"
+    rc=$?
+    kill "$w" 2>/dev/null
+    cat "$TUTTID_TMP/daemon.log"
+    echo "tuttid exited with $rc"
+    grep -q stopped "$TUTTID_TMP/daemon.log"
+}
+
 if [ "$BOOT" = 2 ]; then
     # The store boot 1 left on the drives: no --format, no checks that
     # write (conformance, selftest) before it.
@@ -202,6 +316,12 @@ for a in $ADDRS; do
     step "conformance-$a" tutti-probe conformance "$a" --lba-range "$range" --yes
 done
 step selftest tutti-probe selftest 0000:00:10.0 --lba-range 0..2048 --yes
+# tuttid before the replay: its clients write the first 16 MiB of the
+# stripe, which the replay's --format then claims for its store.
+step tuttid-serve tuttid_serve
+step tuttid-clients tuttid_clients
+step tuttid-pool tuttid_pool
+step tuttid-stop tuttid_stop
 # --format: conformance and selftest left their data on the drives; the
 # replay's tutti-kv store would refuse it as not a store of its own. Boot 2
 # replays the same trace over the blocks this replay saves.

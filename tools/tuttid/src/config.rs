@@ -52,10 +52,25 @@ pub struct DaemonConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DriveEntry {
-    /// The device, in the runtime's drive syntax. Emulated drives run
-    /// inside the daemon with CAP.DSTRD forced to 9 and doorbell pages in
-    /// memfds; `pci` drives are refused at start (docs/tuttid.md).
+    /// The device, in the runtime's drive syntax: `emulated` (the
+    /// controller runs inside the daemon) or `pci` (a function bound to
+    /// vfio-pci, `tutti-probe bind`). `daemon` drives are refused.
     pub device: DriveConfig,
+    /// How clients ring the doorbells: `pages` (emulated drives only, the
+    /// default for them: CAP.DSTRD forced to 9, each queue pair's doorbell
+    /// page a memfd passed to its client) or `forwarded` (the only choice
+    /// for `pci` drives and their default: clients write shadow pages
+    /// that a daemon thread validates and copies to the real doorbells;
+    /// docs/tuttid.md, "Forwarded doorbells").
+    #[serde(default)]
+    pub doorbells: Option<DoorbellMode>,
+    /// Forwarded doorbells: microseconds the forwarding thread keeps
+    /// polling without sleeping after the last doorbell change (0..=1000000,
+    /// default 200). Longer: lower latency after a pause, more CPU; 0:
+    /// it sleeps 20 µs between every pass with no change (for small VMs,
+    /// where a polling thread takes a vCPU from the clients).
+    #[serde(default)]
+    pub forward_spin_us: Option<u32>,
     /// Who may use it.
     pub allow: Allow,
     /// Most queue pairs one client holds on this drive at once (default 4).
@@ -64,6 +79,33 @@ pub struct DriveEntry {
     /// Namespace served (default 1).
     #[serde(default = "default_nsid")]
     pub nsid: u32,
+}
+
+/// How clients reach a drive's doorbells (see [`DriveEntry::doorbells`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DoorbellMode {
+    /// The emulator's per-queue doorbell pages.
+    Pages,
+    /// Shadow pages forwarded by the daemon.
+    Forwarded,
+}
+
+impl DriveEntry {
+    /// The forwarder's polling time after a change (`forward_spin_us`).
+    pub fn forward_spin(&self) -> std::time::Duration {
+        self.forward_spin_us
+            .map_or(crate::forward::SPIN_FOR, |us| std::time::Duration::from_micros(u64::from(us)))
+    }
+
+    /// Whether the drive's doorbells are forwarded (explicitly, or by
+    /// default for a `pci` drive).
+    pub fn forwarded(&self) -> bool {
+        match self.doorbells {
+            Some(m) => m == DoorbellMode::Forwarded,
+            None => matches!(self.device, DriveConfig::Pci(_)),
+        }
+    }
 }
 
 /// Peers allowed on a drive: a connection whose SO_PEERCRED uid is in
@@ -178,14 +220,31 @@ impl DaemonConfig {
             {
                 return Err(invalid(&format!("drives.{name}"), "names are 1-64 of [A-Za-z0-9_-]"));
             }
+            if d.forward_spin_us.is_some_and(|us| us > 1_000_000) {
+                return Err(invalid(&key("forward_spin_us"), "must be 0..=1000000"));
+            }
             if d.queues_per_client == 0 || d.queues_per_client > 64 {
                 return Err(invalid(&key("queues_per_client"), "must be 1..=64"));
             }
-            if let DriveConfig::Pci(_) = d.device {
-                return Err(invalid(
-                    &key("device"),
-                    "pci drives are not served by tuttid yet: their doorbells share one BAR0 page (CAP.DSTRD = 0) and a BAR0 mapping can only be passed as the whole vfio device fd (docs/tuttid.md, \"Real drives\")",
-                ));
+            match (&d.device, d.doorbells) {
+                (DriveConfig::Pci(p), m) => {
+                    if m == Some(DoorbellMode::Pages) {
+                        return Err(invalid(
+                            &key("doorbells"),
+                            "pci drives need forwarded doorbells: their doorbells share one BAR0 page (CAP.DSTRD = 0), which cannot be handed to a client (docs/tuttid.md, \"Real drives\")",
+                        ));
+                    }
+                    if p.addr.trim().parse::<nvme_pci::PciAddr>().is_err() {
+                        return Err(invalid(&key("device.pci.addr"), "a PCI address such as 0000:01:00.0"));
+                    }
+                }
+                (DriveConfig::Emulated(_), _) => {}
+                _ => {
+                    return Err(invalid(
+                        &key("device"),
+                        "tuttid serves emulated and pci drives, not daemon drives",
+                    ));
+                }
             }
         }
         Ok(())
@@ -226,8 +285,29 @@ drives:
             "{ emulated: { namespaces: [ { capacity: 4MiB, block_size: 4096 } ] } }",
             "{ pci: { addr: \"0000:01:00.0\" } }",
         );
-        assert!(
-            matches!(DaemonConfig::from_yaml(&pci), Err(ConfigError::Invalid { key, .. }) if key == "drives.d0.device")
+        let c = DaemonConfig::from_yaml(&pci).unwrap();
+        assert!(c.drives["d0"].forwarded());
+        assert!(matches!(
+            DaemonConfig::from_yaml(&pci.replace("allow:", "doorbells: pages\n    allow:")),
+            Err(ConfigError::Invalid { key, .. }) if key == "drives.d0.doorbells"
+        ));
+        assert!(matches!(
+            DaemonConfig::from_yaml(&pci.replace("0000:01:00.0", "nope")),
+            Err(ConfigError::Invalid { key, .. }) if key == "drives.d0.device.pci.addr"
+        ));
+        assert!(!DaemonConfig::from_yaml(GOOD).unwrap().drives["d0"].forwarded());
+        let fwd =
+            DaemonConfig::from_yaml(&GOOD.replace("allow:", "doorbells: forwarded\n    allow:")).unwrap();
+        assert!(fwd.drives["d0"].forwarded());
+        assert_eq!(fwd.drives["d0"].forward_spin(), crate::forward::SPIN_FOR);
+        let spin = |us: &str| GOOD.replace("allow:", &format!("forward_spin_us: {us}\n    allow:"));
+        assert_eq!(
+            DaemonConfig::from_yaml(&spin("0")).unwrap().drives["d0"].forward_spin(),
+            std::time::Duration::ZERO
         );
+        assert!(matches!(
+            DaemonConfig::from_yaml(&spin("2000000")),
+            Err(ConfigError::Invalid { key, .. }) if key == "drives.d0.forward_spin_us"
+        ));
     }
 }

@@ -1,6 +1,8 @@
-//! A drive the daemon owns: its emulated controller, its admin queue
-//! (`nvm_queue::Controller`), the pool of I/O queue ids, and the grants of
-//! rings in shared memory.
+//! A drive the daemon owns: its controller (emulated in the daemon, or a
+//! vfio-bound PCI function), its admin queue (`nvm_queue::Controller`), the
+//! pool of I/O queue ids, the grants of rings in shared memory, and how
+//! clients reach its doorbells (the emulator's per-queue doorbell pages, or
+//! shadow pages that a [`Forwarder`] copies to the real doorbells).
 
 use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
@@ -9,12 +11,27 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use nvm_queue::{Controller, ControllerOptions, DmaMapping, NvmeDevice};
 use nvme_emu::{Emulator, SHARED_DOORBELL_DSTRD};
-use tutti::config::DriveConfig;
+use tutti::config::{DriveConfig, PciDriveConfig};
 use tuttid_proto::message::{DriveFacts, DriveStatus, QueueGrant};
 use tuttid_proto::shm::{sealed_memfd, MappedFd, PAGE};
 
 use crate::config::{Allow, DriveEntry};
 use crate::error::DaemonError;
+use crate::forward::{Forwarder, SHADOW_DSTRD};
+
+/// How clients ring a drive's doorbells.
+#[derive(Debug)]
+enum Doorbells {
+    /// The emulator's doorbell page of each queue pair (CAP.DSTRD = 9),
+    /// passed to the client as is.
+    Pages(Arc<Emulator>),
+    /// Shadow pages forwarded by the daemon (docs/tuttid.md, "Forwarded
+    /// doorbells").
+    Forwarded(Arc<Forwarder>),
+}
+
+/// I/O queue pairs asked of a PCI controller (it grants what it has).
+const PCI_IO_QUEUES: u16 = 64;
 
 /// One drive.
 #[derive(Debug)]
@@ -25,7 +42,9 @@ pub struct Drive {
     pub allow: Allow,
     /// Queue pairs per client.
     pub quota: u16,
-    emulator: Arc<Emulator>,
+    /// The emulated controller, if any (its DMA-fault counters).
+    emulator: Option<Arc<Emulator>>,
+    doorbells: Doorbells,
     device: Arc<dyn NvmeDevice>,
     controller: Mutex<Controller>,
     /// Queue ids not granted now.
@@ -58,28 +77,36 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Drive {
-    /// Starts drive `name`: the emulator (doorbell pages in memfds,
-    /// CAP.DSTRD = 9), controller bring-up with as many I/O queue pairs as
-    /// it grants, and namespace `entry.nsid`.
+    /// Starts drive `name`: its device (an emulator whose doorbell pages
+    /// are memfds at CAP.DSTRD = 9, or, with forwarded doorbells, a PCI
+    /// function or an emulator at CAP.DSTRD = 0), controller bring-up with
+    /// as many I/O queue pairs as it grants, and namespace `entry.nsid`.
     ///
     /// # Errors
     ///
     /// [`DaemonError::Drive`] naming the drive.
     pub fn start(name: &str, entry: &DriveEntry) -> Result<Self, DaemonError> {
         let fail = |what: String| DaemonError::Drive { drive: name.to_owned(), what };
-        let DriveConfig::Emulated(e) = &entry.device else {
-            return Err(fail("only emulated drives are served (config validation refuses pci)".into()));
-        };
-        let mut ec = tutti::emulator_config(name, e);
-        ec.dstrd = SHARED_DOORBELL_DSTRD;
-        ec.shared_doorbells = true;
-        let emulator = Emulator::start(ec).map_err(|e| fail(format!("emulator: {e}")))?;
-        let device: Arc<dyn NvmeDevice> = emulator.clone();
-        let opts = ControllerOptions { io_queues: e.io_queues, ..ControllerOptions::default() };
+        let forwarded = entry.forwarded();
+        let (device, emulator, io_queues) = open_device(name, &entry.device, forwarded)?;
+        let opts = ControllerOptions { io_queues, ..ControllerOptions::default() };
         let controller =
             Controller::init(device.clone(), opts).map_err(|e| fail(format!("bring-up: {e}")))?;
         let ns = controller.usable_namespace(entry.nsid).map_err(|e| fail(format!("namespace: {e}")))?;
         let total = controller.io_queues_granted();
+        let doorbells = match (&emulator, forwarded) {
+            (Some(emu), false) => Doorbells::Pages(emu.clone()),
+            _ => Doorbells::Forwarded(
+                Forwarder::start(name, device.clone(), controller.cap().dstrd(), entry.forward_spin())
+                    .map_err(|e| fail(format!("forwarding thread: {e}")))?,
+            ),
+        };
+        // Forwarded: the client sees the shadow layout (DSTRD 9, one page
+        // per queue pair after the register page), never the real BAR0.
+        let (dstrd, bar_len) = match doorbells {
+            Doorbells::Pages(_) => (controller.cap().dstrd(), device.bar0().len() as u64),
+            Doorbells::Forwarded(_) => (SHADOW_DSTRD, nvme_regs_doorbell_page(total) + PAGE as u64),
+        };
         let facts = DriveFacts {
             drive: name.to_owned(),
             nsid: ns.nsid,
@@ -87,9 +114,9 @@ impl Drive {
             blocks: ns.blocks,
             max_transfer: controller.max_transfer() as u64,
             page_size: controller.page_size() as u32,
-            dstrd: controller.cap().dstrd(),
+            dstrd,
             mqes: controller.cap().mqes_z(),
-            bar_len: device.bar0().len() as u64,
+            bar_len,
             quota_left: entry.queues_per_client,
             volatile_write_cache: controller.info().has_volatile_write_cache(),
         };
@@ -98,6 +125,7 @@ impl Drive {
             allow: entry.allow.clone(),
             quota: entry.queues_per_client,
             emulator,
+            doorbells,
             device,
             controller: Mutex::new(controller),
             free: Mutex::new((1..=total).rev().collect()),
@@ -149,10 +177,42 @@ impl Drive {
         let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what };
         let sq_len = (entries as usize * 64).next_multiple_of(PAGE);
         let cq_len = (entries as usize * 16).next_multiple_of(PAGE);
-        let db = self
-            .emulator
-            .doorbell_page_fd(qid)
-            .ok_or_else(|| fail(format!("no doorbell page for queue {qid}")))?;
+        // A forwarded queue's shadow page is registered before the queue
+        // exists: its words are 0, as the new queue's doorbells, so nothing
+        // is forwarded until the client (who gets the page below) rings.
+        let db = match &self.doorbells {
+            Doorbells::Pages(emu) => {
+                emu.doorbell_page_fd(qid).ok_or_else(|| fail(format!("no doorbell page for queue {qid}")))?
+            }
+            Doorbells::Forwarded(f) => f.add(qid, entries).map_err(fail)?,
+        };
+        let r = self.create_rings(qid, entries, sq_len, cq_len);
+        if r.is_err() {
+            self.stop_forwarding(qid);
+        }
+        let (rings, sq_fd, cq_fd) = r?;
+        let grant = QueueGrant {
+            qid,
+            entries,
+            sq_iova: rings.sq_map.pages()[0],
+            cq_iova: rings.cq_map.pages()[0],
+            sq_len: sq_len as u64,
+            cq_len: cq_len as u64,
+            doorbell_page: nvme_regs_doorbell_page(qid),
+        };
+        Ok((rings, grant, [sq_fd, cq_fd, db]))
+    }
+
+    /// Ring memfds mapped here and for the device, then Create I/O CQ and
+    /// SQ on them.
+    fn create_rings(
+        &self,
+        qid: u16,
+        entries: u32,
+        sq_len: usize,
+        cq_len: usize,
+    ) -> Result<(Rings, OwnedFd, OwnedFd), DaemonError> {
+        let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what };
         let (sq, sq_fd) = self.ring(sq_len)?;
         let (cq, cq_fd) = self.ring(cq_len)?;
         let sq_map = self.map(&sq, domain)?;
@@ -175,17 +235,14 @@ impl Drive {
             self.unmap_rings(&rings);
             return Err(fail(format!("creating queue {qid}: {e}")));
         }
-        let doorbell_page = nvme_regs_doorbell_page(qid);
-        let grant = QueueGrant {
-            qid,
-            entries,
-            sq_iova,
-            cq_iova,
-            sq_len: sq_len as u64,
-            cq_len: cq_len as u64,
-            doorbell_page,
-        };
-        Ok((rings, grant, [sq_fd, cq_fd, db]))
+        Ok((rings, sq_fd, cq_fd))
+    }
+
+    /// Forwarded doorbells: stop forwarding `qid`'s shadow page.
+    fn stop_forwarding(&self, qid: u16) {
+        if let Doorbells::Forwarded(f) = &self.doorbells {
+            f.remove(qid);
+        }
     }
 
     /// A zeroed, sealed ring memfd mapped here, and a descriptor for the client.
@@ -228,6 +285,8 @@ impl Drive {
     /// Delete I/O SQ `qid` (aborting what the controller had fetched).
     /// `false` when it failed: the queue is quarantined by the caller.
     pub fn delete_sq(&self, qid: u16) -> bool {
+        // First: no forwarded doorbell write may reach a deleted queue.
+        self.stop_forwarding(qid);
         match lock(&self.controller).delete_io_sq_of(qid) {
             Ok(()) => true,
             Err(e) => {
@@ -253,8 +312,13 @@ impl Drive {
     pub fn reclaim_rings(&self, r: Rings) {
         self.unmap_rings(&r);
         // The old owner may still have the doorbell page mapped (a live
-        // client whose lease expired): give the queue a new page.
-        if let Err(e) = self.emulator.renew_doorbell_page(r.qid) {
+        // client whose lease expired): give the queue a new page. (A
+        // forwarded queue's shadow page is new for every grant.)
+        let renewed = match &self.doorbells {
+            Doorbells::Pages(emu) => emu.renew_doorbell_page(r.qid).map(|_| ()).map_err(|e| e.to_string()),
+            Doorbells::Forwarded(_) => Ok::<(), String>(()),
+        };
+        if let Err(e) = renewed {
             tracing::error!(drive = %self.name, qid = r.qid, error = %e, "doorbell page not renewed; qid withheld");
             self.quarantined.fetch_add(1, Ordering::Relaxed);
             return;
@@ -272,22 +336,45 @@ impl Drive {
 
     /// The drive's row of the status report.
     pub fn status(&self) -> DriveStatus {
-        let st = self.emulator.stats();
+        let (dma_faults, sq_deletion_aborts) = self.emulator.as_ref().map_or((0, 0), |e| {
+            let st = e.stats();
+            (st.dma_faults, st.sq_deletion_aborts)
+        });
         DriveStatus {
             name: self.name.clone(),
             queues_total: self.total,
             queues_free: lock(&self.free).len() as u16,
             registrations: self.registrations.load(Ordering::Relaxed),
-            dma_faults: st.dma_faults,
-            sq_deletion_aborts: st.sq_deletion_aborts,
+            dma_faults,
+            sq_deletion_aborts,
             quarantined: self.quarantined.load(Ordering::Relaxed),
         }
     }
 
     /// Live I/O queues on the controller (for shutdown).
     pub fn shutdown(&self) {
+        if let Doorbells::Forwarded(f) = &self.doorbells {
+            f.stop();
+            let st = &f.stats;
+            tracing::info!(
+                drive = %self.name,
+                forwarded = st.forwarded.load(Ordering::Relaxed),
+                invalid = st.invalid.load(Ordering::Relaxed),
+                "doorbell forwarding stopped"
+            );
+        }
         if let Err(e) = lock(&self.controller).shutdown() {
             tracing::warn!(drive = %self.name, error = %e, "controller shutdown");
+        }
+    }
+}
+
+impl Drop for Drive {
+    /// Stops the forwarding thread (a drive dropped without `shutdown`,
+    /// e.g. when another drive of the config failed to start).
+    fn drop(&mut self) {
+        if let Doorbells::Forwarded(f) = &self.doorbells {
+            f.stop();
         }
     }
 }
@@ -296,4 +383,38 @@ impl Drive {
 /// `1000h + 2y * 2048` = `1000h + y * 4096`, CQyHDBL 2048 bytes later.
 fn nvme_regs_doorbell_page(qid: u16) -> u64 {
     0x1000 + u64::from(qid) * PAGE as u64
+}
+
+/// The drive's device: an emulator (doorbell pages at CAP.DSTRD = 9
+/// unless `forwarded`) or a vfio-bound PCI function, and how many I/O
+/// queue pairs to ask of its controller.
+type Opened = (Arc<dyn NvmeDevice>, Option<Arc<Emulator>>, u16);
+
+fn open_device(name: &str, cfg: &DriveConfig, forwarded: bool) -> Result<Opened, DaemonError> {
+    let fail = |what: String| DaemonError::Drive { drive: name.to_owned(), what };
+    match cfg {
+        DriveConfig::Emulated(e) => {
+            let mut ec = tutti::emulator_config(name, e);
+            if !forwarded {
+                ec.dstrd = SHARED_DOORBELL_DSTRD;
+                ec.shared_doorbells = true;
+            }
+            let emulator = Emulator::start(ec).map_err(|e| fail(format!("emulator: {e}")))?;
+            let device: Arc<dyn NvmeDevice> = emulator.clone();
+            Ok((device, Some(emulator), e.io_queues))
+        }
+        DriveConfig::Pci(p) => Ok((open_pci(p).map_err(fail)?, None, PCI_IO_QUEUES)),
+        _ => {
+            Err(fail("only emulated and pci drives can be served (config validation refuses others)".into()))
+        }
+    }
+}
+
+/// Opens a vfio-bound function (`tutti-probe bind` first); its IOMMU
+/// mappings are the daemon's container's.
+fn open_pci(p: &PciDriveConfig) -> Result<Arc<dyn NvmeDevice>, String> {
+    let addr: nvme_pci::PciAddr =
+        p.addr.trim().parse().map_err(|e| format!("pci address {:?}: {e}", p.addr))?;
+    let opts = nvme_pci::OpenOptions { allow_no_iommu: p.allow_no_iommu, ..Default::default() };
+    nvme_pci::open(&addr, &opts).map_err(|e| format!("opening {addr}: {e}"))
 }

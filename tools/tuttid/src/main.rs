@@ -14,8 +14,10 @@
 mod config;
 mod drive;
 mod error;
+mod forward;
 mod server;
 mod session;
+mod verify;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -44,6 +46,9 @@ enum Cmd {
         #[arg(long)]
         socket: PathBuf,
     },
+    /// A checking client: verified striped I/O on granted queues of the
+    /// daemon's drives (the QEMU guest test runs it).
+    Verify(verify::VerifyArgs),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +62,13 @@ fn main() -> ExitCode {
     let r = match Cli::parse().cmd {
         Cmd::Serve { config } => serve(&config),
         Cmd::Status { socket } => status(&socket),
+        Cmd::Verify(a) => match verify::run(&a) {
+            Ok(_) => Ok(ExitCode::SUCCESS),
+            Err((wrong_data, msg)) => {
+                eprintln!("tuttid verify: {msg}");
+                return ExitCode::from(if wrong_data { 1 } else { 3 });
+            }
+        },
     };
     match r {
         Ok(code) => code,

@@ -1,0 +1,88 @@
+//! Forwarded (shadow) doorbells without real drives: `tuttid` with four
+//! emulated drives at CAP.DSTRD = 0 (the doorbell layout of real drives:
+//! every queue's doorbells in one page) and `doorbells: forwarded`, so the
+//! clients never see the emulator's register window: they write shadow
+//! pages and the daemon's forwarding threads ring the controller. The same
+//! client processes as `daemon.rs` (this binary re-run as `client_role`).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use tuttid_proto::Client;
+
+/// The client process body; a no-op unless run by a test as a client.
+#[test]
+fn client_role() {
+    if std::env::var("TUTTID_TEST_ROLE").as_deref() == Ok("client") {
+        std::process::exit(client_main());
+    }
+}
+
+/// `config_yaml_timed` with every drive's doorbells forwarded.
+fn forwarded_yaml(dir: &std::path::Path, emu_extra: &str) -> String {
+    config_yaml_timed(&dir.join("tutti.sock"), 3000, "", emu_extra)
+        .replace("    allow:", "    doorbells: forwarded\n    allow:")
+}
+
+/// The pool is whole, nothing of any client is left, no DMA fault.
+fn assert_all_reclaimed(socket: &std::path::Path) -> tuttid_proto::StatusReport {
+    let status = || Client::connect(socket).unwrap().status().unwrap();
+    let s = eventually(Duration::from_secs(20), || {
+        let s = status();
+        (s.clients.len() == 1
+            && s.drives.iter().all(|d| d.queues_free == d.queues_total && d.registrations == 0))
+        .then_some(s)
+    });
+    let s = s.unwrap_or_else(|| panic!("not reclaimed: {:#?}", status()));
+    for d in &s.drives {
+        assert_eq!(d.dma_faults, 0, "drive {} saw DMA to unmapped memory", d.name);
+        assert_eq!(d.quarantined, 0, "drive {} quarantined a queue", d.name);
+    }
+    s
+}
+
+#[test]
+fn clients_stripe_through_forwarded_doorbells() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &forwarded_yaml(dir.path(), ""));
+    let facts = Client::connect(&d.socket).unwrap().open_drive("d0").unwrap();
+    assert_eq!(facts.dstrd, 9, "clients see the shadow layout, not the controller's DSTRD 0");
+    let mut kids: Vec<_> = (0..4).map(|r| spawn_client(&d.socket, dir.path(), r, 4)).collect();
+    for (r, k) in kids.iter_mut().enumerate() {
+        let line = wait_line(k, "verified");
+        let st = k.wait().unwrap();
+        assert!(st.success(), "client {r}: {st:?}");
+        let bytes: u64 = line.trim().trim_start_matches("verified ").parse().unwrap();
+        assert_eq!(bytes, 4 * SLOTS_PER_REGION * SLOT as u64, "client {r}");
+    }
+    let s = assert_all_reclaimed(&d.socket);
+    assert!(s.reclaimed >= 4);
+}
+
+#[test]
+fn sigkilled_clients_of_forwarded_drives_are_reclaimed() {
+    let dir = tempfile::tempdir().unwrap();
+    // As daemon.rs's kill test, 20 rounds: the victims' LBAs never
+    // complete, so each kill leaves commands for Delete I/O SQ to abort,
+    // after forwarding of the victim's shadow page has stopped.
+    let faults = "faults: [ { lba: [64, 128], action: never_complete } ], ";
+    let d = Daemon::start(dir.path(), &forwarded_yaml(dir.path(), faults));
+    let mut steady = spawn_client(&d.socket, dir.path(), 0, 0);
+    assert_eq!(wait_line(&mut steady, "ready").trim(), "ready");
+    for round in 0..20u64 {
+        let mut victim = spawn_client(&d.socket, dir.path(), 2 + round % 2, 0);
+        assert_eq!(wait_line(&mut victim, "ready").trim(), "ready", "victim {round} did not start");
+        std::thread::sleep(Duration::from_millis(10 + round % 20));
+        victim.kill().unwrap();
+        victim.wait().unwrap();
+    }
+    std::fs::write(dir.path().join("stop"), b"").unwrap();
+    let line = wait_line(&mut steady, "verified");
+    let st = steady.wait().unwrap();
+    assert!(st.success() && !line.is_empty(), "steady client saw an error: {st:?} {line:?}");
+    let s = assert_all_reclaimed(&d.socket);
+    assert!(s.reclaimed >= 21, "{s:?}");
+    assert!(s.drives.iter().map(|d| d.sq_deletion_aborts).sum::<u64>() > 0, "no kill landed mid-I/O: {s:?}");
+}
