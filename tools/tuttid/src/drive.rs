@@ -186,7 +186,7 @@ impl Drive {
             }
             Doorbells::Forwarded(f) => f.add(qid, entries).map_err(fail)?,
         };
-        let r = self.create_rings(qid, entries, sq_len, cq_len);
+        let r = self.create_rings(qid, entries, (sq_len, cq_len), domain);
         if r.is_err() {
             self.stop_forwarding(qid);
         }
@@ -209,8 +209,8 @@ impl Drive {
         &self,
         qid: u16,
         entries: u32,
-        sq_len: usize,
-        cq_len: usize,
+        (sq_len, cq_len): (usize, usize),
+        domain: u32,
     ) -> Result<(Rings, OwnedFd, OwnedFd), DaemonError> {
         let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what };
         let (sq, sq_fd) = self.ring(sq_len)?;
@@ -227,9 +227,13 @@ impl Drive {
         let (sq_iova, cq_iova) = (rings.sq_map.pages()[0], rings.cq_map.pages()[0]);
         // Before Create I/O SQ: the controller takes the SQ's domain then,
         // so the client's first command is already confined to its memory.
-        if let Err(e) = self.emulator.set_sq_domain(qid, domain) {
-            self.unmap_rings(&rings);
-            return Err(fail(format!("DMA domain of queue {qid}: {e}")));
+        // Emulated drives only: a real drive's isolation would be the
+        // IOMMU's (PASID), not done.
+        if let Some(emu) = &self.emulator {
+            if let Err(e) = emu.set_sq_domain(qid, domain) {
+                self.unmap_rings(&rings);
+                return Err(fail(format!("DMA domain of queue {qid}: {e}")));
+            }
         }
         if let Err(e) = lock(&self.controller).create_io_queues_at(qid, entries, sq_iova, cq_iova) {
             self.unmap_rings(&rings);
@@ -264,8 +268,14 @@ impl Drive {
         // SAFETY: `m` stays mapped until after `dma_unmap` of this mapping
         // (its owner, a `Rings` or a registration, is dropped only after
         // `reclaim_memory`/`unregister` unmapped it, or is leaked).
-        let map = unsafe { self.emulator.dma_map_in_domain(ptr, m.len(), domain) }
-            .map_err(|e| fail(format!("DMA mapping: {e}")))?;
+        let map = match &self.emulator {
+            // SAFETY: as stated above.
+            Some(emu) => unsafe { emu.dma_map_in_domain(ptr, m.len(), domain) },
+            // A real drive: one IOMMU domain for the daemon's container.
+            // SAFETY: as stated above.
+            None => unsafe { self.device.dma_map(ptr, m.len()) },
+        }
+        .map_err(|e| fail(format!("DMA mapping: {e}")))?;
         let contiguous = map.pages().windows(2).all(|w| w[1] == w[0] + PAGE as u64);
         if !contiguous {
             let _ = self.device.dma_unmap(&map);

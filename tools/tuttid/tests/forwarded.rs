@@ -74,7 +74,10 @@ fn sigkilled_clients_of_forwarded_drives_are_reclaimed() {
     for round in 0..20u64 {
         let mut victim = spawn_client(&d.socket, dir.path(), 2 + round % 2, 0);
         assert_eq!(wait_line(&mut victim, "ready").trim(), "ready", "victim {round} did not start");
-        std::thread::sleep(Duration::from_millis(10 + round % 20));
+        // Long enough for the forwarder to have passed the victim's SQ
+        // tail on (it sleeps between passes when idle), so the kill finds
+        // commands the controller holds.
+        std::thread::sleep(Duration::from_millis(100 + round % 20));
         victim.kill().unwrap();
         victim.wait().unwrap();
     }
