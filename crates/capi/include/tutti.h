@@ -155,6 +155,10 @@ typedef uint32_t tutti_outcome;
 // thread is inside a call on it.
 typedef struct tutti_runtime tutti_runtime;
 
+// Shared host memory for I/O, made by `tutti_shared_memory_new` and freed
+// by `tutti_shared_memory_free`.
+typedef struct tutti_shared_memory tutti_shared_memory;
+
 // What `tutti_shutdown` found.
 typedef struct tutti_shutdown_report {
   // Operations still not final when the drain bound passed.
@@ -461,6 +465,26 @@ tutti_status tutti_register_gpu_memory(const struct tutti_runtime *runtime,
 // was not waited on yet, or a timed-out command may still write it: wait,
 // then try again).
 tutti_status tutti_unregister_memory(const struct tutti_runtime *runtime, uint64_t memory);
+
+// Allocates `len` bytes (rounded up to whole 4 KiB pages, zeroed) of
+// shared memory and stores it in `*out_memory`. Its address is
+// `tutti_shared_memory_ptr`, its length `tutti_shared_memory_len`;
+// register that range with `tutti_register_memory` as any host memory.
+//
+// Errors: `TUTTI_STATUS_NULL_ARGUMENT`, `TUTTI_STATUS_MEMORY` (zero
+// `len`, or the memfd could not be made or mapped).
+tutti_status tutti_shared_memory_new(size_t len, struct tutti_shared_memory **out_memory);
+
+// The address of the first byte (page aligned); NULL for a NULL `memory`.
+void *tutti_shared_memory_ptr(const struct tutti_shared_memory *memory);
+
+// Length in bytes (whole pages); 0 for a NULL `memory`.
+size_t tutti_shared_memory_len(const struct tutti_shared_memory *memory);
+
+// Frees shared memory. Unregister it from every runtime first (or destroy
+// those runtimes): a registered range must stay allocated. NULL is
+// ignored; the pointer must not be used again.
+void tutti_shared_memory_free(struct tutti_shared_memory *memory);
 
 // Submits a batch of `n` requests (`requests`: `n` entries, read during
 // the call only). `out_statuses` (`n` entries) gets, per request,

@@ -50,6 +50,8 @@ mod targets;
 
 mod memory;
 
+mod shared;
+
 mod io;
 
 // The boundary machinery, no entry points.
@@ -65,6 +67,10 @@ pub use runtime::{
     tutti_runtime_new_emulated, tutti_runtime_new_file, tutti_runtime_new_yaml, tutti_shutdown,
     tutti_shutdown_report, tutti_stats, tutti_stats_get, tutti_store_info, tutti_store_info_get,
     TUTTI_EMULATED_DEFAULT_BYTES_PER_DRIVE, TUTTI_EMULATED_DEFAULT_DRIVES, TUTTI_EMULATED_DEFAULT_SLOT_BYTES,
+};
+pub use shared::{
+    tutti_shared_memory, tutti_shared_memory_free, tutti_shared_memory_len, tutti_shared_memory_new,
+    tutti_shared_memory_ptr,
 };
 pub use status::{tutti_last_error_message, tutti_status, tutti_status_name};
 pub use targets::{tutti_close, tutti_open, tutti_open_batch, tutti_target_len};

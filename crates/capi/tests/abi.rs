@@ -510,3 +510,38 @@ fn a_null_uri_in_a_batch_is_named_by_its_index() {
     assert_eq!(tutti_close(rt, targets[0]), tutti_status::Ok);
     tutti_runtime_destroy(rt);
 }
+
+#[test]
+fn shared_memory_is_allocated_registered_and_moves_bytes() {
+    let mut sm: *mut tutti_shared_memory = null_mut();
+    assert_eq!(tutti_shared_memory_new(0, &mut sm), tutti_status::Memory);
+    assert!(last_error().contains("shared memory"), "{}", last_error());
+    assert_eq!(tutti_shared_memory_new(4096, null_mut()), tutti_status::NullArgument);
+    assert!(tutti_shared_memory_ptr(null()).is_null());
+    assert_eq!(tutti_shared_memory_len(null()), 0);
+    tutti_shared_memory_free(null_mut());
+    assert_eq!(tutti_shared_memory_new(5000, &mut sm), tutti_status::Ok, "{}", last_error());
+    let len = tutti_shared_memory_len(sm);
+    assert_eq!(len, 8192, "rounded up to whole pages");
+    let p = tutti_shared_memory_ptr(sm).cast::<u8>();
+    assert!(!p.is_null() && (p as usize).is_multiple_of(4096));
+    // SAFETY: `p` points to `len` bytes of this shared memory, alive until
+    // it is freed below, and no I/O runs while the slice is used.
+    let buf = unsafe { std::slice::from_raw_parts_mut(p, len) };
+    for (i, b) in buf[..4096].iter_mut().enumerate() {
+        *b = (i * 7 + 3) as u8;
+    }
+    let rt = emulated();
+    let t = open(rt, "tutti://kv/0");
+    let m = register(rt, buf);
+    let (op, _) = submit(rt, &[request(TUTTI_DIRECTION_WRITE, t, 4096, m, 0)]);
+    assert_eq!(wait(rt, op, 1)[0].kind, tutti_outcome::Success);
+    let (op, _) = submit(rt, &[request(TUTTI_DIRECTION_READ, t, 4096, m, 4096)]);
+    assert_eq!(wait(rt, op, 1)[0].kind, tutti_outcome::Success);
+    // SAFETY: as above; the read has completed.
+    let buf = unsafe { std::slice::from_raw_parts(p, len) };
+    assert!(buf[..4096] == buf[4096..], "bytes read back differ");
+    assert_eq!(tutti_unregister_memory(rt, m), tutti_status::Ok);
+    tutti_runtime_destroy(rt);
+    tutti_shared_memory_free(sm);
+}
