@@ -387,16 +387,21 @@ impl DmaView<'_> {
     /// Host address of `iova..iova + len` when the whole range lies in one
     /// region.
     fn resolve(&self, iova: u64, len: usize) -> Result<*mut u8, DmaFault> {
-        let fault = DmaFault { iova, len };
-        let (r, _) = self.locate(iova, len)?;
+        let (r, off) = self.locate(iova, len)?;
+        Self::host_at(&r, off).ok_or(DmaFault { iova, len })
+    }
+
+    /// Host address of byte `off` of region `r` (found by `locate`, so
+    /// `off` plus the access length lies inside it); `None` for external
+    /// memory, which only copies (read/write/zero) reach.
+    fn host_at(r: &Region, off: u64) -> Option<*mut u8> {
         if r.external.is_some() {
-            // Not host-addressable: only copies (read/write/zero) reach it.
-            return Err(fault);
+            return None;
         }
-        let off = iova - r.iova;
-        // SAFETY: off + len <= r.len, so the pointer stays inside the
-        // mapped host range (which `dma_map`'s contract keeps allocated).
-        Ok(unsafe { r.host.as_ptr().add(off as usize) })
+        // SAFETY: `locate` checked off + len <= r.len, so the pointer stays
+        // inside the mapped host range (which `dma_map`'s contract keeps
+        // allocated).
+        Some(unsafe { r.host.as_ptr().add(off as usize) })
     }
 
     /// The region holding all of `iova..iova + len`, and the offset in it;
@@ -491,9 +496,16 @@ impl DmaView<'_> {
     /// for every copy in flight. Commands in flight together that overlap
     /// on the media have no defined result, as on a real drive.
     pub(crate) unsafe fn write_from_media(&self, iova: u64, src: &[u8]) -> Result<(), DmaFault> {
-        let Some((r, off)) = self.external_region(iova, src.len())? else {
-            return self.write(iova, src);
-        };
+        if src.is_empty() {
+            return Ok(());
+        }
+        let (r, off) = self.locate(iova, src.len())?;
+        if let Some(dst) = Self::host_at(&r, off) {
+            // SAFETY: as in `write`: mapped host memory, held by the read
+            // lock; `src` is the media, distinct from DMA memory.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+            return Ok(());
+        }
         let Some(mem) = self.external(&r) else { return Err(DmaFault { iova, len: src.len() }) };
         let ptr = NonNull::from(src).cast::<u8>();
         // SAFETY: forwarded from this function's contract.
@@ -512,9 +524,15 @@ impl DmaView<'_> {
     /// As for [`DmaView::write_from_media`]: `dst` is the controller's RAM
     /// media, not read or written by the controller until the copies end.
     pub(crate) unsafe fn read_into_media(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaFault> {
-        let Some((r, off)) = self.external_region(iova, dst.len())? else {
-            return self.read(iova, dst);
-        };
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let (r, off) = self.locate(iova, dst.len())?;
+        if let Some(src) = Self::host_at(&r, off) {
+            // SAFETY: as in `read`.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+            return Ok(());
+        }
         let Some(mem) = self.external(&r) else { return Err(DmaFault { iova, len: dst.len() }) };
         let len = dst.len();
         let ptr = NonNull::from(&mut *dst).cast::<u8>();
@@ -523,16 +541,6 @@ impl DmaView<'_> {
             None => self.read(iova, dst),
             Some(ok) => self.started(&r, ok, iova, len),
         }
-    }
-
-    /// The external region holding all of `iova..iova + len` and the
-    /// offset in it; `None` for host memory or an empty range.
-    fn external_region(&self, iova: u64, len: usize) -> Result<Option<(Region, u64)>, DmaFault> {
-        if len == 0 {
-            return Ok(None);
-        }
-        let (r, off) = self.locate(iova, len)?;
-        Ok(r.external.is_some().then_some((r, off)))
     }
 
     /// Records that a copy was started on region `r` (even one that failed
