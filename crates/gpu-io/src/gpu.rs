@@ -15,6 +15,7 @@ use crate::abi::{
     TuttiQueue, TuttiQueueState, TuttiRequest, DONE_ENTRIES, STATUS_BAD_REQUEST, STATUS_TIMEOUT,
     STATUS_UNSUPPORTED,
 };
+use crate::launch::{KernelEvent, SlotPool};
 use crate::ptx::{TUTTI_CRC32C_ENTRY_C, TUTTI_CRC32C_PTX_C, TUTTI_IO_ENTRY_C, TUTTI_IO_PTX_C};
 
 /// Errors of the GPU path.
@@ -204,6 +205,11 @@ pub enum GpuError {
         /// Most chunks one launch takes ([`crate::MAX_CRC32C_TASKS`]).
         max_tasks: u64,
     },
+    /// [`Gpu::launch_on`] was given the legacy default stream (0), which
+    /// synchronises with every blocking stream: pass a stream of your own
+    /// (or none, for the GPU's own).
+    #[error("the legacy default stream (0) cannot carry an I/O kernel: pass a created stream, or none")]
+    LegacyStream,
     /// Re-creating a queue pair on the controller failed.
     #[error("re-creating I/O queue pair {qid}")]
     Recreate {
@@ -246,7 +252,7 @@ pub enum GpuStatus {
 }
 
 /// Result word the host writes before a launch.
-const STATUS_NOT_RUN: u32 = 0x8000_00FF;
+pub(crate) const STATUS_NOT_RUN: u32 = 0x8000_00FF;
 
 impl GpuStatus {
     /// Decodes the kernel's result word.
@@ -333,7 +339,7 @@ unsafe impl Send for Stream {}
 unsafe impl Sync for Stream {}
 
 impl Stream {
-    fn new(ctx: &Arc<CudaContext>) -> Result<Self, GpuError> {
+    pub(crate) fn new(ctx: &Arc<CudaContext>) -> Result<Self, GpuError> {
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         let raw =
             result::stream::create(result::stream::StreamKind::NonBlocking).map_err(drv("cuStreamCreate"))?;
@@ -341,6 +347,7 @@ impl Stream {
     }
 
     pub(crate) fn sync(&self) -> Result<(), GpuError> {
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         // SAFETY: `raw` is a live stream of this context.
         unsafe { result::stream::synchronize(self.raw) }.map_err(drv("cuStreamSynchronize"))
     }
@@ -368,20 +375,41 @@ impl Stream {
 /// gated), which the kernels wait on.
 #[derive(Debug)]
 pub(crate) struct Quiesce {
-    lock: Mutex<()>,
-    /// The I/O kernels' stream.
-    io: Stream,
+    /// The end events of the launches in flight (on any stream).
+    lock: Mutex<Vec<Arc<KernelEvent>>>,
+    /// The I/O kernels' own stream (launches that name no stream).
+    pub(crate) io: Stream,
 }
 
 impl Quiesce {
+    pub(crate) fn new(io: Stream) -> Self {
+        Self { lock: Mutex::new(Vec::new()), io }
+    }
+
     /// Takes the gate, then waits until every I/O kernel launched so far
-    /// has ended (each command bounded by its launch's budget). Hold the
-    /// guard across the memory management and, for a launch, the launch.
-    pub(crate) fn enter(&self) -> Result<MutexGuard<'_, ()>, GpuError> {
-        let guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+    /// has ended (each command bounded by its launch's budget; the thread
+    /// sleeps on each launch's event). Hold the guard across the memory
+    /// management: no launch starts meanwhile.
+    pub(crate) fn enter(&self) -> Result<MutexGuard<'_, Vec<Arc<KernelEvent>>>, GpuError> {
+        let mut guard = self.lock();
+        for e in guard.iter() {
+            e.synchronize()?;
+        }
+        guard.clear();
         self.io.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         self.io.sync()?;
         Ok(guard)
+    }
+
+    /// The list of launches in flight, locked (a launch holds it while it
+    /// queues its work and lists itself).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Vec<Arc<KernelEvent>>> {
+        self.lock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Unlists a launch that has ended.
+    pub(crate) fn finished(&self, done: &Arc<KernelEvent>) {
+        self.lock().retain(|e| !Arc::ptr_eq(e, done));
     }
 }
 
@@ -457,7 +485,7 @@ impl Drop for HostMapping {
 /// A GPU with the tutti kernels loaded.
 #[derive(Debug)]
 pub struct Gpu {
-    func: sys::CUfunction,
+    pub(crate) func: sys::CUfunction,
     /// The I/O stream and the gate of memory management (`Quiesce`).
     pub(crate) quiet: Arc<Quiesce>,
     _module: Module,
@@ -469,6 +497,8 @@ pub struct Gpu {
     pub(crate) crc_stream: Stream,
     /// Multiprocessors of the device (sizes the checksum grid).
     pub(crate) sm_count: u64,
+    /// Reusable launch buffers (`launch.rs`). Declared before `ctx`.
+    pub(crate) slots: Arc<SlotPool>,
     pub(crate) ctx: Arc<CudaContext>,
 }
 
@@ -527,7 +557,7 @@ impl Gpu {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv("cuDeviceGetAttribute"))?;
-        let quiet = Arc::new(Quiesce { lock: Mutex::new(()), io: Stream::new(&ctx)? });
+        let quiet = Arc::new(Quiesce::new(Stream::new(&ctx)?));
         let crc_stream = Stream::new(&ctx)?;
         Ok(Self {
             func,
@@ -537,6 +567,7 @@ impl Gpu {
             _crc_module: crc_module,
             crc_stream,
             sm_count: u64::try_from(sm_count).unwrap_or(1).max(1),
+            slots: Arc::new(SlotPool::default()),
             ctx,
         })
     }
@@ -556,186 +587,6 @@ impl Gpu {
         budget: Duration,
     ) -> Result<Vec<GpuStatus>, GpuError> {
         self.launch(queues, requests, threads_per_queue, budget)?.wait()
-    }
-
-    /// Launches one batch as one kernel on this GPU's stream and returns at
-    /// once: `requests[i]` goes to `queues[requests[i].queue]`, whose data
-    /// region is the paired [`GpuRegion`]. One block per queue, at most
-    /// `threads_per_queue` (clamped to the queue size - 1 and 1024) commands
-    /// in flight per queue; each command waits at most `budget` for its
-    /// completion. [`GpuLaunch::wait`] returns one status per request.
-    ///
-    /// The queues must stay alive and must not be used by another launch
-    /// until this one is waited on (launches on one [`Gpu`] run in order on
-    /// its stream, so that holds for launches through the same `Gpu`).
-    ///
-    /// Blocks until every I/O kernel launched before on this `Gpu` has
-    /// ended (each bounded by its budget): the descriptors' device
-    /// allocations must not overlap a running I/O kernel (`Quiesce`).
-    pub fn launch(
-        &self,
-        queues: &[(&GpuQueue, &GpuRegion)],
-        requests: &[TuttiRequest],
-        threads_per_queue: u32,
-        budget: Duration,
-    ) -> Result<GpuLaunch, GpuError> {
-        if queues.is_empty() {
-            return Err(GpuError::NoQueues);
-        }
-        if queues.len() > MAX_QUEUES_PER_LAUNCH {
-            return Err(GpuError::TooManyQueues { queues: queues.len(), max: MAX_QUEUES_PER_LAUNCH });
-        }
-        if requests.len() > MAX_REQUESTS_PER_LAUNCH {
-            return Err(GpuError::TooManyRequests { requests: requests.len(), max: MAX_REQUESTS_PER_LAUNCH });
-        }
-        // Group request indices by queue (offsets[q]..offsets[q+1]).
-        let mut counts = vec![0u32; queues.len() + 1];
-        for (i, r) in requests.iter().enumerate() {
-            let q = usize::from(r.queue);
-            if q >= queues.len() {
-                return Err(GpuError::QueueIndex { request: i, queue: r.queue, queues: queues.len() });
-            }
-            counts[q + 1] += 1;
-        }
-        for q in 0..queues.len() {
-            counts[q + 1] += counts[q];
-        }
-        let offsets = counts.clone();
-        let mut order = vec![0u32; requests.len()];
-        let mut fill = counts;
-        for (i, r) in requests.iter().enumerate() {
-            let q = usize::from(r.queue);
-            order[fill[q] as usize] = i as u32;
-            fill[q] += 1;
-        }
-        let descs: Vec<TuttiQueue> = queues
-            .iter()
-            .map(|(q, region)| TuttiQueue {
-                pages: region.pages_ptr(),
-                region_len: region.len as u64,
-                ..q.desc
-            })
-            .collect();
-        let max_size = queues.iter().map(|(q, _)| q.desc.size).max().unwrap_or(2);
-        let threads = threads_per_queue.clamp(1, 1024).min(max_size - 1);
-        let input = LaunchInput { descs: &descs, requests, order: &order, offsets: &offsets };
-        self.start(&input, threads, budget)
-    }
-
-    /// Uploads a launch's descriptors and launches the kernel, with no
-    /// other I/O kernel running (`Quiesce`): waits for those launched
-    /// before to end first.
-    fn start(&self, input: &LaunchInput<'_>, threads: u32, budget: Duration) -> Result<GpuLaunch, GpuError> {
-        // Declared first, so that on an early return the buffers below are
-        // freed before the gate is let go.
-        let _quiet = self.quiet.enter()?;
-        let n = input.requests.len();
-        let bufs = LaunchBuffers {
-            queues: DeviceMem::from_slice(&self.ctx, input.descs)?,
-            reqs: DeviceMem::from_slice(&self.ctx, input.requests)?,
-            order: DeviceMem::from_slice(&self.ctx, input.order)?,
-            offsets: DeviceMem::from_slice(&self.ctx, input.offsets)?,
-            status: DeviceMem::from_slice(&self.ctx, &vec![STATUS_NOT_RUN; n])?,
-        };
-        let nqueues = input.descs.len() as u32;
-        let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
-        let mut params: [*mut c_void; 7] = [
-            (&bufs.queues.ptr as *const u64).cast_mut().cast(),
-            (&nqueues as *const u32).cast_mut().cast(),
-            (&bufs.reqs.ptr as *const u64).cast_mut().cast(),
-            (&bufs.order.ptr as *const u64).cast_mut().cast(),
-            (&bufs.offsets.ptr as *const u64).cast_mut().cast(),
-            (&bufs.status.ptr as *const u64).cast_mut().cast(),
-            (&budget_ns as *const u64).cast_mut().cast(),
-        ];
-        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        // SAFETY: the parameter list matches `tutti_io`'s signature (7
-        // arguments: 5 device pointers, a u32, a u64); cuLaunchKernel copies
-        // the argument values before returning, and the device buffers they
-        // point to live in the returned `GpuLaunch` until the stream has
-        // been synchronised (its `wait` and its Drop do that first); if the
-        // launch fails, nothing reads them.
-        unsafe {
-            result::launch_kernel(
-                self.func,
-                (nqueues, 1, 1),
-                (threads, 1, 1),
-                0,
-                self.quiet.io.raw,
-                &mut params,
-            )
-        }
-        .map_err(drv("cuLaunchKernel"))?;
-        Ok(GpuLaunch { bufs: Some(bufs), n, quiet: self.quiet.clone() })
-    }
-}
-
-/// What [`Gpu::start`] uploads for a launch.
-struct LaunchInput<'a> {
-    descs: &'a [TuttiQueue],
-    requests: &'a [TuttiRequest],
-    order: &'a [u32],
-    offsets: &'a [u32],
-}
-
-/// The device buffers a launched kernel reads and writes.
-#[derive(Debug)]
-struct LaunchBuffers {
-    queues: DeviceMem,
-    reqs: DeviceMem,
-    order: DeviceMem,
-    offsets: DeviceMem,
-    status: DeviceMem,
-}
-
-/// A launched batch: its device buffers, until [`GpuLaunch::wait`].
-#[derive(Debug)]
-pub struct GpuLaunch {
-    /// `None` once waited on (freed).
-    bufs: Option<LaunchBuffers>,
-    n: usize,
-    quiet: Arc<Quiesce>,
-}
-
-impl GpuLaunch {
-    /// `true` once the kernel (and everything before it on the stream) has
-    /// finished; never blocks.
-    pub fn is_done(&self) -> bool {
-        if self.quiet.io.ctx.bind_to_thread().is_err() {
-            return false;
-        }
-        // SAFETY: `raw` is a live stream of this context.
-        let r = unsafe { sys::cuStreamQuery(self.quiet.io.raw) };
-        r == sys::CUresult::CUDA_SUCCESS
-    }
-
-    /// Waits for the kernel (bounded by the launch's per-command budget) and
-    /// returns one status per request, in order. It waits for every I/O
-    /// kernel of the `Gpu` launched so far (they share one stream), then
-    /// reads the statuses and frees the buffers with none running
-    /// (`Quiesce`).
-    pub fn wait(mut self) -> Result<Vec<GpuStatus>, GpuError> {
-        let quiet = self.quiet.clone();
-        let _quiet = quiet.enter()?;
-        // Declared after the guard: freed (here or on an error return)
-        // before it is let go.
-        let bufs = self.bufs.take();
-        let words = match &bufs {
-            Some(b) => b.status.read::<u32>(self.n)?,
-            None => Vec::new(),
-        };
-        Ok(words.into_iter().map(GpuStatus::from_word).collect())
-    }
-}
-
-impl Drop for GpuLaunch {
-    /// A launch dropped without a wait: the kernel may still read its
-    /// buffers, and freeing them must not overlap an I/O kernel: free them
-    /// inside the gate, which waits for the kernels first.
-    fn drop(&mut self) {
-        let Some(bufs) = self.bufs.take() else { return };
-        let _quiet = self.quiet.enter();
-        drop(bufs);
     }
 }
 
@@ -785,7 +636,7 @@ impl GpuDrive {
 /// its SQ/CQ memory) alive; from here on only GPU threads drive it.
 #[derive(Debug)]
 pub struct GpuQueue {
-    desc: TuttiQueue,
+    pub(crate) desc: TuttiQueue,
     state: DeviceMem,
     _sq: HostMapping,
     _cq: HostMapping,
@@ -797,6 +648,10 @@ pub struct GpuQueue {
     qp: Mutex<QueuePair>,
     /// Rewriting and reading `state` waits for running I/O kernels.
     quiet: Arc<Quiesce>,
+    /// The end event of the last launch that used this queue: a launch on
+    /// another stream waits for it on the GPU first, so that two kernels
+    /// never drive one queue at once.
+    last: Mutex<Option<Arc<KernelEvent>>>,
 }
 
 /// Writes the GPU-side state of a queue whose host-side indexes are `qp`'s
@@ -886,7 +741,18 @@ impl GpuQueue {
             qid,
             qp: Mutex::new(qp),
             quiet: gpu.quiet.clone(),
+            last: Mutex::new(None),
         })
+    }
+
+    /// The end event of the last launch on this queue.
+    pub(crate) fn last_launch(&self) -> Option<Arc<KernelEvent>> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Records `done` as the last launch on this queue.
+    pub(crate) fn set_last_launch(&self, done: &Arc<KernelEvent>) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(done.clone());
     }
 
     /// Queue identifier.
@@ -936,7 +802,7 @@ impl GpuQueue {
 pub struct GpuRegion {
     /// Always `Some` until dropped (freed inside the gate).
     pages: Option<DeviceMem>,
-    len: usize,
+    pub(crate) len: usize,
     quiet: Arc<Quiesce>,
 }
 
@@ -953,7 +819,7 @@ impl GpuRegion {
     }
 
     /// Device pointer of the page address table.
-    fn pages_ptr(&self) -> u64 {
+    pub(crate) fn pages_ptr(&self) -> u64 {
         self.pages.as_ref().map_or(0, |p| p.ptr)
     }
 }

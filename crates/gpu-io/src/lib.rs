@@ -32,10 +32,12 @@ pub mod abi;
 mod crc32c;
 mod emulated_dma;
 mod gpu;
+mod launch;
 pub mod ptx;
 
 pub use crc32c::{GpuRange, CRC32C_CHUNK_BYTES, MAX_CRC32C_LEN, MAX_CRC32C_TASKS};
 pub use gpu::{
-    Gpu, GpuBuffer, GpuDrive, GpuError, GpuLaunch, GpuQueue, GpuRegion, GpuStatus, MAX_QUEUES_PER_LAUNCH,
+    Gpu, GpuBuffer, GpuDrive, GpuError, GpuQueue, GpuRegion, GpuStatus, MAX_QUEUES_PER_LAUNCH,
     MAX_REQUESTS_PER_LAUNCH,
 };
+pub use launch::{GpuLaunch, GpuStream};

@@ -2,6 +2,8 @@
 //! driver and a GPU; elsewhere each prints why it skipped and passes.
 //! Run on the GPU machine: see docs/gpu.md.
 
+#![allow(unsafe_code)]
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -347,4 +349,93 @@ fn an_emulator_injected_media_error_reaches_exactly_its_request() {
         }
     }
     assert_eq!(d.emu.stats().faults_injected, 1);
+}
+
+#[test]
+fn a_launch_on_the_callers_stream_runs_after_the_work_queued_before_it() {
+    let Some(gpu) = gpu() else { return };
+    let mut d = drive(&gpu, "callerstream", |_| {});
+    let qp = d.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    let q = GpuQueue::new(&gpu, &d.gpu_drive, qp).unwrap();
+    let n = 64u64;
+    let buf = Arc::new(GpuBuffer::zeroed(&gpu, (n * 4096) as usize).unwrap());
+    buf.copy_in(0, &vec![0x11u8; (n * 4096) as usize]).unwrap();
+    let scratch = GpuBuffer::zeroed(&gpu, 2 << 30).unwrap();
+    let m = d.emu.map_external(buf.clone()).unwrap();
+    let region = GpuRegion::new(&gpu, &m, buf.len()).unwrap();
+    let s = gpu_io::GpuStream::new(&gpu).unwrap();
+    // Queued first on the caller's stream: a 2 GiB memset (a millisecond
+    // or more), then the buffer's new contents. The writes must see them.
+    // SAFETY: both allocations are live and only this stream uses them
+    // until it is synchronised (by the launch's wait).
+    unsafe {
+        cudarc::driver::result::memset_d8_async(scratch.device_ptr(), 0, scratch.len(), s.raw() as _)
+            .unwrap();
+        cudarc::driver::result::memset_d8_async(buf.device_ptr(), 0x5A, buf.len(), s.raw() as _).unwrap();
+    }
+    let writes: Vec<_> = (0..n).map(|b| rw(nvm_opcode::WRITE, 0, b, b * 4096)).collect();
+    // SAFETY: `s` outlives the launch (waited on below).
+    let launch = unsafe { gpu.launch_on(&[(&q, &region)], &writes, 63, BUDGET, Some(s.raw())) }.unwrap();
+    assert_ne!(launch.event(), 0);
+    let st = launch.wait().unwrap();
+    assert!(st.iter().all(|s| *s == GpuStatus::Success), "{st:?}");
+    let mut media = vec![0u8; (n * 4096) as usize];
+    d.emu.read_media(1, 0, &mut media).unwrap();
+    assert!(media.iter().all(|&b| b == 0x5A), "the kernel ran before the work queued ahead of it");
+    d.dev.dma_unmap(&m).unwrap();
+}
+
+#[test]
+fn the_legacy_default_stream_is_refused() {
+    let Some(gpu) = gpu() else { return };
+    let mut d = drive(&gpu, "legacystream", |_| {});
+    let qp = d.ctrl.create_io_queue_pair(1, 8, 7).unwrap();
+    let q = GpuQueue::new(&gpu, &d.gpu_drive, qp).unwrap();
+    let buf = Arc::new(GpuBuffer::zeroed(&gpu, 4096).unwrap());
+    let m = d.emu.map_external(buf.clone()).unwrap();
+    let region = GpuRegion::new(&gpu, &m, 4096).unwrap();
+    // SAFETY: refused before anything is queued.
+    let r = unsafe { gpu.launch_on(&[(&q, &region)], &[rw(nvm_opcode::READ, 0, 0, 0)], 1, BUDGET, Some(0)) };
+    assert!(matches!(r, Err(GpuError::LegacyStream)), "{r:?}");
+    d.dev.dma_unmap(&m).unwrap();
+}
+
+#[test]
+fn launches_on_two_streams_that_share_a_queue_take_turns() {
+    let Some(gpu) = gpu() else { return };
+    let mut d = drive(&gpu, "twostreams", |c| {
+        c.timing = Some(nvme_emu::TimingModel {
+            latency: Duration::from_micros(200),
+            bandwidth_bytes_per_s: None,
+            iops: None,
+        })
+    });
+    // A 16-entry queue: two kernels of 15 threads each on it at once would
+    // overrun the SQ; each launch must wait for the other on the GPU.
+    let qp = d.ctrl.create_io_queue_pair(1, 16, 15).unwrap();
+    let q = GpuQueue::new(&gpu, &d.gpu_drive, qp).unwrap();
+    let n = 256u64;
+    let buf = Arc::new(GpuBuffer::zeroed(&gpu, (2 * n * 4096) as usize).unwrap());
+    for b in 0..n {
+        buf.copy_in((b * 4096) as usize, &pattern(b)).unwrap();
+    }
+    let m = d.emu.map_external(buf.clone()).unwrap();
+    let region = GpuRegion::new(&gpu, &m, buf.len()).unwrap();
+    let (s1, s2) = (gpu_io::GpuStream::new(&gpu).unwrap(), gpu_io::GpuStream::new(&gpu).unwrap());
+    let writes: Vec<_> = (0..n).map(|b| rw(nvm_opcode::WRITE, 0, b, b * 4096)).collect();
+    // SAFETY: both streams outlive their launches (waited on below).
+    let w = unsafe { gpu.launch_on(&[(&q, &region)], &writes, 15, BUDGET, Some(s1.raw())) }.unwrap();
+    let reads: Vec<_> = (0..n).map(|b| rw(nvm_opcode::READ, 0, b, (n + b) * 4096)).collect();
+    // SAFETY: as above.
+    let r = unsafe { gpu.launch_on(&[(&q, &region)], &reads, 15, BUDGET, Some(s2.raw())) }.unwrap();
+    let (ws, rs) = (w.wait().unwrap(), r.wait().unwrap());
+    assert!(ws.iter().chain(&rs).all(|s| *s == GpuStatus::Success), "{ws:?} {rs:?}");
+    let mut got = vec![0u8; 4096];
+    for b in 0..n {
+        buf.copy_out(((n + b) * 4096) as usize, &mut got).unwrap();
+        assert!(got == pattern(b), "block {b}: the read did not run after the write");
+    }
+    assert_eq!(q.stale_completions().unwrap(), 0);
+    assert_eq!(d.emu.stats().doorbell_violations, 0);
+    d.dev.dma_unmap(&m).unwrap();
 }

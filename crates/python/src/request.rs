@@ -152,6 +152,8 @@ pub struct Operation {
     waited: Condvar,
     /// The `Memory` objects its requests named, alive until it is final.
     keep: Mutex<Vec<Py<Memory>>>,
+    /// The caller's CUDA stream object its GPU requests run on, if any.
+    stream: Option<Py<PyAny>>,
 }
 
 impl Operation {
@@ -173,7 +175,21 @@ impl Operation {
                 (OpState::Done(done), Vec::new())
             }
         };
-        Ok(Self { rt, refused, state: Mutex::new(state), waited: Condvar::new(), keep: Mutex::new(keep) })
+        Ok(Self {
+            rt,
+            refused,
+            state: Mutex::new(state),
+            waited: Condvar::new(),
+            keep: Mutex::new(keep),
+            stream: None,
+        })
+    }
+
+    /// Keeps `stream` (the caller's CUDA stream object) alive with the
+    /// operation.
+    pub fn with_stream(mut self, stream: Option<Py<PyAny>>) -> Self {
+        self.stream = stream;
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, OpState> {
@@ -312,6 +328,25 @@ impl Operation {
             }
             None => Ok(None),
         }
+    }
+
+    /// The end event of the batch's GPU launch (a `CUevent` handle as an
+    /// int), recorded on its stream after the I/O kernel: order another
+    /// stream after the I/O with `cuStreamWaitEvent`. None when the batch
+    /// has no GPU-executed request, or once it has been waited on (the
+    /// event is valid until then).
+    #[getter]
+    fn cuda_event(&self) -> PyResult<Option<u64>> {
+        match &*self.lock() {
+            OpState::Pending(op) => self.rt.gpu_event(*op).py(),
+            _ => Ok(None),
+        }
+    }
+
+    /// The stream object passed to `Runtime.submit`, or None.
+    #[getter]
+    fn stream(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.stream.as_ref().map(|s| s.clone_ref(py))
     }
 
     /// Whether every request is final (polls once; the statuses are kept

@@ -391,20 +391,43 @@ impl PyRuntime {
     /// each refused one, None for each accepted one) and whose `.operation`
     /// is the Operation of the accepted requests (wait on it), or None. A
     /// read into read-only memory is caught before anything is submitted.
-    fn submit(&self, py: Python<'_>, requests: Vec<PyRef<'_, Request>>) -> PyResult<Operation> {
+    ///
+    /// `stream`: a CUDA stream of the runtime's GPU on which the batch's
+    /// GPU-executed requests run (`torch.cuda.Stream`, a CuPy `Stream`, or
+    /// a raw `CUstream` as an int): after the work queued before on it, and
+    /// before the work queued after, with no host synchronisation. The
+    /// Operation keeps the stream object alive until it is dropped; its
+    /// `cuda_event` is the launch's end event. `None` (the default): the
+    /// runtime's own stream. Stream 0 (the legacy default stream) fails
+    /// the GPU requests ("submit_failed" statuses).
+    #[pyo3(signature = (requests, stream = None))]
+    fn submit(
+        &self,
+        py: Python<'_>,
+        requests: Vec<PyRef<'_, Request>>,
+        stream: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Operation> {
         deferred::retry(py);
+        let raw_stream = stream.as_ref().map(stream_handle).transpose()?;
         if let Some(e) = self.precheck(py, &requests)? {
             return Err(e);
         }
         let reqs: Vec<tutti::Request> = requests.iter().map(|r| r.to_rust()).collect();
         let keep = distinct_memory(py, &requests);
         let rt = self.rt.clone();
-        let sub = py.detach(move || rt.submit(&reqs));
+        let sub = py.detach(move || match raw_stream {
+            None => rt.submit(&reqs),
+            // SAFETY: the Operation holds the stream object (below), and
+            // CUDA defers a stream's destruction until its work has ended.
+            #[allow(unsafe_code)]
+            Some(s) => unsafe { rt.submit_on_stream(&reqs, s) },
+        });
+        let stream = stream.map(Bound::unbind);
         let refused: Vec<Option<Status>> =
             sub.states().iter().map(|s| s.as_ref().err().map(Status::not_accepted)).collect();
         let n_refused = refused.iter().flatten().count();
         if n_refused == 0 {
-            return Operation::new(py, self.rt.clone(), sub.op(), Vec::new(), keep);
+            return Ok(Operation::new(py, self.rt.clone(), sub.op(), Vec::new(), keep)?.with_stream(stream));
         }
         let first = refused.iter().position(Option::is_some).unwrap_or(0);
         let msg = format!(
@@ -413,7 +436,9 @@ impl PyRuntime {
             refused[first].as_ref().map(|s| s.message()).unwrap_or_default()
         );
         let op = match sub.op() {
-            Some(op) => Some(Operation::new(py, self.rt.clone(), Some(op), refused.clone(), keep)?),
+            Some(op) => Some(
+                Operation::new(py, self.rt.clone(), Some(op), refused.clone(), keep)?.with_stream(stream),
+            ),
             None => None,
         };
         Err(request_error(py, msg, refused, op)?)
@@ -529,4 +554,20 @@ pub fn _rust_roundtrip(
         Ok((start.elapsed().as_secs_f64(), in_submit.as_secs_f64()))
     });
     result.map_err(TuttiError::new_err)
+}
+
+/// The raw `CUstream` of `obj`: an int, or an object with `cuda_stream`
+/// (PyTorch) or `ptr` (CuPy) holding one.
+fn stream_handle(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if let Ok(v) = obj.extract::<u64>() {
+        return Ok(v);
+    }
+    for attr in ["cuda_stream", "ptr"] {
+        if let Ok(v) = obj.getattr(attr) {
+            return v.extract::<u64>();
+        }
+    }
+    Err(pyo3::exceptions::PyTypeError::new_err(
+        "stream must be a torch.cuda.Stream, a CuPy Stream or a CUstream handle (int)",
+    ))
 }

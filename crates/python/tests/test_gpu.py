@@ -167,3 +167,31 @@ def test_host_numpy_memory_on_a_gpu_runtime(grt):
     assert grt.submit([tutti.write(t, 0, MiB, ms)]).wait(timeout=10.0)[0].ok
     assert grt.submit([tutti.read(t, 0, MiB, md)]).wait(timeout=10.0)[0].ok
     assert np.array_equal(src, dst)
+
+
+def test_submit_on_a_torch_stream_orders_io_with_the_streams_work(grt):
+    t = grt.open("tutti://kv/5")
+    buf = torch.zeros(2 * MiB, dtype=torch.uint8, device="cuda:0")
+    scratch = torch.empty(1 << 30, dtype=torch.uint8, device="cuda:0")
+    m = grt.register(buf)
+    s = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):
+        scratch.fill_(1)  # queued first: milliseconds of work
+        buf[:MiB].fill_(0x5A)  # what the write must see
+    op = grt.submit([tutti.write(t, 0, MiB, m)], stream=s)
+    assert op.stream is s
+    assert op.cuda_event  # the launch's end event, while pending
+    with torch.cuda.stream(s):
+        buf[:MiB].fill_(0)  # queued after the write: not what it saw
+    assert op.wait(timeout=10.0)[0].ok
+    assert op.cuda_event is None
+    back = grt.submit([tutti.read(t, 0, MiB, m, MiB)], stream=s)
+    assert back.wait(timeout=10.0)[0].ok
+    s.synchronize()
+    assert bool((buf[MiB:] == 0x5A).all()), "the write ran before the work queued ahead of it"
+    assert bool((buf[:MiB] == 0).all())
+    # The legacy default stream fails the GPU request, per request.
+    st = grt.submit([tutti.read(t, 0, 4096, m)], stream=0).wait(timeout=10.0)
+    assert st[0].kind == "submit_failed", st[0]
+    grt.unregister(m)

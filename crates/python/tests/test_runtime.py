@@ -69,6 +69,22 @@ def test_a_shared_buffer_is_registered_and_its_mmap_sees_the_same_bytes(rt):
         tutti.SharedBuffer(0)
 
 
+def test_a_stream_is_kept_and_ignored_by_cpu_executed_requests(rt):
+    t = rt.open("tutti://kv/1")
+
+    class FakeTorchStream:
+        cuda_stream = 0x1234
+
+    s = FakeTorchStream()
+    op = rt.submit([tutti.flush(t)], stream=s)
+    assert op.stream is s
+    assert op.cuda_event is None  # no GPU-executed request
+    assert op.wait()[0].ok
+    assert rt.submit([tutti.flush(t)], stream=0x99).wait()[0].ok
+    with pytest.raises(TypeError, match="stream"):
+        rt.submit([tutti.flush(t)], stream="cuda:0")
+
+
 def test_other_buffer_types(rt):
     t = rt.open("tutti://kv/2")
     data = bytearray(pattern(4096, seed=3).tobytes())

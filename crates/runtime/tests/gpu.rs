@@ -361,3 +361,41 @@ fn many_registered_gpu_buffers_each_round_trip_alone_within_the_bound() {
         rt.unregister_memory(m).unwrap();
     }
 }
+
+#[test]
+fn a_submit_on_the_callers_stream_round_trips_gpu_memory_and_exposes_its_event() {
+    let Some(rt) = gpu_runtime(2) else { return };
+    let gpu = rt.gpu().unwrap().clone();
+    let buf = gpu_io::GpuBuffer::zeroed(&gpu, 4 << 20).unwrap();
+    let data: Vec<u8> = (0..2 << 20).map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    buf.copy_in(0, &data).unwrap();
+    // SAFETY: `buf` outlives the registration and is untouched while I/O runs.
+    #[allow(unsafe_code)]
+    let mem = unsafe { rt.register_gpu_memory(buf.device_ptr(), buf.len()) }.unwrap();
+    let t = rt.open("tutti://kv/0").unwrap();
+    let stream = gpu_io::GpuStream::new(&gpu).unwrap();
+    // SAFETY: `stream` outlives both operations (waited on below).
+    #[allow(unsafe_code)]
+    let sub = unsafe { rt.submit_on_stream(&[Request::write(t, 0, 1 << 20, mem, 0)], stream.raw()) };
+    let op = sub.op().unwrap();
+    assert!(rt.gpu_event(op).unwrap().is_some_and(|e| e != 0), "a GPU operation has an end event");
+    let st = rt.wait(op, Duration::from_secs(30)).unwrap();
+    assert!(st.iter().all(RequestStatus::is_success), "{st:?}");
+    // SAFETY: as above.
+    #[allow(unsafe_code)]
+    let sub = unsafe { rt.submit_on_stream(&[Request::read(t, 0, 1 << 20, mem, 2 << 20)], stream.raw()) };
+    let st = rt.wait(sub.op().unwrap(), Duration::from_secs(30)).unwrap();
+    assert!(st.iter().all(RequestStatus::is_success), "{st:?}");
+    let mut back = vec![0u8; 1 << 20];
+    buf.copy_out(2 << 20, &mut back).unwrap();
+    assert!(back == data[..1 << 20], "bytes read back on the caller's stream differ");
+    // The legacy default stream is refused, per request, at launch.
+    // SAFETY: nothing is launched.
+    #[allow(unsafe_code)]
+    let sub = unsafe { rt.submit_on_stream(&[Request::read(t, 0, 4096, mem, 0)], 0) };
+    let st = rt.wait(sub.op().unwrap(), Duration::from_secs(30)).unwrap();
+    assert!(matches!(st[0], RequestStatus::SubmitFailed { .. }), "{st:?}");
+    rt.unregister_memory(mem).unwrap();
+    let r = rt.shutdown(Duration::from_secs(5));
+    assert!(r.drives.iter().all(|(_, x)| x.is_ok()), "{:?}", r.drives);
+}

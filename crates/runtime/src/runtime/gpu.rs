@@ -58,7 +58,9 @@ struct Launch<'a> {
 
 impl Runtime {
     /// Launches every GPU-executed command of the batch as one kernel.
-    pub(super) fn launch_gpu(&self, op: RawHandle, plan: &BatchPlan) {
+    /// `stream`: the caller's CUDA stream (see
+    /// [`Runtime::submit_on_stream`]), or the GPU's own for `None`.
+    pub(super) fn launch_gpu(&self, op: RawHandle, plan: &BatchPlan, stream: Option<u64>) {
         let Some(gpu) = &self.gpu else { return };
         let mut l = Launch::default();
         for (i, r) in plan.accepted().filter(|(_, r)| r.gpu) {
@@ -74,10 +76,17 @@ impl Runtime {
                 None => {
                     failed.extend(per_request(&l.cmd_req, "a drive of the batch failed or is being reset"))
                 }
-                Some(running) => match gpu.launch(&l.queues, &l.cmds, u32::MAX, GPU_COMMAND_BUDGET) {
-                    Ok(launch) => launched = Some((launch, running)),
-                    Err(e) => failed.extend(per_request(&l.cmd_req, &error_chain(&e))),
-                },
+                Some(running) => {
+                    // SAFETY: the caller of `submit_on_stream` keeps `stream`
+                    // alive until the operation is waited on, which waits
+                    // for this launch.
+                    let r =
+                        unsafe { gpu.launch_on(&l.queues, &l.cmds, u32::MAX, GPU_COMMAND_BUDGET, stream) };
+                    match r {
+                        Ok(launch) => launched = Some((launch, running)),
+                        Err(e) => failed.extend(per_request(&l.cmd_req, &error_chain(&e))),
+                    }
+                }
             }
         }
         let mut ops = lock(&self.ops);
@@ -138,6 +147,21 @@ impl Runtime {
             }
         }
         Ok(())
+    }
+
+    /// The end event of operation `op`'s GPU launch (a `CUevent` of the
+    /// runtime's GPU context, as a number), recorded on the launch's stream
+    /// after the kernel and its status copy: a caller orders another
+    /// stream after the I/O with `cuStreamWaitEvent`. `None` when the
+    /// operation has no GPU-executed command, or it has been waited on
+    /// already (the event is valid until then).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Handle`] for a stale, foreign or forged handle.
+    pub fn gpu_event(&self, op: OpHandle) -> Result<Option<u64>, Error> {
+        let ops = lock(&self.ops);
+        Ok(ops.get(op.0)?.gpu.as_ref().map(|g| g.launch.event()))
     }
 
     /// Waits for an operation's kernel, if it has one, and hands each

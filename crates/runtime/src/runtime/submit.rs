@@ -48,15 +48,41 @@ impl Runtime {
     /// A batch holds at most [`MAX_BATCH`] requests
     /// ([`RequestError::BatchTooLarge`] for each otherwise).
     pub fn submit(&self, requests: &[Request]) -> Submission {
+        self.submit_counted(requests, None)
+    }
+
+    /// As [`Runtime::submit`], with the batch's GPU-executed requests
+    /// launched on the caller's CUDA stream `stream` (a `CUstream` of the
+    /// runtime's GPU, device 0's primary context, as a number: PyTorch's
+    /// `torch.cuda.Stream.cuda_stream`, CuPy's `Stream.ptr`) instead of the
+    /// runtime's own: the kernel runs after the work queued before it on
+    /// that stream (a save sees the KV the engine just computed), and work
+    /// queued after it runs after the I/O (a layer's attention after its
+    /// load), with no host synchronisation. [`Runtime::wait`] and
+    /// [`Runtime::try_wait`] work as for any operation;
+    /// [`Runtime::gpu_event`] gives the launch's end event. CPU-executed
+    /// requests of the batch ignore the stream. Stream 0 (the legacy
+    /// default stream) is refused per request with
+    /// [`RequestStatus::SubmitFailed`].
+    ///
+    /// # Safety
+    ///
+    /// `stream` must be a live stream of the runtime's GPU context and stay
+    /// alive until the operation has been waited on.
+    pub unsafe fn submit_on_stream(&self, requests: &[Request], stream: u64) -> Submission {
+        self.submit_counted(requests, Some(stream))
+    }
+
+    fn submit_counted(&self, requests: &[Request], stream: Option<u64>) -> Submission {
         // Counted before the shutdown check, so `shutdown` can wait for every
         // submit that got past it before deleting queues.
         self.submitters.fetch_add(1, Ordering::AcqRel);
-        let sub = self.submit_inner(requests);
+        let sub = self.submit_inner(requests, stream);
         self.submitters.fetch_sub(1, Ordering::AcqRel);
         sub
     }
 
-    fn submit_inner(&self, requests: &[Request]) -> Submission {
+    fn submit_inner(&self, requests: &[Request], stream: Option<u64>) -> Submission {
         let refuse_all = |e: RequestError| Submission { op: None, states: vec![Err(e); requests.len()] };
         if self.shutting_down.load(Ordering::Acquire) {
             return refuse_all(RequestError::ShuttingDown);
@@ -76,7 +102,7 @@ impl Runtime {
             return refuse_all(RequestError::TooManyOperations { limit: u64::from(TAG_SLOT_MAX) + 1 });
         };
         self.issue_cpu(op, &plan);
-        self.launch_gpu(op, &plan);
+        self.launch_gpu(op, &plan, stream);
         Submission { op: Some(OpHandle(op)), states }
     }
 

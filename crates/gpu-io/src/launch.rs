@@ -1,0 +1,549 @@
+//! Launching the I/O kernel: [`Gpu::launch`] / [`Gpu::launch_on`] and the
+//! [`GpuLaunch`] they return.
+//!
+//! A launch makes no CUDA memory management call (allocation, free,
+//! memset, synchronous copy), so it never waits for running kernels and
+//! several launches pipeline on a stream:
+//!
+//! - Its inputs (queue descriptors, requests, their per-queue order and
+//!   offsets, the status words) are written into a reusable slot
+//!   ([`LaunchSlot`]): pinned host staging plus a device buffer of the same
+//!   layout, uploaded with one asynchronous copy on the launch's stream.
+//!   Slots are kept in a pool; only a launch larger than every free slot
+//!   allocates one (inside the `Quiesce` gate).
+//! - The statuses come back with one asynchronous copy after the kernel,
+//!   and a `BLOCKING_SYNC` event recorded after that copy marks the end:
+//!   [`GpuLaunch::wait`] sleeps on it (`cuEventSynchronize`) instead of
+//!   spinning a core, and [`GpuLaunch::is_done`] polls it.
+//! - The stream is the `Gpu`'s own, or the caller's ([`Gpu::launch_on`]),
+//!   so that a serving engine orders I/O with its own kernels. A queue is
+//!   never driven by two kernels at once: a launch first makes its stream
+//!   wait for the last launch on each of its queues (`cuStreamWaitEvent`).
+//! - The memory-management gate (`Quiesce`) knows every launch in flight
+//!   by its event, and waits for them all; launches take the gate's lock
+//!   only for the few calls that queue the work.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::result;
+use cudarc::driver::sys;
+
+use crate::abi::{TuttiQueue, TuttiRequest};
+use crate::gpu::{drv, DeviceMem, Gpu, GpuError, GpuQueue, GpuRegion, GpuStatus, Quiesce, STATUS_NOT_RUN};
+use crate::gpu::{MAX_QUEUES_PER_LAUNCH, MAX_REQUESTS_PER_LAUNCH};
+
+/// Free slots kept for reuse.
+const POOL_SLOTS: usize = 8;
+/// Slots above this size are freed after use rather than kept.
+const POOL_SLOT_MAX: usize = 16 << 20;
+/// How long [`GpuLaunch::wait`] polls before it sleeps on the event.
+const WAIT_SPIN: Duration = Duration::from_micros(20);
+/// Smallest slot allocated.
+const SLOT_MIN: usize = 64 << 10;
+
+/// A CUDA event that marks the end of one launch (`BLOCKING_SYNC`, no
+/// timing). Shared by the launch, the gate's list of launches in flight and
+/// the queues the launch used.
+#[derive(Debug)]
+pub(crate) struct KernelEvent {
+    raw: sys::CUevent,
+    ctx: Arc<cudarc::driver::CudaContext>,
+}
+
+// SAFETY: an event handle may be recorded, queried, waited on and
+// destroyed from any thread with its context bound (every call binds it).
+unsafe impl Send for KernelEvent {}
+// SAFETY: as above; the handle itself never changes after creation.
+unsafe impl Sync for KernelEvent {}
+
+impl KernelEvent {
+    fn new(ctx: &Arc<cudarc::driver::CudaContext>) -> Result<Self, GpuError> {
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let mut raw: sys::CUevent = std::ptr::null_mut();
+        let flags = sys::CUevent_flags_enum::CU_EVENT_BLOCKING_SYNC as u32
+            | sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: `raw` is a valid out-pointer.
+        unsafe { sys::cuEventCreate(&mut raw, flags) }.result().map_err(drv("cuEventCreate"))?;
+        Ok(Self { raw, ctx: ctx.clone() })
+    }
+
+    /// The raw `CUevent`, for a caller's `cuStreamWaitEvent`.
+    pub(crate) fn raw(&self) -> sys::CUevent {
+        self.raw
+    }
+
+    /// Blocks (sleeping) until the work before the event has ended.
+    pub(crate) fn synchronize(&self) -> Result<(), GpuError> {
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: a live event of this context.
+        unsafe { sys::cuEventSynchronize(self.raw) }.result().map_err(drv("cuEventSynchronize"))
+    }
+
+    /// `true` once the work before the event has ended; never blocks.
+    pub(crate) fn is_done(&self) -> bool {
+        if self.ctx.bind_to_thread().is_err() {
+            return false;
+        }
+        // SAFETY: a live event of this context.
+        let r = unsafe { sys::cuEventQuery(self.raw) };
+        r == sys::CUresult::CUDA_SUCCESS
+    }
+}
+
+impl Drop for KernelEvent {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: created in `new`, destroyed once (CUDA defers the release
+        // until the work before it has ended).
+        let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
+    }
+}
+
+/// Pinned host memory from `cuMemHostAlloc`, freed on drop.
+#[derive(Debug)]
+struct PinnedBuf {
+    ptr: *mut u8,
+    len: usize,
+    ctx: Arc<cudarc::driver::CudaContext>,
+}
+
+// SAFETY: plain memory owned by this value; CUDA calls bind the context.
+unsafe impl Send for PinnedBuf {}
+
+impl PinnedBuf {
+    fn new(ctx: &Arc<cudarc::driver::CudaContext>, len: usize) -> Result<Self, GpuError> {
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `p` is a valid out-pointer; freed in Drop.
+        unsafe { sys::cuMemHostAlloc(&mut p, len, 0) }.result().map_err(drv("cuMemHostAlloc"))?;
+        Ok(Self { ptr: p.cast(), len, ctx: ctx.clone() })
+    }
+}
+
+impl Drop for PinnedBuf {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by `cuMemHostAlloc` in `new`, freed once, after
+        // every copy from or to it has ended (the slot is only dropped when
+        // no launch uses it).
+        let _ = unsafe { sys::cuMemFreeHost(self.ptr.cast()) };
+    }
+}
+
+/// Byte offsets of one launch's inputs and statuses inside a slot (each
+/// 16-byte aligned).
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    queues: usize,
+    reqs: usize,
+    order: usize,
+    offsets: usize,
+    status: usize,
+    /// Bytes in all.
+    end: usize,
+    n: usize,
+}
+
+impl Layout {
+    fn new(nqueues: usize, n: usize) -> Self {
+        let up = |x: usize| x.next_multiple_of(16);
+        let queues = 0;
+        let reqs = up(queues + nqueues * size_of::<TuttiQueue>());
+        let order = up(reqs + n * size_of::<TuttiRequest>());
+        let offsets = up(order + n * 4);
+        let status = up(offsets + (nqueues + 1) * 4);
+        let end = up(status + n * 4);
+        Self { queues, reqs, order, offsets, status, end, n }
+    }
+}
+
+/// Reusable pinned staging and device memory for one launch.
+#[derive(Debug)]
+pub(crate) struct LaunchSlot {
+    host: PinnedBuf,
+    dev: DeviceMem,
+}
+
+impl LaunchSlot {
+    fn cap(&self) -> usize {
+        self.host.len.min(self.dev.len)
+    }
+
+    /// Copies `src`'s bytes to byte `at` of the staging memory.
+    fn put<T: Copy>(&mut self, at: usize, src: &[T]) {
+        let bytes = size_of_val(src);
+        debug_assert!(at + bytes <= self.host.len);
+        // SAFETY: `at + bytes` lies inside the staging buffer (the slot was
+        // chosen for the layout); no copy reads the staging memory while
+        // the slot is not in a launch; T is plain data.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().cast::<u8>(), self.host.ptr.add(at), bytes) };
+    }
+
+    fn statuses(&self, l: &Layout) -> Vec<GpuStatus> {
+        let mut words = vec![0u32; l.n];
+        // SAFETY: the status words lie inside the staging buffer, and the
+        // copy that wrote them has ended (the launch's event completed).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.host.ptr.add(l.status),
+                words.as_mut_ptr().cast::<u8>(),
+                l.n * 4,
+            );
+        }
+        words.into_iter().map(GpuStatus::from_word).collect()
+    }
+}
+
+/// The pool of free launch slots of one [`Gpu`].
+#[derive(Debug, Default)]
+pub(crate) struct SlotPool {
+    free: Mutex<Vec<LaunchSlot>>,
+}
+
+impl SlotPool {
+    /// A free slot of at least `bytes`, or a new one (allocated inside the
+    /// gate: it waits for running kernels).
+    fn take(&self, gpu: &Gpu, bytes: usize) -> Result<LaunchSlot, GpuError> {
+        {
+            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(i) =
+                (0..free.len()).filter(|&i| free[i].cap() >= bytes).min_by_key(|&i| free[i].cap())
+            {
+                return Ok(free.swap_remove(i));
+            }
+        }
+        let cap = bytes.max(SLOT_MIN).next_power_of_two();
+        let _quiet = gpu.quiet.enter()?;
+        Ok(LaunchSlot { host: PinnedBuf::new(&gpu.ctx, cap)?, dev: DeviceMem::zeroed(&gpu.ctx, cap)? })
+    }
+
+    /// Returns a slot no launch uses any more; a large one, or one beyond
+    /// the pool's size, is freed inside the gate.
+    fn give(&self, slot: LaunchSlot, quiet: &Quiesce) {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.cap() <= POOL_SLOT_MAX && free.len() < POOL_SLOTS {
+            free.push(slot);
+            return;
+        }
+        drop(free);
+        let _quiet = quiet.enter();
+        drop(slot);
+    }
+}
+
+/// A batch's inputs, grouped by queue.
+struct LaunchInput<'a> {
+    descs: &'a [TuttiQueue],
+    requests: &'a [TuttiRequest],
+    order: &'a [u32],
+    offsets: &'a [u32],
+}
+
+/// A launched batch, until [`GpuLaunch::wait`].
+#[derive(Debug)]
+pub struct GpuLaunch {
+    /// `None` once waited on (back in the pool).
+    slot: Option<LaunchSlot>,
+    layout: Layout,
+    done: Arc<KernelEvent>,
+    pool: Arc<SlotPool>,
+    quiet: Arc<Quiesce>,
+}
+
+impl GpuLaunch {
+    /// `true` once the kernel has ended and its statuses are back; never
+    /// blocks.
+    pub fn is_done(&self) -> bool {
+        self.done.is_done()
+    }
+
+    /// The raw `CUevent` recorded after the kernel and its status copy, for
+    /// a caller that orders its own stream after this launch
+    /// (`cuStreamWaitEvent`). Valid until this launch is waited on or
+    /// dropped.
+    pub fn event(&self) -> u64 {
+        self.done.raw() as u64
+    }
+
+    /// Waits for the kernel (bounded by the launch's per-command budget)
+    /// and returns one status per request, in order. The calling thread
+    /// polls for at most 20 us, then sleeps in the driver (a
+    /// `BLOCKING_SYNC` event): it does not spin a core while the GPU works.
+    pub fn wait(mut self) -> Result<Vec<GpuStatus>, GpuError> {
+        // A launch about to end is taken without a sleep and wake-up.
+        let spin_until = Instant::now() + WAIT_SPIN;
+        while !self.done.is_done() && Instant::now() < spin_until {
+            std::hint::spin_loop();
+        }
+        let r = self.done.synchronize();
+        let statuses = match (&r, &self.slot) {
+            (Ok(()), Some(slot)) => Ok(slot.statuses(&self.layout)),
+            (Err(_), _) => r.map(|()| Vec::new()),
+            (Ok(()), None) => Ok(Vec::new()),
+        };
+        self.release(statuses.is_ok());
+        statuses
+    }
+
+    /// Unlists the launch from the gate and returns its slot to the pool
+    /// (`reusable`: the event completed; otherwise the slot is dropped
+    /// inside the gate, which waits for every kernel first).
+    fn release(&mut self, reusable: bool) {
+        self.quiet.finished(&self.done);
+        let Some(slot) = self.slot.take() else { return };
+        if reusable {
+            self.pool.give(slot, &self.quiet);
+        } else {
+            let _quiet = self.quiet.enter();
+            drop(slot);
+        }
+    }
+}
+
+impl Drop for GpuLaunch {
+    /// A launch dropped without a wait: the kernel may still read its slot;
+    /// wait for its event (bounded by the budget) before reusing it.
+    fn drop(&mut self) {
+        if self.slot.is_none() {
+            return;
+        }
+        let ok = self.done.synchronize().is_ok();
+        self.release(ok);
+    }
+}
+
+impl Gpu {
+    /// Launches one batch as one kernel on this GPU's own stream and
+    /// returns at once: `requests[i]` goes to `queues[requests[i].queue]`,
+    /// whose data region is the paired [`GpuRegion`]. One block per queue,
+    /// at most `threads_per_queue` (clamped to the queue size - 1 and 1024)
+    /// commands in flight per queue; each command waits at most `budget`
+    /// for its completion. [`GpuLaunch::wait`] returns one status per
+    /// request.
+    ///
+    /// The queues and regions must stay alive until this launch is waited
+    /// on. A launch on a queue that an earlier launch still uses waits on
+    /// the GPU (not the host) for that one to end first. Does not block,
+    /// except for a launch larger than any before it (a new slot is
+    /// allocated, which waits for running I/O kernels).
+    pub fn launch(
+        &self,
+        queues: &[(&GpuQueue, &GpuRegion)],
+        requests: &[TuttiRequest],
+        threads_per_queue: u32,
+        budget: Duration,
+    ) -> Result<GpuLaunch, GpuError> {
+        // SAFETY: no caller stream: the GPU's own stream lives as long as it.
+        unsafe { self.launch_on(queues, requests, threads_per_queue, budget, None) }
+    }
+
+    /// As [`Gpu::launch`], on the caller's CUDA stream `stream` (a
+    /// `CUstream` of this GPU's primary context, as a number: PyTorch's
+    /// `torch.cuda.Stream.cuda_stream`, CuPy's `Stream.ptr`), or on this
+    /// GPU's own stream for `None`. The kernel runs after the work queued
+    /// before it on that stream, and work queued after it runs after the
+    /// kernel: a serving engine orders loads and saves with its own
+    /// kernels without a host synchronisation. The legacy default stream
+    /// (0) is refused: it would serialise with the emulator's copies.
+    ///
+    /// # Safety
+    ///
+    /// `stream`, if given, must be a live stream of this GPU's context and
+    /// stay alive until the launch has ended.
+    pub unsafe fn launch_on(
+        &self,
+        queues: &[(&GpuQueue, &GpuRegion)],
+        requests: &[TuttiRequest],
+        threads_per_queue: u32,
+        budget: Duration,
+        stream: Option<u64>,
+    ) -> Result<GpuLaunch, GpuError> {
+        if stream == Some(0) {
+            return Err(GpuError::LegacyStream);
+        }
+        let (descs, order, offsets) = group_by_queue(queues, requests)?;
+        let max_size = queues.iter().map(|(q, _)| q.desc.size).max().unwrap_or(2);
+        let threads = threads_per_queue.clamp(1, 1024).min(max_size - 1);
+        let input = LaunchInput { descs: &descs, requests, order: &order, offsets: &offsets };
+        let raw = stream.map_or(self.quiet.io.raw, |s| s as sys::CUstream);
+        let qs: Vec<&GpuQueue> = queues.iter().map(|(q, _)| *q).collect();
+        self.start(&input, &qs, threads, budget, raw)
+    }
+
+    /// Queues the upload, the kernel, the status copy and the end event on
+    /// `stream`.
+    fn start(
+        &self,
+        input: &LaunchInput<'_>,
+        queues: &[&GpuQueue],
+        threads: u32,
+        budget: Duration,
+        stream: sys::CUstream,
+    ) -> Result<GpuLaunch, GpuError> {
+        let n = input.requests.len();
+        let layout = Layout::new(input.descs.len(), n);
+        let mut slot = self.slots.take(self, layout.end)?;
+        slot.put(layout.queues, input.descs);
+        slot.put(layout.reqs, input.requests);
+        slot.put(layout.order, input.order);
+        slot.put(layout.offsets, input.offsets);
+        slot.put(layout.status, &vec![STATUS_NOT_RUN; n]);
+        let done = match KernelEvent::new(&self.ctx) {
+            Ok(e) => Arc::new(e),
+            Err(e) => {
+                self.slots.give(slot, &self.quiet);
+                return Err(e);
+            }
+        };
+        // No memory management may start between the launch and its
+        // listing in the gate.
+        let mut running = self.quiet.lock();
+        if let Err(e) = self.enqueue(&slot, &layout, queues, threads, budget, stream, &done) {
+            // Whatever was queued must end before the slot is reused.
+            // SAFETY: `stream` is live (this function's caller's contract).
+            let _ = unsafe { result::stream::synchronize(stream) };
+            drop(running);
+            self.slots.give(slot, &self.quiet);
+            return Err(e);
+        }
+        running.push(done.clone());
+        drop(running);
+        for q in queues {
+            q.set_last_launch(&done);
+        }
+        Ok(GpuLaunch { slot: Some(slot), layout, done, pool: self.slots.clone(), quiet: self.quiet.clone() })
+    }
+
+    /// The driver calls of a launch, in stream order.
+    #[allow(clippy::too_many_arguments)]
+    fn enqueue(
+        &self,
+        slot: &LaunchSlot,
+        l: &Layout,
+        queues: &[&GpuQueue],
+        threads: u32,
+        budget: Duration,
+        stream: sys::CUstream,
+        done: &KernelEvent,
+    ) -> Result<(), GpuError> {
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        for q in queues {
+            if let Some(prev) = q.last_launch() {
+                // SAFETY: both handles are live in this context.
+                unsafe { sys::cuStreamWaitEvent(stream, prev.raw(), 0) }
+                    .result()
+                    .map_err(drv("cuStreamWaitEvent"))?;
+            }
+        }
+        // SAFETY: the slot's staging and device memory hold `l.end` bytes
+        // and stay unused by anything else until this launch is released.
+        unsafe { sys::cuMemcpyHtoDAsync_v2(slot.dev.ptr, slot.host.ptr.cast(), l.end, stream) }
+            .result()
+            .map_err(drv("cuMemcpyHtoDAsync"))?;
+        let d = slot.dev.ptr;
+        let (pq, pr, po, pf, ps) = (
+            d + l.queues as u64,
+            d + l.reqs as u64,
+            d + l.order as u64,
+            d + l.offsets as u64,
+            d + l.status as u64,
+        );
+        let nqueues = u32::try_from(queues.len()).unwrap_or(u32::MAX);
+        let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
+        let mut params: [*mut c_void; 7] = [
+            (&pq as *const u64).cast_mut().cast(),
+            (&nqueues as *const u32).cast_mut().cast(),
+            (&pr as *const u64).cast_mut().cast(),
+            (&po as *const u64).cast_mut().cast(),
+            (&pf as *const u64).cast_mut().cast(),
+            (&ps as *const u64).cast_mut().cast(),
+            (&budget_ns as *const u64).cast_mut().cast(),
+        ];
+        // SAFETY: the parameter list matches `tutti_io`'s signature (7
+        // arguments: 5 device pointers, a u32, a u64); cuLaunchKernel copies
+        // the values before returning; the slot they point into lives until
+        // the launch's event has completed.
+        unsafe { result::launch_kernel(self.func, (nqueues, 1, 1), (threads, 1, 1), 0, stream, &mut params) }
+            .map_err(drv("cuLaunchKernel"))?;
+        // SAFETY: as for the upload; the status words lie inside the slot.
+        unsafe { sys::cuMemcpyDtoHAsync_v2(slot.host.ptr.add(l.status).cast(), ps, l.n * 4, stream) }
+            .result()
+            .map_err(drv("cuMemcpyDtoHAsync"))?;
+        // SAFETY: both handles are live in this context.
+        unsafe { sys::cuEventRecord(done.raw(), stream) }.result().map_err(drv("cuEventRecord"))
+    }
+}
+
+/// Queue descriptors, request order by queue, per-queue offsets.
+type Grouped = (Vec<TuttiQueue>, Vec<u32>, Vec<u32>);
+
+/// Checks the batch and groups its request indexes by queue: the queue
+/// descriptors (with each queue's data region), the order and the
+/// per-queue offsets into it.
+fn group_by_queue(
+    queues: &[(&GpuQueue, &GpuRegion)],
+    requests: &[TuttiRequest],
+) -> Result<Grouped, GpuError> {
+    if queues.is_empty() {
+        return Err(GpuError::NoQueues);
+    }
+    if queues.len() > MAX_QUEUES_PER_LAUNCH {
+        return Err(GpuError::TooManyQueues { queues: queues.len(), max: MAX_QUEUES_PER_LAUNCH });
+    }
+    if requests.len() > MAX_REQUESTS_PER_LAUNCH {
+        return Err(GpuError::TooManyRequests { requests: requests.len(), max: MAX_REQUESTS_PER_LAUNCH });
+    }
+    let mut counts = vec![0u32; queues.len() + 1];
+    for (i, r) in requests.iter().enumerate() {
+        let q = usize::from(r.queue);
+        if q >= queues.len() {
+            return Err(GpuError::QueueIndex { request: i, queue: r.queue, queues: queues.len() });
+        }
+        counts[q + 1] += 1;
+    }
+    for q in 0..queues.len() {
+        counts[q + 1] += counts[q];
+    }
+    let offsets = counts.clone();
+    let mut order = vec![0u32; requests.len()];
+    let mut fill = counts;
+    for (i, r) in requests.iter().enumerate() {
+        let q = usize::from(r.queue);
+        order[fill[q] as usize] = i as u32;
+        fill[q] += 1;
+    }
+    let descs = queues
+        .iter()
+        .map(|(q, region)| TuttiQueue { pages: region.pages_ptr(), region_len: region.len as u64, ..q.desc })
+        .collect();
+    Ok((descs, order, offsets))
+}
+
+/// A non-blocking CUDA stream of a [`Gpu`]'s context, destroyed on drop:
+/// for callers without a CUDA runtime of their own (tests, benchmarks, the
+/// C API) that want [`Gpu::launch_on`]'s ordering. PyTorch and CuPy users
+/// pass their own streams instead.
+#[derive(Debug)]
+pub struct GpuStream(crate::gpu::Stream);
+
+impl GpuStream {
+    /// Creates the stream (waits for running I/O kernels first, as this
+    /// crate's other resource creation does).
+    pub fn new(gpu: &Gpu) -> Result<Self, GpuError> {
+        let _quiet = gpu.quiet.enter()?;
+        Ok(Self(crate::gpu::Stream::new(&gpu.ctx)?))
+    }
+
+    /// The `CUstream`, as [`Gpu::launch_on`] and
+    /// `tutti::Runtime::submit_on_stream` take it.
+    pub fn raw(&self) -> u64 {
+        self.0.raw as u64
+    }
+
+    /// Blocks until the work queued on the stream has ended.
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        self.0.sync()
+    }
+}
