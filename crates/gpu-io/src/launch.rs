@@ -6,13 +6,15 @@
 //! several launches pipeline on a stream:
 //!
 //! - Its inputs (queue descriptors, requests, their per-queue order and
-//!   offsets, the status words) are written into a reusable slot
-//!   ([`LaunchSlot`]): pinned host staging plus a device buffer of the same
-//!   layout, uploaded with one asynchronous copy on the launch's stream.
-//!   Slots are kept in a pool; only a launch larger than every free slot
-//!   allocates one (inside the `Quiesce` gate).
-//! - The statuses come back with one asynchronous copy after the kernel,
-//!   and a `BLOCKING_SYNC` event recorded after that copy marks the end:
+//!   offsets) and its status words live in a reusable slot
+//!   ([`LaunchSlot`]): pinned host memory mapped into the GPU, which the
+//!   kernel reads and writes in place (zero-copy), so the launch's stream
+//!   carries the kernel alone, no copy before or after it. (With copies on
+//!   the I/O kernel's stream, the emulator's copies into GPU memory stalled
+//!   behind a kernel that waited for them: H200, 2026-12-01.) Slots are
+//!   kept in a pool; only a launch larger than every free slot allocates
+//!   one (inside the `Quiesce` gate).
+//! - A `BLOCKING_SYNC` event recorded after the kernel marks the end:
 //!   [`GpuLaunch::wait`] sleeps on it (`cuEventSynchronize`) instead of
 //!   spinning a core, and [`GpuLaunch::is_done`] polls it.
 //! - The stream is the `Gpu`'s own, or the caller's ([`Gpu::launch_on`]),
@@ -31,7 +33,7 @@ use cudarc::driver::result;
 use cudarc::driver::sys;
 
 use crate::abi::{TuttiQueue, TuttiRequest};
-use crate::gpu::{drv, DeviceMem, Gpu, GpuError, GpuQueue, GpuRegion, GpuStatus, Quiesce, STATUS_NOT_RUN};
+use crate::gpu::{drv, Gpu, GpuError, GpuQueue, GpuRegion, GpuStatus, Quiesce, STATUS_NOT_RUN};
 use crate::gpu::{MAX_QUEUES_PER_LAUNCH, MAX_REQUESTS_PER_LAUNCH};
 
 /// Free slots kept for reuse.
@@ -101,10 +103,13 @@ impl Drop for KernelEvent {
     }
 }
 
-/// Pinned host memory from `cuMemHostAlloc`, freed on drop.
+/// Pinned host memory from `cuMemHostAlloc`, mapped into the GPU
+/// (`DEVICEMAP`), freed on drop.
 #[derive(Debug)]
 struct PinnedBuf {
     ptr: *mut u8,
+    /// The GPU's address of the first byte.
+    dptr: u64,
     len: usize,
     ctx: Arc<cudarc::driver::CudaContext>,
 }
@@ -116,9 +121,17 @@ impl PinnedBuf {
     fn new(ctx: &Arc<cudarc::driver::CudaContext>, len: usize) -> Result<Self, GpuError> {
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         let mut p: *mut c_void = std::ptr::null_mut();
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: `p` is a valid out-pointer; freed in Drop.
-        unsafe { sys::cuMemHostAlloc(&mut p, len, 0) }.result().map_err(drv("cuMemHostAlloc"))?;
-        Ok(Self { ptr: p.cast(), len, ctx: ctx.clone() })
+        unsafe { sys::cuMemHostAlloc(&mut p, len, flags) }.result().map_err(drv("cuMemHostAlloc"))?;
+        let mut buf = Self { ptr: p.cast(), dptr: 0, len, ctx: ctx.clone() };
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: `p` was allocated just above with DEVICEMAP.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, p, 0) }
+            .result()
+            .map_err(drv("cuMemHostGetDevicePointer"))?;
+        buf.dptr = dptr;
+        Ok(buf)
     }
 }
 
@@ -159,32 +172,32 @@ impl Layout {
     }
 }
 
-/// Reusable pinned staging and device memory for one launch.
+/// Reusable pinned, GPU-mapped memory for one launch's inputs and
+/// statuses.
 #[derive(Debug)]
 pub(crate) struct LaunchSlot {
     host: PinnedBuf,
-    dev: DeviceMem,
 }
 
 impl LaunchSlot {
     fn cap(&self) -> usize {
-        self.host.len.min(self.dev.len)
+        self.host.len
     }
 
     /// Copies `src`'s bytes to byte `at` of the staging memory.
     fn put<T: Copy>(&mut self, at: usize, src: &[T]) {
         let bytes = size_of_val(src);
         debug_assert!(at + bytes <= self.host.len);
-        // SAFETY: `at + bytes` lies inside the staging buffer (the slot was
-        // chosen for the layout); no copy reads the staging memory while
-        // the slot is not in a launch; T is plain data.
+        // SAFETY: `at + bytes` lies inside the buffer (the slot was chosen
+        // for the layout); no kernel reads it while the slot is not in a
+        // launch; T is plain data.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().cast::<u8>(), self.host.ptr.add(at), bytes) };
     }
 
     fn statuses(&self, l: &Layout) -> Vec<GpuStatus> {
         let mut words = vec![0u32; l.n];
-        // SAFETY: the status words lie inside the staging buffer, and the
-        // copy that wrote them has ended (the launch's event completed).
+        // SAFETY: the status words lie inside the buffer, and the kernel
+        // that wrote them has ended (the launch's event completed).
         unsafe {
             std::ptr::copy_nonoverlapping(
                 self.host.ptr.add(l.status),
@@ -216,7 +229,7 @@ impl SlotPool {
         }
         let cap = bytes.max(SLOT_MIN).next_power_of_two();
         let _quiet = gpu.quiet.enter()?;
-        Ok(LaunchSlot { host: PinnedBuf::new(&gpu.ctx, cap)?, dev: DeviceMem::zeroed(&gpu.ctx, cap)? })
+        Ok(LaunchSlot { host: PinnedBuf::new(&gpu.ctx, cap)? })
     }
 
     /// Returns a slot no launch uses any more; a large one, or one beyond
@@ -437,12 +450,9 @@ impl Gpu {
                     .map_err(drv("cuStreamWaitEvent"))?;
             }
         }
-        // SAFETY: the slot's staging and device memory hold `l.end` bytes
-        // and stay unused by anything else until this launch is released.
-        unsafe { sys::cuMemcpyHtoDAsync_v2(slot.dev.ptr, slot.host.ptr.cast(), l.end, stream) }
-            .result()
-            .map_err(drv("cuMemcpyHtoDAsync"))?;
-        let d = slot.dev.ptr;
+        // The kernel reads its inputs and writes its statuses in the slot's
+        // mapped host memory (the launch makes the host's stores visible).
+        let d = slot.host.dptr;
         let (pq, pr, po, pf, ps) = (
             d + l.queues as u64,
             d + l.reqs as u64,
@@ -467,10 +477,6 @@ impl Gpu {
         // the launch's event has completed.
         unsafe { result::launch_kernel(self.func, (nqueues, 1, 1), (threads, 1, 1), 0, stream, &mut params) }
             .map_err(drv("cuLaunchKernel"))?;
-        // SAFETY: as for the upload; the status words lie inside the slot.
-        unsafe { sys::cuMemcpyDtoHAsync_v2(slot.host.ptr.add(l.status).cast(), ps, l.n * 4, stream) }
-            .result()
-            .map_err(drv("cuMemcpyDtoHAsync"))?;
         // SAFETY: both handles are live in this context.
         unsafe { sys::cuEventRecord(done.raw(), stream) }.result().map_err(drv("cuEventRecord"))
     }
