@@ -3,6 +3,14 @@
 // in order behind a system-scope fence, ring the doorbell with one 32-bit
 // store, and poll the CQ by phase tag with a %globaltimer budget.
 //
+// Work is shared per warp: the lanes that wait together reserve their
+// tickets with one atomicAdd, try the queue lock once, and, holding it,
+// reap cooperatively: each lane tests one CQ slot, so a warp consumes up
+// to 32 posted CQEs per PCIe round trip, delivers each to the thread
+// waiting on its CID (dropping unknown, duplicate and late ones), and
+// writes the CQ head doorbell once per burst, before handing the burst's
+// completions out.
+//
 // Queue memory (SQ, CQ) and doorbells live in host memory mapped into the
 // GPU (the emulator's queues and register page), or, on real hardware, in
 // device memory / a registered BAR0. Layouts follow the NVM Express Base
@@ -127,6 +135,48 @@ __device__ __forceinline__ void unlock(uint32_t* l) {
     atomicExch(l, 0u);
 }
 
+__device__ __forceinline__ uint32_t lane_id() {
+    uint32_t l;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
+    return l;
+}
+
+// Position of this lane among the lanes of `mask` below it (0-based).
+__device__ __forceinline__ uint32_t rank_in(uint32_t mask) {
+    return __popc(mask & ((1u << lane_id()) - 1u));
+}
+
+// The lanes of this warp that execute this call together (the "group").
+// Every warp-cooperative step below starts from one such mask and then keeps
+// control flow uniform across it (decisions are broadcast from the group's
+// leader, its lowest lane), so every lane of the mask reaches each *_sync.
+// Requires sm_70+ independent thread scheduling.
+struct Group {
+    uint32_t mask;
+    uint32_t leader;  // lowest lane of mask
+    uint32_t rank;    // this lane's position in mask
+    uint32_t n;       // lanes in mask
+};
+
+__device__ __forceinline__ Group group_here() {
+    Group g;
+    g.mask = __activemask();
+    g.leader = __ffs(g.mask) - 1u;
+    g.rank = rank_in(g.mask);
+    g.n = __popc(g.mask);
+    return g;
+}
+
+// The leader tries the queue lock for the whole group; every lane learns the
+// outcome.
+__device__ __forceinline__ bool group_try_lock(const Group& g, uint32_t* l) {
+    uint32_t got = 0;
+    if (lane_id() == g.leader) {
+        got = try_lock(l) ? 1u : 0u;
+    }
+    return __shfl_sync(g.mask, got, g.leader) != 0u;
+}
+
 // Publishes every contiguous filled slot from `published` on and rings the
 // SQ tail doorbell once. Caller holds the lock. The tail only moves forward,
 // and only over slots whose SQE stores are complete.
@@ -145,63 +195,170 @@ __device__ void publish(const TuttiQueue& q, TuttiQueueState* st, uint32_t* read
     }
 }
 
-// Consumes every posted CQE at the head (phase tag match), hands each
-// completion to the command waiting on its CID, and writes the CQ head
-// doorbell once.
-// Caller holds the lock.
-__device__ void reap(const TuttiQueue& q, TuttiQueueState* st, uint32_t* done) {
-    unsigned long long head = st->cq_head;
-    uint32_t phase = st->phase;
+// What one pass of warp_reap found, summed over the group.
+struct ReapTally {
+    uint32_t stale;     // CQEs dropped: unknown, duplicate or late CID, or another SQ's
+    uint32_t bad_sqid;  // CQEs naming another SQ
+    uint32_t bad_sqhd;  // CQEs whose SQHD lies outside [sq_head, published]
+    uint32_t ahead;     // furthest valid SQHD, in entries past sq_head
+};
+
+// One lane's CQE (its phase tag as expected, its body read): checks its
+// SQID and SQHD, and hands its completion to the command waiting on its CID.
+// Sets `ok_sqhd` when its SQHD is valid, with the distance in `ahead`.
+__device__ __forceinline__ void take_cqe(const TuttiQueue& q, uint32_t dw2, uint32_t dw3, unsigned long long sq_head,
+                                         unsigned long long published, uint32_t* done, uint32_t& stale,
+                                         uint32_t& bad_sqid, uint32_t& ok_sqhd, uint32_t& ahead) {
+    if ((dw2 >> 16) != q.qid) {
+        // Not this SQ's: neither its SQHD nor its CID mean anything here.
+        bad_sqid = 1;
+        stale = 1;
+        return;
+    }
+    // SQ head from SQHD (NVMe Base 2.0 4.2.1): the controller has fetched
+    // every entry before it. It must lie in [sq_head, published].
+    uint32_t sqhd = dw2 & 0xFFFFu;
+    ahead = (sqhd + q.size - (uint32_t)(sq_head % q.size)) % q.size;
+    ok_sqhd = (sqhd < q.size && sq_head + ahead <= published) ? 1u : 0u;
+    uint32_t cid = dw3 & 0xFFFFu;
+    uint32_t value = (dw3 & 0xFFFE0000u) | 0x10000u | cid;
+    // Only a command that waits for this CID takes it; an unknown,
+    // duplicate or late (timed-out) completion is counted and dropped.
+    if (atomicCAS(&done[cid], WAITING, value) != WAITING) {
+        stale = 1;
+    }
+}
+
+// One pass over up to g.n CQ slots from `head`: lane of rank r tests slot
+// head + r. The group takes the run of posted entries (phase tag as
+// expected) from the first on, releases their slots with one CQ head
+// doorbell, then each lane delivers its own; returns how many it took.
+// `window` caps the slots tested (so no slot is tested twice in one pass
+// when the CQ has fewer entries than the group has lanes).
+__device__ uint32_t reap_pass(const Group& g, const TuttiQueue& q, unsigned long long head, uint32_t phase,
+                              uint32_t window, unsigned long long sq_head, unsigned long long published,
+                              uint32_t* done, ReapTally& t) {
+    uint32_t slot = (uint32_t)(head % q.size) + g.rank;
+    uint32_t expected = slot >= q.size ? (phase ^ 1u) : phase;  // window <= size: at most one wrap
+    slot %= q.size;
+    const uint32_t* cqe = (const uint32_t*)(q.cq + (uint64_t)slot * 16u);
+    uint32_t dw3 = 0, dw2 = 0;
+    bool posted = false;
+    if (g.rank < window) {
+        // The dword with the phase tag first (acquire), then the body.
+        dw3 = load_acquire_sys(cqe + 3);
+        posted = ((dw3 >> 16) & 1u) == expected;
+        if (posted) {
+            dw2 = load_volatile(cqe + 2);
+        }
+    }
+    uint32_t gaps = g.mask & ~__ballot_sync(g.mask, posted);
+    // Entries are posted in order: only the run before the first gap counts
+    // (a slot after a gap may have been written after the gap was read).
+    uint32_t take = gaps ? __popc(g.mask & ((1u << (__ffs(gaps) - 1u)) - 1u)) : g.n;
+    // Every body taken has been read (the ballot consumes dw2) before the
+    // doorbell gives the slots back to the controller.
+    uint32_t foreign = __ballot_sync(g.mask, g.rank < take && (dw2 >> 16) != q.qid);
+    if (take != 0u && lane_id() == g.leader) {
+        // Released before the completions are handed out, so a waiter that
+        // submits again at once always finds a free CQ slot for its command.
+        store_volatile((uint32_t*)q.cq_doorbell, (uint32_t)((head + take) % q.size));
+        __threadfence_system();
+    }
+    __syncwarp(g.mask);
+    uint32_t stale = 0, bad_sqid = 0, ok_sqhd = 0, ahead = 0;
+    if (g.rank < take) {
+        take_cqe(q, dw2, dw3, sq_head, published, done, stale, bad_sqid, ok_sqhd, ahead);
+    }
+    t.stale += __popc(__ballot_sync(g.mask, stale != 0u));
+    t.bad_sqid += __popc(foreign);
+    uint32_t good = __ballot_sync(g.mask, ok_sqhd != 0u);
+    uint32_t checked = __ballot_sync(g.mask, g.rank < take) & ~foreign;
+    t.bad_sqhd += __popc(checked & ~good);
+    // The furthest valid SQHD (entries are fetched in order, so the largest
+    // distance is the newest head).
+    for (uint32_t b = good; b != 0u; b &= b - 1u) {
+        uint32_t a = __shfl_sync(g.mask, ahead, __ffs(b) - 1u);
+        t.ahead = max(t.ahead, a);
+    }
+    return take;
+}
+
+// Warp-cooperative reaping: the group consumes every posted CQE at the
+// head, up to g.n slots per PCIe round trip (one CQ head doorbell per
+// pass), hands each completion to the command waiting on its CID, and the
+// leader writes the state once. The caller's group holds the lock.
+__device__ void warp_reap(const Group& g, const TuttiQueue& q, TuttiQueueState* st, uint32_t* done) {
+    // The leader read the state under the lock; the group gets it by shuffle.
+    unsigned long long head = 0, sq_head = 0, published = 0;
+    uint32_t phase = 0;
+    if (lane_id() == g.leader) {
+        head = st->cq_head;
+        sq_head = st->sq_head;
+        published = st->published;
+        phase = st->phase;
+    }
+    head = __shfl_sync(g.mask, head, g.leader);
+    sq_head = __shfl_sync(g.mask, sq_head, g.leader);
+    published = __shfl_sync(g.mask, published, g.leader);
+    phase = __shfl_sync(g.mask, phase, g.leader);
+    ReapTally t = {0, 0, 0, 0};
     uint32_t consumed = 0;
     while (consumed < q.size) {
-        const uint32_t* cqe = (const uint32_t*)(q.cq + (uint64_t)(head % q.size) * 16u);
-        // The dword with the phase tag first (acquire), then the body.
-        uint32_t dw3 = load_acquire_sys(cqe + 3);
-        if (((dw3 >> 16) & 1u) != phase) {
-            break;
-        }
-        uint32_t dw2 = load_volatile(cqe + 2);
-        uint32_t sqid = dw2 >> 16;
-        if (sqid != q.qid) {
-            // Not this SQ's: neither its SQHD nor its CID mean anything here.
-            st->bad_sqid++;
-            st->stale++;
-            goto next;
-        }
-        {
-            // SQ head from SQHD (NVMe Base 2.0 4.2.1): the controller has
-            // fetched every entry before it. It must lie in [sq_head, tail].
-            unsigned long long h = st->sq_head;
-            uint32_t sqhd = dw2 & 0xFFFFu;
-            uint32_t ahead = (sqhd + q.size - (uint32_t)(h % q.size)) % q.size;
-            if (sqhd < q.size && h + ahead <= st->published) {
-                st->sq_head = h + ahead;
-            } else {
-                st->bad_sqhd++;
-            }
-        }
-        {
-            uint32_t cid = dw3 & 0xFFFFu;
-            uint32_t value = (dw3 & 0xFFFE0000u) | 0x10000u | cid;
-            // Only a command that waits for this CID takes it; an unknown,
-            // duplicate or late (timed-out) completion is counted and dropped.
-            if (atomicCAS(&done[cid], WAITING, value) != WAITING) {
-                st->stale++;
-            }
-        }
-    next:
-        head++;
-        consumed++;
-        if (head % q.size == 0u) {
+        uint32_t window = min(g.n, q.size - consumed);
+        uint32_t take = reap_pass(g, q, head, phase, window, sq_head, published, done, t);
+        if ((uint32_t)(head % q.size) + take >= q.size) {
             phase ^= 1u;
         }
+        head += take;
+        consumed += take;
+        if (take < window) {
+            break;
+        }
     }
-    if (consumed) {
+    if (consumed && lane_id() == g.leader) {
+        // (The CQ head doorbell was written by each pass.)
         st->cq_head = head;
         st->phase = phase;
-        __threadfence_system();
-        store_volatile((uint32_t*)q.cq_doorbell, (uint32_t)(head % q.size));
+        st->sq_head = sq_head + t.ahead;
+        st->stale += t.stale;
+        st->bad_sqid += t.bad_sqid;
+        st->bad_sqhd += t.bad_sqhd;
     }
+}
+
+// The group publishes what is ready and, when `reap` is set, reaps: one
+// lock attempt per group instead of one per thread.
+__device__ __forceinline__ void group_progress(TuttiQueue const& q, TuttiQueueState* st, uint32_t* ready, uint32_t* done,
+                                               bool reap) {
+    Group g = group_here();
+    // Uniform across the group even if the compiler merged call sites.
+    reap = __any_sync(g.mask, reap);
+    if (!group_try_lock(g, &st->lock)) {
+        return;
+    }
+    if (lane_id() == g.leader) {
+        publish(q, st, ready);  // ours, if an earlier ticket held it back
+    }
+    if (reap) {
+        __syncwarp(g.mask);
+        warp_reap(g, q, st, done);
+    }
+    __syncwarp(g.mask);
+    if (lane_id() == g.leader) {
+        unlock(&st->lock);
+    }
+}
+
+// A ticket for this lane: one atomicAdd per group of lanes reserving
+// together, each lane getting the next in rank order.
+__device__ __forceinline__ unsigned long long reserve_ticket(TuttiQueueState* st) {
+    Group g = group_here();
+    unsigned long long base = 0;
+    if (lane_id() == g.leader) {
+        base = atomicAdd(&st->reserve, (unsigned long long)g.n);
+    }
+    return __shfl_sync(g.mask, base, g.leader) + g.rank;
 }
 
 // One launch serves a batch over up to `nqueues` queue pairs (one block per
@@ -262,7 +419,7 @@ extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, 
         }
 
         // Reserve a ticket: SQ slot ticket % size, CID = ticket % 65536.
-        unsigned long long ticket = atomicAdd(&st->reserve, 1ull);
+        unsigned long long ticket = reserve_ticket(st);
         uint32_t slot = (uint32_t)(ticket % q.size);
         uint32_t cid = (uint32_t)(ticket & 0xFFFFu);
 
@@ -299,10 +456,7 @@ extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, 
         __threadfence_system();
         store_volatile(&ready[slot], (uint32_t)(ticket + 1u));
 
-        if (try_lock(&st->lock)) {
-            publish(q, st, ready);
-            unlock(&st->lock);
-        }
+        group_progress(q, st, ready, done, false);
 
         // Poll for the completion, reaping for everyone, within the budget.
         uint64_t deadline = globaltimer() + budget_ns;
@@ -311,14 +465,12 @@ extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, 
             uint32_t v = load_volatile(&done[cid]);
             if (v != WAITING) {
                 result = v >> 17;  // NVMe status field; 0 = success
-                atomicExch(&done[cid], 0u);
+                // Only this thread writes a cell it claimed once it is no
+                // longer WAITING (reapers only CAS from WAITING).
+                store_volatile(&done[cid], 0u);
                 break;
             }
-            if (try_lock(&st->lock)) {
-                publish(q, st, ready);  // ours, if an earlier ticket held it back
-                reap(q, st, done);
-                unlock(&st->lock);
-            }
+            group_progress(q, st, ready, done, true);
             if (globaltimer() > deadline) {
                 // Stop waiting; if the completion lands at this instant, take it.
                 uint32_t late = atomicCAS(&done[cid], WAITING, 0u);
@@ -331,5 +483,100 @@ extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, 
             __nanosleep(256);
         }
         status[i] = result;
+    }
+}
+
+// The bare ring probe, for `tutti-bench gpu-rate`: the same queues, the same
+// launch and the same requests as tutti_io, with none of the protocol. Each
+// block drives its queue in lockstep bursts of up to min(blockDim.x,
+// size - 1) Read SQEs: every thread writes one SQE (CID = slot, PRP1 from
+// the request, no PRP lists, no ticket, no lock, no ready marks), thread 0
+// rings the SQ tail doorbell once, every thread polls its own CQ slot for
+// the phase tag (no CID matching, no SQHD or SQID checks), and thread 0
+// rings the CQ head doorbell once. A request's status is 0 when its CQE
+// arrived, TUTTI_TIMEOUT when the budget ran out first (its SQE may still be
+// in flight: the queue is then unusable). At the end thread 0 writes the
+// queue's state as tutti_io expects it of an idle queue (every ticket
+// published, fetched and reaped), so the queue can serve tutti_io again.
+// The queue must be idle at launch (the launch waits for its last kernel).
+extern "C" __global__ void tutti_ring_probe(const TuttiQueue* queues, uint32_t nqueues, const TuttiRequest* reqs,
+                                            const uint32_t* order, const uint32_t* offsets, uint32_t* status,
+                                            uint64_t budget_ns) {
+    uint32_t b = blockIdx.x;
+    if (b >= nqueues) {
+        return;
+    }
+    const TuttiQueue q = queues[b];
+    TuttiQueueState* st = (TuttiQueueState*)q.state;
+    const uint64_t* pages = (const uint64_t*)q.pages;
+    uint32_t burst = min((uint32_t)blockDim.x, q.size - 1u);
+    __shared__ unsigned long long tail;
+    __shared__ unsigned long long head;
+    __shared__ uint32_t phase;
+    __shared__ uint32_t expired;
+    if (threadIdx.x == 0) {
+        tail = st->published;
+        head = st->cq_head;
+        phase = st->phase;
+        expired = 0;
+    }
+    __syncthreads();
+    uint64_t deadline = globaltimer() + budget_ns;
+    uint32_t first = offsets[b], count = offsets[b + 1] - first;
+    for (uint32_t base = 0; base < count && !expired; base += burst) {
+        uint32_t nb = min(burst, count - base);
+        uint32_t t = threadIdx.x;
+        uint32_t i = 0;
+        if (t < nb) {
+            i = order[first + base + t];
+            TuttiRequest r = reqs[i];
+            uint32_t slot = (uint32_t)((tail + t) % q.size);
+            uint64_t prp1 = r.mem_offset < q.region_len ? pages[r.mem_offset / PAGE] + (r.mem_offset % PAGE) : 0;
+            uint32_t* sqe = (uint32_t*)(q.sq + (uint64_t)slot * 64u);
+            store_volatile_v4(&sqe[0], (uint32_t)r.opcode | (slot << 16), r.nsid, 0, 0);
+            store_volatile_v4(&sqe[4], 0, 0, (uint32_t)prp1, (uint32_t)(prp1 >> 32));
+            store_volatile_v4(&sqe[8], 0, 0, (uint32_t)r.slba, (uint32_t)(r.slba >> 32));
+            store_volatile_v4(&sqe[12], r.nlb & 0xFFFFu, 0, 0, 0);
+        }
+        __threadfence_system();
+        __syncthreads();
+        if (t == 0) {
+            tail += nb;
+            store_volatile((uint32_t*)q.sq_doorbell, (uint32_t)(tail % q.size));
+        }
+        if (t < nb) {
+            uint32_t pos = (uint32_t)(head % q.size) + t;
+            uint32_t want = pos >= q.size ? (phase ^ 1u) : phase;
+            const uint32_t* cqe = (const uint32_t*)(q.cq + (uint64_t)(pos % q.size) * 16u);
+            uint32_t result = TUTTI_TIMEOUT;
+            for (;;) {
+                if (((load_acquire_sys(cqe + 3) >> 16) & 1u) == want) {
+                    result = 0;
+                    break;
+                }
+                if (globaltimer() > deadline) {
+                    expired = 1;
+                    break;
+                }
+            }
+            status[i] = result;
+        }
+        __syncthreads();
+        if (t == 0 && !expired) {
+            if ((uint32_t)(head % q.size) + nb >= q.size) {
+                phase ^= 1u;
+            }
+            head += nb;
+            store_volatile((uint32_t*)q.cq_doorbell, (uint32_t)(head % q.size));
+        }
+        __syncthreads();
+    }
+    // Requests of bursts never started keep the host's "not run" word.
+    if (threadIdx.x == 0) {
+        st->reserve = tail;
+        st->published = tail;
+        st->sq_head = tail;
+        st->cq_head = head;
+        st->phase = phase;
     }
 }

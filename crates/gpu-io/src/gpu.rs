@@ -16,7 +16,7 @@ use crate::abi::{
     STATUS_UNSUPPORTED,
 };
 use crate::launch::{KernelEvent, SlotPool};
-use crate::ptx::{TUTTI_CRC32C_ENTRY_C, TUTTI_CRC32C_PTX_C, TUTTI_IO_ENTRY_C, TUTTI_IO_PTX_C};
+use crate::ptx::{TUTTI_CRC32C_ENTRY_C, TUTTI_CRC32C_PTX_C, TUTTI_IO_ENTRY_C};
 
 /// Errors of the GPU path.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +34,18 @@ pub enum GpuError {
         /// The driver's error.
         #[source]
         source: DriverError,
+    },
+    /// The loaded I/O module has no `tutti_ring_probe` entry (a
+    /// `TUTTI_IO_PTX` override built from an older source).
+    #[error("the loaded I/O kernel module has no tutti_ring_probe entry point (TUTTI_IO_PTX from an older source?)")]
+    NoRingProbe,
+    /// `TUTTI_IO_PTX` names a file that cannot be used as the I/O kernel.
+    #[error("TUTTI_IO_PTX={path}: {reason}")]
+    KernelOverride {
+        /// The path in the environment variable.
+        path: String,
+        /// Why it was refused.
+        reason: String,
     },
     /// [`Gpu::launch`] was given no queues.
     #[error("a GPU launch needs at least one (GpuQueue, GpuRegion) pair; none was given")]
@@ -486,6 +498,9 @@ impl Drop for HostMapping {
 #[derive(Debug)]
 pub struct Gpu {
     pub(crate) func: sys::CUfunction,
+    /// `tutti_ring_probe` from the same module, when the module has it (a
+    /// `TUTTI_IO_PTX` override may not).
+    pub(crate) probe_func: Option<sys::CUfunction>,
     /// The I/O stream and the gate of memory management (`Quiesce`).
     pub(crate) quiet: Arc<Quiesce>,
     _module: Module,
@@ -552,7 +567,18 @@ impl Gpu {
             return Err(GpuError::NoDriver);
         }
         let ctx = CudaContext::new(ordinal).map_err(drv("cuCtxCreate"))?;
-        let (module, func) = load_module(&ctx, TUTTI_IO_PTX_C, TUTTI_IO_ENTRY_C)?;
+        let io_ptx = crate::ptx::io_ptx()?;
+        let (module, func) = load_module(&ctx, &io_ptx, TUTTI_IO_ENTRY_C)?;
+        // Looked up only when the PTX has it (a failed lookup would be a
+        // driver error that tools such as compute-sanitizer report).
+        let probe_entry = format!(".entry {}(", crate::ptx::TUTTI_RING_PROBE_ENTRY);
+        let probe_func = if io_ptx.to_bytes().windows(probe_entry.len()).any(|w| w == probe_entry.as_bytes()) {
+            // SAFETY: `module.raw` is the module just loaded, alive in `module`.
+            unsafe { result::module::get_function(module.raw, crate::ptx::TUTTI_RING_PROBE_ENTRY_C.to_owned()) }
+                .ok()
+        } else {
+            None
+        };
         let (crc_module, crc_func) = load_module(&ctx, TUTTI_CRC32C_PTX_C, TUTTI_CRC32C_ENTRY_C)?;
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -561,6 +587,7 @@ impl Gpu {
         let crc_stream = Stream::new(&ctx)?;
         Ok(Self {
             func,
+            probe_func,
             quiet,
             _module: module,
             crc_func,
@@ -791,9 +818,31 @@ impl GpuQueue {
     /// command (unknown, duplicate or late after a timeout).
     /// Waits for running I/O kernels first (`Quiesce`).
     pub fn stale_completions(&self) -> Result<u32, GpuError> {
-        let _quiet = self.quiet.enter()?;
-        Ok(self.state.read::<TuttiQueueState>(1)?[0].stale)
+        Ok(self.protocol_counters()?.stale)
     }
+
+    /// The kernel's protocol-error counters of this queue pair (totals
+    /// since it was created or recreated). Waits for running I/O kernels
+    /// first (`Quiesce`).
+    pub fn protocol_counters(&self) -> Result<GpuQueueCounters, GpuError> {
+        let _quiet = self.quiet.enter()?;
+        let st = self.state.read::<TuttiQueueState>(1)?[0];
+        Ok(GpuQueueCounters { stale: st.stale, bad_sqid: st.bad_sqid, bad_sqhd: st.bad_sqhd })
+    }
+}
+
+/// What the I/O kernel dropped or distrusted on one queue pair (counts of
+/// CQEs, wrapping at 2^32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GpuQueueCounters {
+    /// CQEs dropped: their CID matched no waiting command (unknown,
+    /// duplicate, or late after a timeout), or they named another SQ.
+    pub stale: u32,
+    /// CQEs whose SQID was not this queue's (also counted in `stale`).
+    pub bad_sqid: u32,
+    /// CQEs whose SQHD lay outside the entries submitted and not yet known
+    /// fetched (NVMe Base 2.0 4.2.1); the SQ head was not moved by them.
+    pub bad_sqhd: u32,
 }
 
 /// A data region as one drive sees it: the bus address of each 4 KiB page,

@@ -248,6 +248,8 @@ impl SlotPool {
 
 /// A batch's inputs, grouped by queue.
 struct LaunchInput<'a> {
+    /// The entry point: `tutti_io`, or `tutti_ring_probe` (same parameters).
+    func: sys::CUfunction,
     descs: &'a [TuttiQueue],
     requests: &'a [TuttiRequest],
     order: &'a [u32],
@@ -379,10 +381,42 @@ impl Gpu {
         let (descs, order, offsets) = group_by_queue(queues, requests)?;
         let max_size = queues.iter().map(|(q, _)| q.desc.size).max().unwrap_or(2);
         let threads = threads_per_queue.clamp(1, 1024).min(max_size - 1);
-        let input = LaunchInput { descs: &descs, requests, order: &order, offsets: &offsets };
+        let input = LaunchInput { func: self.func, descs: &descs, requests, order: &order, offsets: &offsets };
         let raw = stream.map_or(self.quiet.io.raw, |s| s as sys::CUstream);
         let qs: Vec<&GpuQueue> = queues.iter().map(|(q, _)| *q).collect();
         self.start(&input, &qs, threads, budget, raw)
+    }
+
+    /// Runs the bare ring probe (`tutti_ring_probe` in kernels/tutti_io.cu)
+    /// over the same queues, regions and requests as [`Gpu::launch`] would,
+    /// and waits for it: lockstep bursts of up to `threads_per_queue` SQEs
+    /// per queue with one SQ tail doorbell each, completions found by phase
+    /// tag alone, one CQ head doorbell per burst; no tickets, locks, CID
+    /// matching, SQHD/SQID checks or PRP lists. A benchmark's yardstick for
+    /// what the protocol of [`Gpu::launch`] costs (`tutti-bench gpu-rate`),
+    /// not a datapath: each request moves at most the bytes PRP1 covers,
+    /// and a request's status only says whether its CQE arrived
+    /// ([`GpuStatus::Success`], whatever the CQE's status) or not
+    /// ([`GpuStatus::Timeout`]; then the queue's state is no longer known
+    /// and it must not be used again).
+    ///
+    /// # Errors
+    /// As [`Gpu::launch`], and [`GpuError::NoRingProbe`] when the loaded
+    /// module has no probe.
+    pub fn run_ring_probe(
+        &self,
+        queues: &[(&GpuQueue, &GpuRegion)],
+        requests: &[TuttiRequest],
+        threads_per_queue: u32,
+        budget: Duration,
+    ) -> Result<Vec<GpuStatus>, GpuError> {
+        let func = self.probe_func.ok_or(GpuError::NoRingProbe)?;
+        let (descs, order, offsets) = group_by_queue(queues, requests)?;
+        let max_size = queues.iter().map(|(q, _)| q.desc.size).max().unwrap_or(2);
+        let threads = threads_per_queue.clamp(1, 1024).min(max_size - 1);
+        let input = LaunchInput { func, descs: &descs, requests, order: &order, offsets: &offsets };
+        let qs: Vec<&GpuQueue> = queues.iter().map(|(q, _)| *q).collect();
+        self.start(&input, &qs, threads, budget, self.quiet.io.raw)?.wait()
     }
 
     /// Queues the upload, the kernel, the status copy and the end event on
@@ -413,7 +447,7 @@ impl Gpu {
         // No memory management may start between the launch and its
         // listing in the gate.
         let mut running = self.quiet.lock();
-        if let Err(e) = self.enqueue(&slot, &layout, queues, threads, budget, stream, &done) {
+        if let Err(e) = self.enqueue(input.func, &slot, &layout, queues, threads, budget, stream, &done) {
             // Whatever was queued must end before the slot is reused.
             // SAFETY: `stream` is live (this function's caller's contract).
             let _ = unsafe { result::stream::synchronize(stream) };
@@ -433,6 +467,7 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     fn enqueue(
         &self,
+        func: sys::CUfunction,
         slot: &LaunchSlot,
         l: &Layout,
         queues: &[&GpuQueue],
@@ -471,11 +506,11 @@ impl Gpu {
             (&ps as *const u64).cast_mut().cast(),
             (&budget_ns as *const u64).cast_mut().cast(),
         ];
-        // SAFETY: the parameter list matches `tutti_io`'s signature (7
-        // arguments: 5 device pointers, a u32, a u64); cuLaunchKernel copies
-        // the values before returning; the slot they point into lives until
-        // the launch's event has completed.
-        unsafe { result::launch_kernel(self.func, (nqueues, 1, 1), (threads, 1, 1), 0, stream, &mut params) }
+        // SAFETY: the parameter list matches the signature `tutti_io` and
+        // `tutti_ring_probe` share (7 arguments: 5 device pointers, a u32,
+        // a u64); cuLaunchKernel copies the values before returning; the
+        // slot they point into lives until the launch's event has completed.
+        unsafe { result::launch_kernel(func, (nqueues, 1, 1), (threads, 1, 1), 0, stream, &mut params) }
             .map_err(drv("cuLaunchKernel"))?;
         // SAFETY: both handles are live in this context.
         unsafe { sys::cuEventRecord(done.raw(), stream) }.result().map_err(drv("cuEventRecord"))

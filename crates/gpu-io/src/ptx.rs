@@ -1,7 +1,10 @@
 //! The committed PTX of `kernels/`: `tutti_io` (GPU-initiated NVMe I/O)
 //! and `tutti_crc32c` (checksums of GPU-resident ranges).
 
-use std::ffi::CStr;
+use std::borrow::Cow;
+use std::ffi::{CStr, CString};
+
+use crate::gpu::GpuError;
 
 /// PTX of `kernels/tutti_io.cu` (built by `kernels/build.sh`; its first line
 /// records the SHA-256 of the source it was built from).
@@ -21,6 +24,37 @@ pub(crate) const TUTTI_IO_PTX_C: &CStr = match CStr::from_bytes_with_nul(
     Ok(c) => c,
     Err(_) => panic!("kernels/tutti_io.ptx contains a NUL byte: rebuild it with kernels/build.sh"),
 };
+
+/// The I/O kernel's PTX: [`TUTTI_IO_PTX`], or, for kernel development, the
+/// file named by the environment variable `TUTTI_IO_PTX` (a PTX built from
+/// a modified `kernels/tutti_io.cu` with the same ABI, so that one set of
+/// binaries can compare two kernels in one run). The override is logged.
+///
+/// # Errors
+/// [`GpuError::KernelOverride`] when the file cannot be read, contains a
+/// NUL byte, or lacks the `tutti_io` entry point.
+pub(crate) fn io_ptx() -> Result<Cow<'static, CStr>, GpuError> {
+    let Some(path) = std::env::var_os("TUTTI_IO_PTX") else {
+        return Ok(Cow::Borrowed(TUTTI_IO_PTX_C));
+    };
+    let shown = path.to_string_lossy().into_owned();
+    let refuse = |reason: String| GpuError::KernelOverride { path: shown.clone(), reason };
+    let text = std::fs::read_to_string(&path).map_err(|e| refuse(e.to_string()))?;
+    if !text.contains(&format!(".entry {TUTTI_IO_ENTRY}(")) {
+        return Err(refuse(format!("no `.entry {TUTTI_IO_ENTRY}(` in the file")));
+    }
+    let c = CString::new(text).map_err(|_| refuse("the file contains a NUL byte".into()))?;
+    tracing::warn!(path = %shown, source_sha256 = ?recorded_source_sha256(c.to_str().unwrap_or("")),
+        "I/O kernel loaded from TUTTI_IO_PTX instead of the built-in PTX");
+    Ok(Cow::Owned(c))
+}
+
+/// The bare ring probe's entry point in [`TUTTI_IO_PTX`] (see
+/// [`Gpu::run_ring_probe`](crate::Gpu::run_ring_probe)).
+pub const TUTTI_RING_PROBE_ENTRY: &str = "tutti_ring_probe";
+
+/// [`TUTTI_RING_PROBE_ENTRY`] as a C string.
+pub(crate) const TUTTI_RING_PROBE_ENTRY_C: &CStr = c"tutti_ring_probe";
 
 /// [`TUTTI_IO_ENTRY`] as a C string, for `cuModuleGetFunction`.
 pub(crate) const TUTTI_IO_ENTRY_C: &CStr = c"tutti_io";
@@ -60,6 +94,7 @@ const fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 
 // The two spellings of each entry point name agree.
 const _: () = assert!(same_bytes(TUTTI_IO_ENTRY.as_bytes(), TUTTI_IO_ENTRY_C.to_bytes()));
+const _: () = assert!(same_bytes(TUTTI_RING_PROBE_ENTRY.as_bytes(), TUTTI_RING_PROBE_ENTRY_C.to_bytes()));
 const _: () = assert!(same_bytes(TUTTI_CRC32C_ENTRY.as_bytes(), TUTTI_CRC32C_ENTRY_C.to_bytes()));
 
 /// The source hash recorded on the PTX's first line, if present.
@@ -97,6 +132,7 @@ mod tests {
     #[test]
     fn ptx_has_the_entry_point_and_a_target() {
         assert!(TUTTI_IO_PTX.contains(&format!(".visible .entry {TUTTI_IO_ENTRY}(")));
+        assert!(TUTTI_IO_PTX.contains(&format!(".visible .entry {TUTTI_RING_PROBE_ENTRY}(")));
         assert!(TUTTI_IO_PTX.contains(".target sm_75"));
         assert!(TUTTI_CRC32C_PTX.contains(&format!(".visible .entry {TUTTI_CRC32C_ENTRY}(")));
         assert!(TUTTI_CRC32C_PTX.contains(".target sm_75"));

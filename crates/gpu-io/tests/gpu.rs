@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_io::abi::TuttiRequest;
-use gpu_io::{Gpu, GpuBuffer, GpuDrive, GpuError, GpuQueue, GpuRegion, GpuStatus};
+use gpu_io::{Gpu, GpuBuffer, GpuDrive, GpuError, GpuQueue, GpuQueueCounters, GpuRegion, GpuStatus};
 use nvm_queue::{Controller, ControllerOptions, DmaBuffer, NvmeDevice};
 use nvme_emu::{Emulator, EmulatorConfig, NamespaceSpec};
 use nvme_regs::opcode::nvm_opcode;
@@ -438,4 +438,100 @@ fn launches_on_two_streams_that_share_a_queue_take_turns() {
     assert_eq!(q.stale_completions().unwrap(), 0);
     assert_eq!(d.emu.stats().doorbell_violations, 0);
     d.dev.dma_unmap(&m).unwrap();
+}
+
+/// Warp-cooperative reaping against a controller that misbehaves: every
+/// LBA 16..20 read is completed twice (the duplicate lands in the next CQ
+/// slot, often in the same warp's pass), LBA 100's CQE names a CID nobody
+/// waits for (so that command never completes), LBA 200's CQE comes 300 ms
+/// late (after its 100 ms budget), LBA 300's SQHD lags one entry. Every
+/// other request gets its own success and its own bytes; the two orphans
+/// time out alone; every extra CQE is dropped and counted, never delivered.
+#[test]
+fn warp_reaping_drops_unknown_duplicate_and_late_completions() {
+    use nvme_emu::{FaultAction, FaultMatch, FaultRule};
+    let Some(gpu) = gpu() else { return };
+    let mut d = drive(&gpu, "warpreap", |_| {});
+    let qp = d.ctrl.create_io_queue_pair(1, 64, 63).unwrap();
+    let q = GpuQueue::new(&gpu, &d.gpu_drive, qp).unwrap();
+    let n = 512u64;
+    let buf = DmaBuffer::new(&d.dev, (n * 4096) as usize).unwrap();
+    let region = GpuRegion::new(&gpu, buf.mapping(), buf.len()).unwrap();
+    let data: Vec<u8> = (0..n).flat_map(pattern).collect();
+    buf.write_bytes(0, &data).unwrap();
+    let writes: Vec<_> = (0..n).map(|b| rw(nvm_opcode::WRITE, 0, b, b * 4096)).collect();
+    let st = gpu.run(&[(&q, &region)], &writes, 63, BUDGET).unwrap();
+    assert!(st.iter().all(|s| *s == GpuStatus::Success), "{st:?}");
+    assert_eq!(q.protocol_counters().unwrap(), GpuQueueCounters::default());
+
+    let rule = |lba: std::ops::Range<u64>, action| FaultRule {
+        matches: FaultMatch { opcode: Some(nvm_opcode::READ), lba: Some(lba), io_only: true, ..Default::default() },
+        action,
+        times: None,
+        skip: 0,
+    };
+    d.emu.add_fault(rule(16..20, FaultAction::CompleteTwice));
+    d.emu.add_fault(rule(100..101, FaultAction::UnknownCid(0xFFF0)));
+    d.emu.add_fault(rule(200..201, FaultAction::Delay(Duration::from_millis(300))));
+    d.emu.add_fault(rule(300..301, FaultAction::LaggingSqhd));
+    buf.fill(0);
+    let reads: Vec<_> = (0..n).map(|b| rw(nvm_opcode::READ, 0, b, b * 4096)).collect();
+    let st = gpu.run(&[(&q, &region)], &reads, 63, Duration::from_millis(100)).unwrap();
+    let mut got = vec![0u8; (n * 4096) as usize];
+    buf.read_bytes(0, &mut got).unwrap();
+    for (i, s) in st.iter().enumerate() {
+        if i == 100 || i == 200 {
+            assert_eq!(*s, GpuStatus::Timeout, "request {i}");
+        } else {
+            assert_eq!(*s, GpuStatus::Success, "request {i}");
+            let r = i * 4096..(i + 1) * 4096;
+            assert!(got[r.clone()] == data[r], "request {i}: wrong bytes");
+        }
+    }
+
+    // After the late CQE has landed, a second launch on the same queue
+    // reaps it first (and any duplicate left behind by the first launch):
+    // two duplicates' worth per LBA 16..20, the unknown CID and the late one.
+    std::thread::sleep(Duration::from_millis(500));
+    d.emu.clear_faults();
+    buf.fill(0);
+    let st = gpu.run(&[(&q, &region)], &reads, 63, BUDGET).unwrap();
+    assert!(st.iter().all(|s| *s == GpuStatus::Success), "{st:?}");
+    buf.read_bytes(0, &mut got).unwrap();
+    assert!(got == data, "second launch: wrong bytes");
+    let c = q.protocol_counters().unwrap();
+    assert_eq!(c.stale, 4 + 1 + 1, "{c:?}");
+    assert_eq!(c.bad_sqid, 0, "{c:?}");
+    assert_eq!(d.emu.stats().faults_injected, 4 + 1 + 1 + 1);
+}
+
+/// The bare ring probe drives a queue without the protocol and hands it
+/// back in a state `tutti_io` continues from: a probe run, then a verified
+/// write and read on the same queue, with no stale completion.
+#[test]
+fn the_ring_probe_completes_every_entry_and_leaves_the_queue_usable() {
+    let Some(gpu) = gpu() else { return };
+    let mut d = drive(&gpu, "probe", |_| {});
+    let qp = d.ctrl.create_io_queue_pair(1, 32, 31).unwrap();
+    let q = GpuQueue::new(&gpu, &d.gpu_drive, qp).unwrap();
+    let n = 64u64;
+    let buf = DmaBuffer::new(&d.dev, (n * 4096) as usize).unwrap();
+    let region = GpuRegion::new(&gpu, buf.mapping(), buf.len()).unwrap();
+    // 1000 one-block reads: 33 bursts of 31 and a last one of 7, wrapping
+    // the 32-entry rings many times.
+    let probe: Vec<_> = (0..1000u64).map(|k| rw(nvm_opcode::READ, 0, k % 4096, (k % n) * 4096)).collect();
+    let st = gpu.run_ring_probe(&[(&q, &region)], &probe, 31, BUDGET).unwrap();
+    assert!(st.iter().all(|s| *s == GpuStatus::Success), "{st:?}");
+    let data: Vec<u8> = (0..n).flat_map(pattern).collect();
+    buf.write_bytes(0, &data).unwrap();
+    let writes: Vec<_> = (0..n).map(|b| rw(nvm_opcode::WRITE, 0, b, b * 4096)).collect();
+    assert!(gpu.run(&[(&q, &region)], &writes, 31, BUDGET).unwrap().iter().all(|s| *s == GpuStatus::Success));
+    buf.fill(0);
+    let reads: Vec<_> = (0..n).map(|b| rw(nvm_opcode::READ, 0, b, b * 4096)).collect();
+    assert!(gpu.run(&[(&q, &region)], &reads, 31, BUDGET).unwrap().iter().all(|s| *s == GpuStatus::Success));
+    let mut got = vec![0u8; (n * 4096) as usize];
+    buf.read_bytes(0, &mut got).unwrap();
+    assert!(got == data);
+    assert_eq!(q.protocol_counters().unwrap(), GpuQueueCounters::default());
+    assert_eq!(d.emu.stats().cq_full_stalls, 0);
 }

@@ -42,6 +42,9 @@ pub struct GpuRateArgs {
     /// Commands in the launch.
     #[arg(long, default_value_t = 8_000_000)]
     pub commands: u64,
+    /// Skip the bare ring probe (run by default first, on the same queues).
+    #[arg(long)]
+    pub no_probe: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -55,6 +58,13 @@ struct GpuRateResult {
     gpu_commands: u64,
     gpu_seconds: f64,
     gpu_commands_per_second: f64,
+    /// Entries per second of the bare ring probe over the same queues and
+    /// requests (`None`: skipped or unavailable).
+    probe_entries_per_second: Option<f64>,
+    /// Why the probe did not run, when it did not.
+    probe_skipped: Option<String>,
+    /// "CQ full" stalls the emulated controllers counted in the protocol run.
+    cq_full_stalls: u64,
     cpu_commands_per_second: f64,
     ratio: f64,
 }
@@ -84,9 +94,19 @@ pub fn gpu_rate(a: &GpuRateArgs, stop: &Stop) -> Result<Ended, String> {
     // Warm-up launch (module JIT, first-touch of mappings).
     let warm: Vec<_> = reqs.iter().take(nq as usize * 4).copied().collect();
     gpu.run(&batch, &warm, a.queue_depth - 1, Duration::from_secs(10)).map_err(err)?;
+    let (probe, probe_skipped) = if a.no_probe {
+        (None, Some("--no-probe".to_string()))
+    } else {
+        match ring_probe(&gpu, &batch, &reqs, a.queue_depth - 1)? {
+            Ok(rate) => (Some(rate), None),
+            Err(why) => (None, Some(why)),
+        }
+    };
+    let stalls_before: u64 = drives.iter().map(|d| d.emu.stats().cq_full_stalls).sum();
     let start = Instant::now();
     let st = gpu.run(&batch, &reqs, a.queue_depth - 1, Duration::from_secs(10)).map_err(err)?;
     let secs = start.elapsed().as_secs_f64();
+    let cq_full_stalls = drives.iter().map(|d| d.emu.stats().cq_full_stalls).sum::<u64>() - stalls_before;
     let bad = st.iter().filter(|s| **s != GpuStatus::Success).count();
     if bad > 0 {
         return Err(format!(
@@ -110,6 +130,9 @@ pub fn gpu_rate(a: &GpuRateArgs, stop: &Stop) -> Result<Ended, String> {
         gpu_commands: a.commands,
         gpu_seconds: secs,
         gpu_commands_per_second: a.commands as f64 / secs,
+        probe_entries_per_second: probe,
+        probe_skipped,
+        cq_full_stalls,
         cpu_commands_per_second: cpu,
         ratio: a.commands as f64 / secs / cpu,
     };
@@ -125,6 +148,15 @@ pub fn gpu_rate(a: &GpuRateArgs, stop: &Stop) -> Result<Ended, String> {
             a.queues_per_drive,
             r.queue_depth
         );
+        match (r.probe_entries_per_second, &r.probe_skipped) {
+            (Some(p), _) => println!(
+                "bare ring probe, same queues and requests: {:.2} M entries/s; protocol/probe = {:.2}",
+                p / 1e6,
+                r.gpu_commands_per_second / p
+            ),
+            (None, why) => println!("bare ring probe: not run ({})", why.as_deref().unwrap_or("")),
+        }
+        println!("CQ full stalls during the GPU run: {}", r.cq_full_stalls);
         println!(
             "CPU: one thread, one queue pair: {:.2} M commands/s; GPU/CPU = {:.2}",
             r.cpu_commands_per_second / 1e6,
@@ -134,11 +166,43 @@ pub fn gpu_rate(a: &GpuRateArgs, stop: &Stop) -> Result<Ended, String> {
     Ok(Ended::Complete)
 }
 
+/// Times the bare ring probe (`Gpu::run_ring_probe`) over the batch: its
+/// entries per second, or why it could not run (a module without the
+/// probe). A probe request that never completed is an error: the queues
+/// would then be unusable for the protocol run after it.
+fn ring_probe(
+    gpu: &gpu_io::Gpu,
+    batch: &[(&gpu_io::GpuQueue, &gpu_io::GpuRegion)],
+    reqs: &[gpu_io::abi::TuttiRequest],
+    threads: u32,
+) -> Result<Result<f64, String>, String> {
+    let start = Instant::now();
+    let st = match gpu.run_ring_probe(batch, reqs, threads, Duration::from_secs(10)) {
+        Ok(st) => st,
+        Err(e @ gpu_io::GpuError::NoRingProbe) => return Ok(Err(err(e))),
+        Err(e) => return Err(err(e)),
+    };
+    let secs = start.elapsed().as_secs_f64();
+    let lost = st.iter().filter(|s| **s != gpu_io::GpuStatus::Success).count();
+    if lost > 0 {
+        return Err(format!("the ring probe lost {lost} completions"));
+    }
+    Ok(Ok(reqs.len() as f64 / secs))
+}
+
+/// One emulated controller of `gpu-rate`, with its GPU mapping and buffer.
+struct GpuRateDrive {
+    _ctrl: Controller,
+    _gpu_drive: gpu_io::GpuDrive,
+    _buf: DmaBuffer,
+    emu: Arc<Emulator>,
+}
+
 /// `gpu-rate`'s emulated controllers (with their GPU mappings and a 4 KiB
 /// buffer each) and, for every I/O queue pair of theirs, a GPU queue and a
 /// GPU view of that buffer.
 struct GpuSetup {
-    drives: Vec<(Controller, gpu_io::GpuDrive, DmaBuffer)>,
+    drives: Vec<GpuRateDrive>,
     queues: Vec<gpu_io::GpuQueue>,
     regions: Vec<gpu_io::GpuRegion>,
 }
@@ -152,7 +216,8 @@ fn gpu_setup(gpu: &gpu_io::Gpu, a: &GpuRateArgs) -> Result<GpuSetup, String> {
         let mut cfg = EmulatorConfig::new(format!("gpu{i}"), vec![NamespaceSpec::new(1 << 20, 4096)]);
         cfg.backing = BackingSpec::Null;
         cfg.io_queues = a.queues_per_drive as u16;
-        let dev: Arc<dyn NvmeDevice> = Emulator::start(cfg).map_err(err)?;
+        let emu = Emulator::start(cfg).map_err(err)?;
+        let dev: Arc<dyn NvmeDevice> = emu.clone();
         let mut ctrl = Controller::init(
             dev.clone(),
             ControllerOptions { io_queues: a.queues_per_drive as u16, ..Default::default() },
@@ -165,7 +230,7 @@ fn gpu_setup(gpu: &gpu_io::Gpu, a: &GpuRateArgs) -> Result<GpuSetup, String> {
             set.queues.push(GpuQueue::new(gpu, &gd, qp).map_err(err)?);
             set.regions.push(GpuRegion::new(gpu, buf.mapping(), 4096).map_err(err)?);
         }
-        set.drives.push((ctrl, gd, buf));
+        set.drives.push(GpuRateDrive { emu, _ctrl: ctrl, _gpu_drive: gd, _buf: buf });
     }
     Ok(set)
 }
