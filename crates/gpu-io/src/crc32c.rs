@@ -7,14 +7,14 @@
 //! are cut into chunks of [`CRC32C_CHUNK_BYTES`], one warp per chunk, and
 //! the kernel combines the chunk CRCs itself (see the source's header).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cudarc::driver::result;
 use cudarc::driver::{sys, CudaContext};
 
 use crate::abi::TuttiCrcItem;
-use crate::gpu::{drv, DeviceMem, Gpu, GpuBuffer, GpuError};
+use crate::gpu::{drv, DeviceMem, Gpu, GpuBuffer, GpuError, Quiesce};
 
 /// Bytes of an item one warp checksums (`CHUNK_BYTES` in the kernel).
 pub const CRC32C_CHUNK_BYTES: u64 = 8192;
@@ -194,7 +194,10 @@ impl Gpu {
         Ok(unsafe { self.run_crc32c(&items) }?.0)
     }
 
-    /// Launches the CRC kernel over `items` and waits for it.
+    /// Launches the CRC kernel over `items` and waits for it. Its device
+    /// buffers come from the scratch pool: only a launch larger than every
+    /// free scratch allocates (inside the gate, `Quiesce`), so checksums do
+    /// not wait for running I/O kernels.
     ///
     /// # Safety
     ///
@@ -205,46 +208,145 @@ impl Gpu {
             return Ok((Vec::new(), Duration::ZERO));
         }
         let offsets = task_offsets(items)?;
-        // The allocations, copies and frees below must not overlap a
-        // running I/O kernel (`Quiesce`): declared first, so
-        // the buffers are freed before the gate is let go.
-        let _quiet = self.quiet.enter()?;
+        let layout = CrcLayout::new(items.len(), offsets[items.len()] as usize);
+        let scratch = self.crc_scratch.take(self, layout.end)?;
+        // SAFETY: the items' memory is readable (this function's contract).
+        let r = unsafe { self.crc_launch(&scratch, &layout, items, &offsets) };
+        // Whatever was queued has ended before the scratch is reused.
+        let synced = self.crc_stream.sync();
+        self.crc_scratch.give(scratch, &self.quiet);
+        let (out, start, end) = r?;
+        synced?;
+        Ok((out, start.until(&end)?))
+    }
+
+    /// Queues the uploads, the zeroing, the kernel and the copy back of
+    /// one checksum launch on the checksum stream; the caller synchronises
+    /// the stream before reading the returned vector.
+    ///
+    /// # Safety
+    ///
+    /// As [`Gpu::run_crc32c`]; `scratch` holds at least `l.end` bytes.
+    unsafe fn crc_launch(
+        &self,
+        scratch: &DeviceMem,
+        l: &CrcLayout,
+        items: &[TuttiCrcItem],
+        offsets: &[u32],
+    ) -> Result<(Vec<u32>, Event, Event), GpuError> {
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let stream = self.crc_stream.raw;
+        let at = |off: usize| scratch.ptr + off as u64;
         let ntasks = offsets[items.len()];
         let nitems = items.len() as u32; // <= ntasks <= u32::MAX (every item has a task)
-        let dev_items = DeviceMem::from_slice(&self.ctx, items)?;
-        let dev_offsets = DeviceMem::from_slice(&self.ctx, &offsets)?;
-        let chunk_crcs = DeviceMem::zeroed(&self.ctx, ntasks as usize * 4)?;
-        let done = DeviceMem::zeroed(&self.ctx, items.len() * 4)?;
-        let out = DeviceMem::zeroed(&self.ctx, items.len() * 4)?;
+        let mut out = vec![0u32; items.len()];
+        // SAFETY (the three calls): each range lies inside the scratch
+        // (`CrcLayout`); the host slices outlive the copies (the caller
+        // synchronises the stream before they are dropped or read).
+        unsafe {
+            result::memcpy_htod_async(at(l.items), items, stream).map_err(drv("cuMemcpyHtoDAsync"))?;
+            result::memcpy_htod_async(at(l.offsets), offsets, stream).map_err(drv("cuMemcpyHtoDAsync"))?;
+            result::memset_d8_async(at(l.chunk_crcs), 0, l.end - l.chunk_crcs, stream)
+                .map_err(drv("cuMemsetD8Async"))?;
+        }
         let (start, end) = (Event::new(&self.ctx)?, Event::new(&self.ctx)?);
         let warps_per_block = u64::from(THREADS / 32);
         let blocks =
             u64::from(ntasks).div_ceil(warps_per_block).min(self.sm_count * BLOCKS_PER_SM).max(1) as u32;
+        let (pi, po, pc, pd, pout) = (at(l.items), at(l.offsets), at(l.chunk_crcs), at(l.done), at(l.out));
         let mut params: [*mut std::ffi::c_void; 7] = [
-            (&dev_items.ptr as *const u64).cast_mut().cast(),
-            (&dev_offsets.ptr as *const u64).cast_mut().cast(),
+            (&pi as *const u64).cast_mut().cast(),
+            (&po as *const u64).cast_mut().cast(),
             (&nitems as *const u32).cast_mut().cast(),
             (&ntasks as *const u32).cast_mut().cast(),
-            (&chunk_crcs.ptr as *const u64).cast_mut().cast(),
-            (&done.ptr as *const u64).cast_mut().cast(),
-            (&out.ptr as *const u64).cast_mut().cast(),
+            (&pc as *const u64).cast_mut().cast(),
+            (&pd as *const u64).cast_mut().cast(),
+            (&pout as *const u64).cast_mut().cast(),
         ];
-        let stream = self.crc_stream.raw;
         start.record(stream)?;
         // SAFETY: the parameters match `tutti_crc32c`'s signature (pointers,
         // u32, u32, pointers: 7 arguments) and are copied by the launch; the
-        // device buffers live until the stream is synchronised below, which
-        // happens on every path once the launch has succeeded; the items'
-        // memory is readable (this function's contract).
+        // scratch lives until the caller has synchronised the stream; the
+        // items' memory is readable (this function's contract).
         unsafe {
             result::launch_kernel(self.crc_func, (blocks, 1, 1), (THREADS, 1, 1), 0, stream, &mut params)
         }
         .map_err(drv("cuLaunchKernel"))?;
-        let recorded = end.record(stream);
-        self.crc_stream.sync()?;
-        recorded?;
-        let kernel = start.until(&end)?;
-        Ok((out.read::<u32>(items.len())?, kernel))
+        end.record(stream)?;
+        // SAFETY: `out` has room for one u32 per item, the scratch's `out`
+        // range holds as many; `out` is read only after the stream sync.
+        unsafe { result::memcpy_dtoh_async(&mut out, at(l.out), stream) }.map_err(drv("cuMemcpyDtoHAsync"))?;
+        Ok((out, start, end))
+    }
+}
+
+/// Byte offsets of one checksum launch's buffers inside a scratch
+/// allocation (each 16-byte aligned): the items, the per-item task offsets,
+/// then the zeroed part (per-task chunk CRCs, per-item done counters,
+/// per-item results).
+#[derive(Debug, Clone, Copy)]
+struct CrcLayout {
+    items: usize,
+    offsets: usize,
+    chunk_crcs: usize,
+    done: usize,
+    out: usize,
+    end: usize,
+}
+
+impl CrcLayout {
+    fn new(nitems: usize, ntasks: usize) -> Self {
+        let up = |x: usize| x.next_multiple_of(16);
+        let items = 0;
+        let offsets = up(nitems * size_of::<TuttiCrcItem>());
+        let chunk_crcs = up(offsets + (nitems + 1) * 4);
+        let done = up(chunk_crcs + ntasks * 4);
+        let out = up(done + nitems * 4);
+        let end = up(out + nitems * 4);
+        Self { items, offsets, chunk_crcs, done, out, end }
+    }
+}
+
+/// Free scratch allocations kept for checksum launches.
+const CRC_SCRATCH_KEPT: usize = 4;
+
+/// Largest scratch kept for reuse (bytes); larger ones are freed after
+/// their launch.
+const CRC_SCRATCH_MAX: usize = 64 << 20;
+
+/// Reusable device memory for checksum launches, one allocation per
+/// launch in flight.
+#[derive(Debug, Default)]
+pub(crate) struct CrcScratchPool {
+    free: Mutex<Vec<DeviceMem>>,
+}
+
+impl CrcScratchPool {
+    /// The smallest free scratch of at least `bytes`, or a new one
+    /// (allocated inside the gate: it waits for running I/O kernels).
+    fn take(&self, gpu: &Gpu, bytes: usize) -> Result<DeviceMem, GpuError> {
+        {
+            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(i) = (0..free.len()).filter(|&i| free[i].len >= bytes).min_by_key(|&i| free[i].len) {
+                return Ok(free.swap_remove(i));
+            }
+        }
+        let _quiet = gpu.quiet.enter()?;
+        DeviceMem::zeroed(&gpu.ctx, bytes.max(4096).next_power_of_two())
+    }
+
+    /// Returns a scratch no launch uses any more; one too large or beyond
+    /// the pool's size is freed inside the gate.
+    fn give(&self, scratch: DeviceMem, quiet: &Quiesce) {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if scratch.len <= CRC_SCRATCH_MAX && free.len() < CRC_SCRATCH_KEPT {
+            free.push(scratch);
+            return;
+        }
+        drop(free);
+        let gate = quiet.enter();
+        drop(scratch);
+        drop(gate);
     }
 }
 

@@ -510,6 +510,8 @@ pub struct Gpu {
     /// The checksum kernels' own stream, so that a checksum never waits
     /// behind an I/O launch on `stream`.
     pub(crate) crc_stream: Stream,
+    /// Device scratch of the checksum launches, reused across calls.
+    pub(crate) crc_scratch: crate::crc32c::CrcScratchPool,
     /// Multiprocessors of the device (sizes the checksum grid).
     pub(crate) sm_count: u64,
     /// Reusable launch buffers (`launch.rs`). Declared before `ctx`.
@@ -593,6 +595,7 @@ impl Gpu {
             crc_func,
             _crc_module: crc_module,
             crc_stream,
+            crc_scratch: Default::default(),
             sm_count: u64::try_from(sm_count).unwrap_or(1).max(1),
             slots: Arc::new(SlotPool::default()),
             ctx,

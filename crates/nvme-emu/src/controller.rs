@@ -706,6 +706,17 @@ impl Controller {
         let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) else {
             return Ok(());
         };
+        if cq.is_full() {
+            // The head doorbell was read at the start of this poll
+            // iteration; the host may have returned entries since (a real
+            // controller sees the doorbell write at once). Without this,
+            // a host that frees a slot and submits at once meets a false
+            // "CQ full" stall whenever the SQ is drained after the read.
+            let raw = sh.regs.doorbell(cqid, true);
+            if raw != cq.last_db && !cq.doorbell(raw) {
+                sh.stats.doorbell_violations.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         if cq.pending.is_empty() && !cq.is_full() {
             let sqhd = self.release_sqhd(sh, dma, &c);
             let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) else {

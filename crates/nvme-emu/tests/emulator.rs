@@ -839,3 +839,28 @@ fn delete_io_sq_drops_entries_it_has_not_fetched() {
     assert_eq!(h.emu.stats().sq_deletion_aborts, 0);
     assert_eq!(h.admin(delete_cq(1)).status(), Status::SUCCESS);
 }
+
+/// A host that returns its only CQ slot and submits the next command at
+/// once never meets a "CQ full" stall: the controller re-reads the CQ head
+/// doorbell before it declares the CQ full (it used to trust the value read
+/// at the start of its poll iteration, and stalled whenever the new command
+/// arrived later in the same iteration).
+#[test]
+fn a_cq_slot_returned_just_before_the_next_submission_is_seen() {
+    let mut h = Harness::start(config("cqrefresh"));
+    let mut q = Queue::new(&h.dev, 1, 16, 2);
+    assert_eq!(h.admin(create_cq(1, 2, q.cq.device_addr(0).unwrap())).status(), Status::SUCCESS);
+    assert_eq!(h.admin(create_sq(1, 16, q.sq.device_addr(0).unwrap(), 1)).status(), Status::SUCCESS);
+    let before = h.emu.stats().cq_full_stalls;
+    for _ in 0..20_000 {
+        q.push(Sqe::new(0x00, 1));
+        h.ring_sq(1, q.sq_tail);
+        let c = wait_for(|| q.pop()).expect("a completion");
+        assert!(c.status().is_success());
+        // Return the slot, then (next iteration) submit at once.
+        h.ring_cq(1, q.cq_head);
+    }
+    let s = h.emu.stats();
+    assert_eq!(s.cq_full_stalls - before, 0, "{s:?}");
+    assert_eq!(s.doorbell_violations, 0, "{s:?}");
+}
