@@ -240,7 +240,7 @@ impl Gpu {
         let ntasks = offsets[items.len()];
         let nitems = items.len() as u32; // <= ntasks <= u32::MAX (every item has a task)
         let mut out = vec![0u32; items.len()];
-        // SAFETY (the three calls): each range lies inside the scratch
+        // SAFETY: for the three calls, each range lies inside the scratch
         // (`CrcLayout`); the host slices outlive the copies (the caller
         // synchronises the stream before they are dropped or read).
         unsafe {
@@ -275,7 +275,8 @@ impl Gpu {
         end.record(stream)?;
         // SAFETY: `out` has room for one u32 per item, the scratch's `out`
         // range holds as many; `out` is read only after the stream sync.
-        unsafe { result::memcpy_dtoh_async(&mut out, at(l.out), stream) }.map_err(drv("cuMemcpyDtoHAsync"))?;
+        unsafe { result::memcpy_dtoh_async(&mut out, at(l.out), stream) }
+            .map_err(drv("cuMemcpyDtoHAsync"))?;
         Ok((out, start, end))
     }
 }

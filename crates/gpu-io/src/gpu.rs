@@ -574,10 +574,13 @@ impl Gpu {
         // Looked up only when the PTX has it (a failed lookup would be a
         // driver error that tools such as compute-sanitizer report).
         let probe_entry = format!(".entry {}(", crate::ptx::TUTTI_RING_PROBE_ENTRY);
-        let probe_func = if io_ptx.to_bytes().windows(probe_entry.len()).any(|w| w == probe_entry.as_bytes()) {
+        let probe_func = if io_ptx.to_bytes().windows(probe_entry.len()).any(|w| w == probe_entry.as_bytes())
+        {
             // SAFETY: `module.raw` is the module just loaded, alive in `module`.
-            unsafe { result::module::get_function(module.raw, crate::ptx::TUTTI_RING_PROBE_ENTRY_C.to_owned()) }
-                .ok()
+            unsafe {
+                result::module::get_function(module.raw, crate::ptx::TUTTI_RING_PROBE_ENTRY_C.to_owned())
+            }
+            .ok()
         } else {
             None
         };

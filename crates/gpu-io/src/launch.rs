@@ -381,7 +381,8 @@ impl Gpu {
         let (descs, order, offsets) = group_by_queue(queues, requests)?;
         let max_size = queues.iter().map(|(q, _)| q.desc.size).max().unwrap_or(2);
         let threads = threads_per_queue.clamp(1, 1024).min(max_size - 1);
-        let input = LaunchInput { func: self.func, descs: &descs, requests, order: &order, offsets: &offsets };
+        let input =
+            LaunchInput { func: self.func, descs: &descs, requests, order: &order, offsets: &offsets };
         let raw = stream.map_or(self.quiet.io.raw, |s| s as sys::CUstream);
         let qs: Vec<&GpuQueue> = queues.iter().map(|(q, _)| *q).collect();
         self.start(&input, &qs, threads, budget, raw)

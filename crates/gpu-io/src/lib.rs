@@ -37,7 +37,7 @@ pub mod ptx;
 
 pub use crc32c::{GpuRange, CRC32C_CHUNK_BYTES, MAX_CRC32C_LEN, MAX_CRC32C_TASKS};
 pub use gpu::{
-    Gpu, GpuBuffer, GpuDrive, GpuError, GpuQueue, GpuQueueCounters, GpuRegion, GpuStatus, MAX_QUEUES_PER_LAUNCH,
-    MAX_REQUESTS_PER_LAUNCH,
+    Gpu, GpuBuffer, GpuDrive, GpuError, GpuQueue, GpuQueueCounters, GpuRegion, GpuStatus,
+    MAX_QUEUES_PER_LAUNCH, MAX_REQUESTS_PER_LAUNCH,
 };
 pub use launch::{GpuLaunch, GpuStream};

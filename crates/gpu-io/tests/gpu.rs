@@ -465,7 +465,12 @@ fn warp_reaping_drops_unknown_duplicate_and_late_completions() {
     assert_eq!(q.protocol_counters().unwrap(), GpuQueueCounters::default());
 
     let rule = |lba: std::ops::Range<u64>, action| FaultRule {
-        matches: FaultMatch { opcode: Some(nvm_opcode::READ), lba: Some(lba), io_only: true, ..Default::default() },
+        matches: FaultMatch {
+            opcode: Some(nvm_opcode::READ),
+            lba: Some(lba),
+            io_only: true,
+            ..Default::default()
+        },
         action,
         times: None,
         skip: 0,
