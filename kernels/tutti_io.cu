@@ -361,6 +361,64 @@ __device__ __forceinline__ unsigned long long reserve_ticket(TuttiQueueState* st
     return __shfl_sync(g.mask, base, g.leader) + g.rank;
 }
 
+// Builds the SQE in its slot (NVMe Base 2.0 4.2; NVM Read/Write CDW10-12)
+// with four 16-byte stores.
+__device__ __forceinline__ void write_sqe(const TuttiQueue& q, uint32_t slot, const TuttiRequest& r, uint32_t cid,
+                                          uint64_t prp1, uint64_t prp2) {
+    uint32_t* sqe = (uint32_t*)(q.sq + (uint64_t)slot * 64u);
+    uint32_t dw[16];
+    dw[0] = (uint32_t)r.opcode | (cid << 16);  // OPC, FUSE=0, PSDT=0 (PRP), CID
+    dw[1] = r.nsid;
+    dw[2] = 0;
+    dw[3] = 0;
+    dw[4] = 0;  // MPTR
+    dw[5] = 0;
+    dw[6] = (uint32_t)prp1;
+    dw[7] = (uint32_t)(prp1 >> 32);
+    dw[8] = (uint32_t)prp2;
+    dw[9] = (uint32_t)(prp2 >> 32);
+    dw[10] = (uint32_t)r.slba;
+    dw[11] = (uint32_t)(r.slba >> 32);
+    dw[12] = r.nlb & 0xFFFFu;
+    dw[13] = 0;
+    dw[14] = 0;
+    dw[15] = 0;
+    for (int j = 0; j < 16; j += 4) {
+        store_volatile_v4(&sqe[j], dw[j], dw[j + 1], dw[j + 2], dw[j + 3]);
+    }
+}
+
+// Polls for the completion of the command with this CID, reaping for
+// everyone, within the budget; returns its status word (0 = success, the
+// NVMe status field, or TUTTI_TIMEOUT) and frees its completion cell.
+__device__ __forceinline__ uint32_t wait_completion(const TuttiQueue& q, TuttiQueueState* st, uint32_t* ready,
+                                                    uint32_t* done, uint32_t cid, uint64_t budget_ns) {
+    uint64_t deadline = globaltimer() + budget_ns;
+    uint32_t result = TUTTI_TIMEOUT;
+    for (;;) {
+        uint32_t v = load_volatile(&done[cid]);
+        if (v != WAITING) {
+            result = v >> 17;  // NVMe status field; 0 = success
+            // Only this thread writes a cell it claimed once it is no
+            // longer WAITING (reapers only CAS from WAITING).
+            store_volatile(&done[cid], 0u);
+            break;
+        }
+        group_progress(q, st, ready, done, true);
+        if (globaltimer() > deadline) {
+            // Stop waiting; if the completion lands at this instant, take it.
+            uint32_t late = atomicCAS(&done[cid], WAITING, 0u);
+            if (late != WAITING) {
+                result = late >> 17;
+                atomicExch(&done[cid], 0u);
+            }
+            break;
+        }
+        __nanosleep(256);
+    }
+    return result;
+}
+
 // One launch serves a batch over up to `nqueues` queue pairs (one block per
 // queue, the fused multi-drive kernel): block b handles the requests
 // order[offsets[b] .. offsets[b+1]] on queues[b], with at most
@@ -428,28 +486,7 @@ extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, 
         // ago).
         atomicExch(&done[cid], WAITING);
 
-        // Build the SQE in its slot (NVMe Base 2.0 4.2; NVM Read/Write CDW10-12).
-        uint32_t* sqe = (uint32_t*)(q.sq + (uint64_t)slot * 64u);
-        uint32_t dw[16];
-        dw[0] = (uint32_t)r.opcode | (cid << 16);  // OPC, FUSE=0, PSDT=0 (PRP), CID
-        dw[1] = r.nsid;
-        dw[2] = 0;
-        dw[3] = 0;
-        dw[4] = 0;  // MPTR
-        dw[5] = 0;
-        dw[6] = (uint32_t)prp1;
-        dw[7] = (uint32_t)(prp1 >> 32);
-        dw[8] = (uint32_t)prp2;
-        dw[9] = (uint32_t)(prp2 >> 32);
-        dw[10] = (uint32_t)r.slba;
-        dw[11] = (uint32_t)(r.slba >> 32);
-        dw[12] = r.nlb & 0xFFFFu;
-        dw[13] = 0;
-        dw[14] = 0;
-        dw[15] = 0;
-        for (int j = 0; j < 16; j += 4) {
-            store_volatile_v4(&sqe[j], dw[j], dw[j + 1], dw[j + 2], dw[j + 3]);
-        }
+        write_sqe(q, slot, r, cid, prp1, prp2);
         // The SQE (and its PRP list) is complete and visible system-wide
         // before its slot is marked ready (whoever publishes rings the
         // doorbell after it).
@@ -458,30 +495,7 @@ extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, 
 
         group_progress(q, st, ready, done, false);
 
-        // Poll for the completion, reaping for everyone, within the budget.
-        uint64_t deadline = globaltimer() + budget_ns;
-        uint32_t result = TUTTI_TIMEOUT;
-        for (;;) {
-            uint32_t v = load_volatile(&done[cid]);
-            if (v != WAITING) {
-                result = v >> 17;  // NVMe status field; 0 = success
-                // Only this thread writes a cell it claimed once it is no
-                // longer WAITING (reapers only CAS from WAITING).
-                store_volatile(&done[cid], 0u);
-                break;
-            }
-            group_progress(q, st, ready, done, true);
-            if (globaltimer() > deadline) {
-                // Stop waiting; if the completion lands at this instant, take it.
-                uint32_t late = atomicCAS(&done[cid], WAITING, 0u);
-                if (late != WAITING) {
-                    result = late >> 17;
-                    atomicExch(&done[cid], 0u);
-                }
-                break;
-            }
-            __nanosleep(256);
-        }
+        uint32_t result = wait_completion(q, st, ready, done, cid, budget_ns);
         status[i] = result;
     }
 }
