@@ -182,13 +182,17 @@ pub struct Summary {
     pub bytes_loaded: u64,
     /// Seconds spent in saves (summed over batches).
     pub save_seconds: f64,
-    /// Seconds spent in loads (summed over batches).
+    /// Seconds spent in loads (summed over batches): each batch's `get`
+    /// and `wait_get`, without the benchmark's own poisoning of the
+    /// destination before and verification after (until 2026-12-01 they
+    /// were counted; for GPU memory they are two pageable CUDA copies).
     pub load_seconds: f64,
     /// `bytes_saved / save_seconds` in GB/s (10^9 bytes/s).
     pub save_gb_s: f64,
     /// `bytes_loaded / load_seconds` in GB/s (10^9 bytes/s).
     pub load_gb_s: f64,
-    /// Median block-load latency, microseconds.
+    /// Median block-load latency (a request's loads, as `load_seconds`
+    /// counts them), microseconds.
     pub load_latency_p50_us: u64,
     /// 99th-percentile block-load latency, microseconds.
     pub load_latency_p99_us: u64,

@@ -85,12 +85,11 @@ impl<'a> Replay<'a> {
     /// cut it short before one of its batches (it is then not counted).
     pub fn request(&mut self, req: &TraceRequest, stop: &Stop) -> Result<Option<Signal>, String> {
         self.plan(req);
-        let t0 = Instant::now();
-        if let Some(signal) = self.load(stop)? {
-            return Ok(Some(signal));
-        }
+        let d = match self.load(stop)? {
+            Ok(d) => d,
+            Err(signal) => return Ok(Some(signal)),
+        };
         if self.prefix > 0 {
-            let d = t0.elapsed();
             self.latency.record(d);
             self.s.load_seconds += d.as_secs_f64();
             self.s.blocks_loaded += self.prefix as u64;
@@ -127,12 +126,17 @@ impl<'a> Replay<'a> {
         }
     }
 
-    /// Loads the prefix batch by batch and verifies every byte.
-    fn load(&mut self, stop: &Stop) -> Result<Option<Signal>, String> {
+    /// Loads the prefix batch by batch and verifies every byte. Returns
+    /// the time the loads took (each batch's `get` and `wait_get`: what a
+    /// serving engine waits for; the poisoning before and the verification
+    /// after are the benchmark's own and not counted), or the signal that
+    /// stopped it.
+    fn load(&mut self, stop: &Stop) -> Result<Result<Duration, Signal>, String> {
         let bb = self.block_bytes as usize;
+        let mut took = Duration::ZERO;
         for chunk in self.blocks[..self.prefix].chunks(BATCH_BLOCKS) {
             if let Some(signal) = stop.requested() {
-                return Ok(Some(signal));
+                return Ok(Err(signal));
             }
             // Poison the staging area first, so that a read that moves no
             // data (or not all of it) cannot pass verification with bytes
@@ -146,17 +150,19 @@ impl<'a> Replay<'a> {
                     into: Value { memory: self.mem, offset: (i * bb) as u64, len: self.block_bytes },
                 })
                 .collect();
+            let t = Instant::now();
             let statuses = self
                 .kv
                 .get(&gets)
                 .and_then(|p| self.kv.wait_get(p, WAIT))
                 .map_err(|e| format!("loading blocks: {}", tutti::error_chain(&e)))?;
+            took += t.elapsed();
             for (i, (b, st)) in chunk.iter().zip(&statuses).enumerate() {
                 check_load(self.staging, i * bb, self.block_bytes, b, st)?;
                 self.s.blocks_verified += 1;
             }
         }
-        Ok(None)
+        Ok(Ok(took))
     }
 
     /// Saves the blocks after the prefix batch by batch, each filled with
