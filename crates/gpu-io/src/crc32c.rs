@@ -351,6 +351,32 @@ impl CrcScratchPool {
     }
 }
 
+#[cfg(test)]
+mod layout_tests {
+    use super::CrcLayout;
+
+    /// Every buffer is 16-byte aligned, holds what the launch puts in it,
+    /// and none overlaps the next; the zeroed part starts at the chunk CRCs.
+    #[test]
+    fn the_scratch_layout_holds_each_buffer_apart_and_aligned() {
+        for (nitems, ntasks) in [(1, 1), (3, 7), (1000, 1000), (5, 1 << 20), (4097, 9000)] {
+            let l = CrcLayout::new(nitems, ntasks);
+            let spans = [
+                (l.items, nitems * 16),
+                (l.offsets, (nitems + 1) * 4),
+                (l.chunk_crcs, ntasks * 4),
+                (l.done, nitems * 4),
+                (l.out, nitems * 4),
+            ];
+            for w in spans.windows(2) {
+                assert!(w[0].0 + w[0].1 <= w[1].0, "{nitems} items, {ntasks} tasks: {spans:?}");
+            }
+            assert!(spans.iter().all(|(at, _)| at.is_multiple_of(16)));
+            assert!(l.out + nitems * 4 <= l.end && l.end.is_multiple_of(16));
+        }
+    }
+}
+
 /// A CPU model of `kernels/tutti_crc32c.cu`, step for step (tables, lanes,
 /// rotation, shuffle trees, chunk combination, head and tail), so that the
 /// kernel's math is checked against the `crc32c` crate without a GPU.

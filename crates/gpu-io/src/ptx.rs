@@ -34,7 +34,12 @@ pub(crate) const TUTTI_IO_PTX_C: &CStr = match CStr::from_bytes_with_nul(
 /// [`GpuError::KernelOverride`] when the file cannot be read, contains a
 /// NUL byte, or lacks the `tutti_io` entry point.
 pub(crate) fn io_ptx() -> Result<Cow<'static, CStr>, GpuError> {
-    let Some(path) = std::env::var_os("TUTTI_IO_PTX") else {
+    io_ptx_from(std::env::var_os("TUTTI_IO_PTX"))
+}
+
+/// [`io_ptx`] for a given value of the variable (`None`: unset).
+fn io_ptx_from(path: Option<std::ffi::OsString>) -> Result<Cow<'static, CStr>, GpuError> {
+    let Some(path) = path else {
         return Ok(Cow::Borrowed(TUTTI_IO_PTX_C));
     };
     let shown = path.to_string_lossy().into_owned();
@@ -127,6 +132,29 @@ mod tests {
             Some(hex.as_str()),
             "kernels/tutti_crc32c.ptx is stale: run kernels/build.sh"
         );
+    }
+
+    #[test]
+    fn the_kernel_override_takes_a_ptx_file_and_refuses_anything_else() {
+        use std::ffi::OsString;
+        assert!(matches!(io_ptx_from(None), Ok(Cow::Borrowed(_))));
+        let dir = tempfile::tempdir().unwrap();
+        let at = |name: &str, body: &[u8]| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, body).unwrap();
+            Some(OsString::from(p))
+        };
+        let ok = io_ptx_from(at("ok.ptx", TUTTI_IO_PTX.as_bytes())).unwrap();
+        assert_eq!(ok.to_bytes(), TUTTI_IO_PTX.as_bytes());
+        let refused = |p| match io_ptx_from(p) {
+            Err(GpuError::KernelOverride { reason, .. }) => reason,
+            other => panic!("{other:?}"),
+        };
+        assert!(
+            refused(at("other.ptx", b".visible .entry something_else(")).contains("no `.entry tutti_io(`")
+        );
+        assert!(refused(at("nul.ptx", b".visible .entry tutti_io(\0)")).contains("NUL"));
+        assert!(!refused(Some(OsString::from(dir.path().join("missing.ptx")))).is_empty());
     }
 
     #[test]
