@@ -123,9 +123,11 @@ impl Drop for Event {
 impl Gpu {
     /// The standard CRC32C of each range, in order, computed on this GPU in
     /// one kernel launch (synchronous: returns when the kernel has ended).
-    /// Empty ranges give 0, as `crc32c::crc32c(&[])` does. Waits first
-    /// for every I/O kernel of this `Gpu` launched so far to end: its
-    /// device allocations must not overlap one (`Quiesce` in `gpu.rs`).
+    /// Empty ranges give 0, as `crc32c::crc32c(&[])` does. Its device
+    /// buffers come from a pool, so it does not wait for running I/O
+    /// kernels, except when it needs more scratch than any kept: that
+    /// allocation waits for every I/O kernel of this `Gpu` launched so far
+    /// (`Quiesce` in `gpu.rs`).
     ///
     /// The ranges are read on this `Gpu`'s checksum stream, which is not
     /// ordered with other CUDA streams: writes into the buffers made on

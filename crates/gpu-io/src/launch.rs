@@ -457,10 +457,13 @@ impl Gpu {
             return Err(e);
         }
         running.push(done.clone());
-        drop(running);
+        // Recorded before the gate's lock is let go: a launch on the same
+        // queue from another thread (which reads `last_launch` under that
+        // lock) must wait for this one, never for the one before it.
         for q in queues {
             q.set_last_launch(&done);
         }
+        drop(running);
         Ok(GpuLaunch { slot: Some(slot), layout, done, pool: self.slots.clone(), quiet: self.quiet.clone() })
     }
 
