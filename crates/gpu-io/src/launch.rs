@@ -378,14 +378,27 @@ impl Gpu {
         if stream == Some(0) {
             return Err(GpuError::LegacyStream);
         }
+        let raw = stream.map_or(self.quiet.io.raw, |s| s as sys::CUstream);
+        self.launch_with(self.func, queues, requests, threads_per_queue, budget, raw)
+    }
+
+    /// Groups the batch by queue and starts `func` (`tutti_io` or
+    /// `tutti_ring_probe`, same parameters) over it on `stream`.
+    fn launch_with(
+        &self,
+        func: sys::CUfunction,
+        queues: &[(&GpuQueue, &GpuRegion)],
+        requests: &[TuttiRequest],
+        threads_per_queue: u32,
+        budget: Duration,
+        stream: sys::CUstream,
+    ) -> Result<GpuLaunch, GpuError> {
         let (descs, order, offsets) = group_by_queue(queues, requests)?;
         let max_size = queues.iter().map(|(q, _)| q.desc.size).max().unwrap_or(2);
         let threads = threads_per_queue.clamp(1, 1024).min(max_size - 1);
-        let input =
-            LaunchInput { func: self.func, descs: &descs, requests, order: &order, offsets: &offsets };
-        let raw = stream.map_or(self.quiet.io.raw, |s| s as sys::CUstream);
+        let input = LaunchInput { func, descs: &descs, requests, order: &order, offsets: &offsets };
         let qs: Vec<&GpuQueue> = queues.iter().map(|(q, _)| *q).collect();
-        self.start(&input, &qs, threads, budget, raw)
+        self.start(&input, &qs, threads, budget, stream)
     }
 
     /// Runs the bare ring probe (`tutti_ring_probe` in kernels/tutti_io.cu)
@@ -412,12 +425,7 @@ impl Gpu {
         budget: Duration,
     ) -> Result<Vec<GpuStatus>, GpuError> {
         let func = self.probe_func.ok_or(GpuError::NoRingProbe)?;
-        let (descs, order, offsets) = group_by_queue(queues, requests)?;
-        let max_size = queues.iter().map(|(q, _)| q.desc.size).max().unwrap_or(2);
-        let threads = threads_per_queue.clamp(1, 1024).min(max_size - 1);
-        let input = LaunchInput { func, descs: &descs, requests, order: &order, offsets: &offsets };
-        let qs: Vec<&GpuQueue> = queues.iter().map(|(q, _)| *q).collect();
-        self.start(&input, &qs, threads, budget, self.quiet.io.raw)?.wait()
+        self.launch_with(func, queues, requests, threads_per_queue, budget, self.quiet.io.raw)?.wait()
     }
 
     /// Queues the upload, the kernel, the status copy and the end event on
