@@ -34,6 +34,7 @@ mod emulated_dma;
 mod gpu;
 mod launch;
 pub mod ptx;
+mod reap_model;
 
 pub use crc32c::{GpuRange, CRC32C_CHUNK_BYTES, MAX_CRC32C_LEN, MAX_CRC32C_TASKS};
 pub use gpu::{
