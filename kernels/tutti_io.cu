@@ -9,7 +9,8 @@
 // to 32 posted CQEs per PCIe round trip, delivers each to the thread
 // waiting on its CID (dropping unknown, duplicate and late ones), and
 // writes the CQ head doorbell once per burst, before handing the burst's
-// completions out.
+// completions out. crates/gpu-io/src/reap_model.rs models the reaping lane
+// for lane on the CPU (tested in CI): keep the two in step.
 //
 // Queue memory (SQ, CQ) and doorbells live in host memory mapped into the
 // GPU (the emulator's queues and register page), or, on real hardware, in
