@@ -274,9 +274,14 @@ __device__ uint32_t reap_pass(const Group& g, const TuttiQueue& q, unsigned long
     // Every body taken has been read (the ballot consumes dw2) before the
     // doorbell gives the slots back to the controller.
     uint32_t foreign = __ballot_sync(g.mask, g.rank < take && (dw2 >> 16) != q.qid);
+    // Every lane's reads of its CQE are performed before the leader's
+    // doorbell store gives the slots back (memory ordering among the
+    // group's lanes, then a system-scope fence before the store).
+    __syncwarp(g.mask);
     if (take != 0u && lane_id() == g.leader) {
         // Released before the completions are handed out, so a waiter that
         // submits again at once always finds a free CQ slot for its command.
+        __threadfence_system();
         store_volatile((uint32_t*)q.cq_doorbell, (uint32_t)((head + take) % q.size));
         __threadfence_system();
     }
