@@ -53,7 +53,7 @@ struct TuttiQueue {
 // Tickets are 64-bit so that `ticket % size` never jumps at a wrap.
 struct TuttiQueueState {
     uint32_t lock;                 // lock guarding publication and reaping
-    uint32_t _pad0;
+    uint32_t cid_next;             // next CID to try (mod 65536)
     unsigned long long reserve;    // next SQ ticket to hand out
     unsigned long long published;  // tickets published to the controller (SQ tail)
     unsigned long long cq_head;    // CQ entries consumed
@@ -65,9 +65,15 @@ struct TuttiQueueState {
     // followed by: uint32_t ready[size]; uint32_t done[65536] (by CID).
 };
 
-// done[cid]: 0 = nobody waits; WAITING = a submitted command waits for it;
-// anything else = its completion: status field (31:17) | 0x10000 | CID.
+// done[cid]: 0 = free; WAITING = a submitted command waits for it;
+// ABANDONED = its command timed out and the drive may still complete it (the
+// CID stays out of use until that late CQE comes, or the queue is
+// recreated); anything else = its completion: status field (31:17) |
+// 0x10000 | CID. A CID is only ever taken from a free cell (compare-and-swap
+// from 0), so two commands in flight never share one, however long one of
+// them stays outstanding.
 #define WAITING 1u
+#define ABANDONED 2u
 
 // One request (32 bytes).
 struct TuttiRequest {
@@ -91,6 +97,9 @@ struct TuttiRequest {
 #define TUTTI_TIMEOUT 0x80000001u
 #define TUTTI_UNSUPPORTED 0x80000002u
 #define TUTTI_BAD_REQUEST 0x80000003u
+//   0x80000004        NO_CID: every CID of the queue is held (by commands
+//                     that timed out and never completed); not submitted
+#define TUTTI_NO_CID 0x80000004u
 #define PAGE 4096u
 
 __device__ __forceinline__ uint64_t globaltimer() {
@@ -224,9 +233,14 @@ __device__ __forceinline__ void take_cqe(const TuttiQueue& q, uint32_t dw2, uint
     uint32_t cid = dw3 & 0xFFFFu;
     uint32_t value = (dw3 & 0xFFFE0000u) | 0x10000u | cid;
     // Only a command that waits for this CID takes it; an unknown,
-    // duplicate or late (timed-out) completion is counted and dropped.
-    if (atomicCAS(&done[cid], WAITING, value) != WAITING) {
+    // duplicate or late (timed-out) completion is counted and dropped. A
+    // late one frees its CID: the drive has given it back.
+    uint32_t was = atomicCAS(&done[cid], WAITING, value);
+    if (was != WAITING) {
         stale = 1;
+        if (was == ABANDONED) {
+            atomicCAS(&done[cid], ABANDONED, 0u);
+        }
     }
 }
 
@@ -260,9 +274,14 @@ __device__ uint32_t reap_pass(const Group& g, const TuttiQueue& q, unsigned long
     // Every body taken has been read (the ballot consumes dw2) before the
     // doorbell gives the slots back to the controller.
     uint32_t foreign = __ballot_sync(g.mask, g.rank < take && (dw2 >> 16) != q.qid);
+    // Every lane's reads of its CQE are performed before the leader's
+    // doorbell store gives the slots back (memory ordering among the
+    // group's lanes, then a system-scope fence before the store).
+    __syncwarp(g.mask);
     if (take != 0u && lane_id() == g.leader) {
         // Released before the completions are handed out, so a waiter that
         // submits again at once always finds a free CQ slot for its command.
+        __threadfence_system();
         store_volatile((uint32_t*)q.cq_doorbell, (uint32_t)((head + take) % q.size));
         __threadfence_system();
     }
@@ -362,6 +381,27 @@ __device__ __forceinline__ unsigned long long reserve_ticket(TuttiQueueState* st
     return __shfl_sync(g.mask, base, g.leader) + g.rank;
 }
 
+// Claims a free CID (a cell at 0) for this lane: the group takes
+// consecutive candidates from cid_next with one atomicAdd; a lane whose
+// candidate is held tries the following ones alone. Returns false when a
+// whole cycle of 65536 candidates found none free.
+__device__ __forceinline__ bool claim_cid(TuttiQueueState* st, uint32_t* done, uint32_t& cid) {
+    Group g = group_here();
+    uint32_t base = 0;
+    if (lane_id() == g.leader) {
+        base = atomicAdd(&st->cid_next, g.n);
+    }
+    uint32_t c = (__shfl_sync(g.mask, base, g.leader) + g.rank) & 0xFFFFu;
+    for (uint32_t tries = 0; tries < 65536u; tries++) {
+        if (atomicCAS(&done[c], 0u, WAITING) == 0u) {
+            cid = c;
+            return true;
+        }
+        c = atomicAdd(&st->cid_next, 1u) & 0xFFFFu;
+    }
+    return false;
+}
+
 // Builds the SQE in its slot (NVMe Base 2.0 4.2; NVM Read/Write CDW10-12)
 // with four 16-byte stores.
 __device__ __forceinline__ void write_sqe(const TuttiQueue& q, uint32_t slot, const TuttiRequest& r, uint32_t cid,
@@ -407,11 +447,13 @@ __device__ __forceinline__ uint32_t wait_completion(const TuttiQueue& q, TuttiQu
         }
         group_progress(q, st, ready, done, true);
         if (globaltimer() > deadline) {
-            // Stop waiting; if the completion lands at this instant, take it.
-            uint32_t late = atomicCAS(&done[cid], WAITING, 0u);
+            // Stop waiting; if the completion lands at this instant, take
+            // it. Otherwise the CID stays held (ABANDONED) until the drive
+            // gives it back with a late CQE.
+            uint32_t late = atomicCAS(&done[cid], WAITING, ABANDONED);
             if (late != WAITING) {
                 result = late >> 17;
-                atomicExch(&done[cid], 0u);
+                store_volatile(&done[cid], 0u);
             }
             break;
         }
@@ -477,15 +519,16 @@ extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, 
             }
         }
 
-        // Reserve a ticket: SQ slot ticket % size, CID = ticket % 65536.
+        // Claim a free CID (its completion cell set to WAITING before the
+        // command can complete), then reserve a ticket: SQ slot = ticket %
+        // size.
+        uint32_t cid = 0;
+        if (!claim_cid(st, done, cid)) {
+            status[i] = TUTTI_NO_CID;
+            continue;
+        }
         unsigned long long ticket = reserve_ticket(st);
         uint32_t slot = (uint32_t)(ticket % q.size);
-        uint32_t cid = (uint32_t)(ticket & 0xFFFFu);
-
-        // Claim the CID's completion cell before the command can complete
-        // (replacing any leftover of a command that timed out 65536 tickets
-        // ago).
-        atomicExch(&done[cid], WAITING);
 
         write_sqe(q, slot, r, cid, prp1, prp2);
         // The SQE (and its PRP list) is complete and visible system-wide

@@ -42,8 +42,9 @@ pub struct TuttiQueue {
 pub struct TuttiQueueState {
     /// Lock word.
     pub lock: u32,
-    /// Padding.
-    pub _pad0: u32,
+    /// Next CID the kernel tries (mod 65536; a CID is taken only from a
+    /// free completion cell).
+    pub cid_next: u32,
     /// Next SQ ticket.
     pub reserve: u64,
     /// Tickets published (SQ tail, monotonic).
@@ -116,3 +117,6 @@ pub const STATUS_TIMEOUT: u32 = 0x8000_0001;
 pub const STATUS_UNSUPPORTED: u32 = 0x8000_0002;
 /// Kernel result word: memory range or queue invalid.
 pub const STATUS_BAD_REQUEST: u32 = 0x8000_0003;
+/// Kernel result word: every CID of the queue is held by commands that
+/// timed out and never completed; the request was not submitted.
+pub const STATUS_NO_CID: u32 = 0x8000_0004;

@@ -12,8 +12,8 @@ use nvm_queue::{Controller, DmaBuffer, DmaMapping, NvmeDevice, QueuePair};
 use nvme_regs::Status;
 
 use crate::abi::{
-    TuttiQueue, TuttiQueueState, TuttiRequest, DONE_ENTRIES, STATUS_BAD_REQUEST, STATUS_TIMEOUT,
-    STATUS_UNSUPPORTED,
+    TuttiQueue, TuttiQueueState, TuttiRequest, DONE_ENTRIES, STATUS_BAD_REQUEST, STATUS_NO_CID,
+    STATUS_TIMEOUT, STATUS_UNSUPPORTED,
 };
 use crate::launch::{KernelEvent, SlotPool};
 use crate::ptx::{TUTTI_CRC32C_ENTRY_C, TUTTI_CRC32C_PTX_C, TUTTI_IO_ENTRY_C};
@@ -259,6 +259,10 @@ pub enum GpuStatus {
     Unsupported,
     /// Memory range or queue invalid.
     BadRequest,
+    /// Not submitted: every CID of its queue is held by a command that
+    /// timed out and never completed (the drive may still complete it).
+    /// The queue needs a controller reset and `GpuQueue::recreate`.
+    NoCid,
     /// The kernel did not reach it (a bug if ever seen).
     NotRun,
 }
@@ -274,6 +278,7 @@ impl GpuStatus {
             STATUS_TIMEOUT => GpuStatus::Timeout,
             STATUS_UNSUPPORTED => GpuStatus::Unsupported,
             STATUS_BAD_REQUEST => GpuStatus::BadRequest,
+            STATUS_NO_CID => GpuStatus::NoCid,
             w if w & 0x8000_0000 == 0 => GpuStatus::Nvme(Status::from_field((w << 1) as u16)),
             _ => GpuStatus::NotRun,
         }

@@ -12,6 +12,10 @@
 /// `WAITING` in the kernel: a command waits on this CID's cell.
 const WAITING: u32 = 1;
 
+/// `ABANDONED` in the kernel: its command timed out; the drive may still
+/// complete it.
+const ABANDONED: u32 = 2;
+
 /// One CQE as the reaper reads it: DW2 (SQID 31:16, SQHD 15:0) and DW3
 /// (status 31:17, phase tag 16, CID 15:0), NVMe Base 2.0 4.2.1.
 #[derive(Debug, Clone, Copy, Default)]
@@ -65,6 +69,10 @@ impl Reaper {
             self.done[cid] = value;
         } else {
             t.stale = true;
+            // A late CQE gives back the CID of a command that timed out.
+            if self.done[cid] == ABANDONED {
+                self.done[cid] = 0;
+            }
         }
         t
     }
@@ -242,8 +250,9 @@ fn situation(rng: &mut Rng, lagging: bool) -> (Reaper, Vec<Cqe>) {
         let cid = (pos & 0xFFFF) as u32;
         let mut sqid = 1u32;
         let mut cid_used = cid;
-        match rng.below(10) {
-            0 => cid_used = 0xFFF0,                               // unknown
+        match rng.below(11) {
+            10 => r.done[cid as usize] = ABANDONED, // late, after its timeout
+            0 => cid_used = 0xFFF0,                 // unknown
             1 if i > 0 => cid_used = ((pos - 1) & 0xFFFF) as u32, // duplicate of the previous
             2 => sqid = 2,
             _ => r.done[cid as usize] = WAITING,

@@ -540,3 +540,48 @@ fn the_ring_probe_completes_every_entry_and_leaves_the_queue_usable() {
     assert_eq!(q.protocol_counters().unwrap(), GpuQueueCounters::default());
     assert_eq!(d.emu.stats().cq_full_stalls, 0);
 }
+
+/// CIDs are taken only from free completion cells: a command the drive
+/// never completes keeps its CID out of use, however many commands follow
+/// it on the queue within its budget. With CIDs derived from tickets (mod
+/// 65536), the 65,536th command after it shared its cell, and either could
+/// take the other's completion (the stuck one then "succeeded" with no data
+/// moved).
+#[test]
+fn a_command_stuck_past_65536_newer_commands_never_shares_its_cid() {
+    use nvme_emu::{FaultAction, FaultMatch, FaultRule};
+    let Some(gpu) = gpu() else { return };
+    let mut d = drive(&gpu, "cidreuse", |_| {});
+    let qp = d.ctrl.create_io_queue_pair(1, 256, 255).unwrap();
+    let q = GpuQueue::new(&gpu, &d.gpu_drive, qp).unwrap();
+    let buf = DmaBuffer::new(&d.dev, 256 * 4096).unwrap();
+    let region = GpuRegion::new(&gpu, buf.mapping(), buf.len()).unwrap();
+    d.emu.add_fault(FaultRule {
+        matches: FaultMatch {
+            opcode: Some(nvm_opcode::READ),
+            lba: Some(5..6),
+            io_only: true,
+            ..Default::default()
+        },
+        action: FaultAction::NeverComplete,
+        times: Some(1),
+        skip: 0,
+    });
+    // Request 0 reads LBA 5 (stuck); 70,000 more reads follow on the queue.
+    let reqs: Vec<_> = (0..70_001u64)
+        .map(|k| {
+            if k == 0 {
+                rw(nvm_opcode::READ, 0, 5, 0)
+            } else {
+                rw(nvm_opcode::READ, 0, 16 + k % 4000, (k % 256) * 4096)
+            }
+        })
+        .collect();
+    let st = gpu.run(&[(&q, &region)], &reqs, 255, Duration::from_secs(8)).unwrap();
+    assert_eq!(st[0], GpuStatus::Timeout, "the stuck command must not take another's completion");
+    let bad: Vec<_> =
+        st.iter().enumerate().skip(1).filter(|(_, s)| **s != GpuStatus::Success).take(5).collect();
+    assert!(bad.is_empty(), "{bad:?}");
+    assert_eq!(q.protocol_counters().unwrap().stale, 0);
+    assert_eq!(d.emu.stats().faults_injected, 1);
+}
