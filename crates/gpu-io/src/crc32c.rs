@@ -15,6 +15,7 @@ use cudarc::driver::{sys, CudaContext};
 
 use crate::abi::TuttiCrcItem;
 use crate::gpu::{drv, DeviceMem, Gpu, GpuBuffer, GpuError, Quiesce};
+use crate::launch::PinnedBuf;
 
 /// Bytes of an item one warp checksums (`CHUNK_BYTES` in the kernel).
 pub const CRC32C_CHUNK_BYTES: u64 = 8192;
@@ -142,7 +143,7 @@ impl Gpu {
     /// [`GpuError::Crc32cBatchTooLarge`] past [`MAX_CRC32C_TASKS`] chunks,
     /// [`GpuError::Driver`] when CUDA fails.
     pub fn crc32c(&self, ranges: &[GpuRange<'_>]) -> Result<Vec<u32>, GpuError> {
-        Ok(self.crc32c_timed(ranges)?.0)
+        Ok(self.crc32c_ranges(ranges, false)?.0)
     }
 
     /// As [`Gpu::crc32c`], also returning the kernel's own time (CUDA
@@ -152,6 +153,10 @@ impl Gpu {
     ///
     /// As for [`Gpu::crc32c`].
     pub fn crc32c_timed(&self, ranges: &[GpuRange<'_>]) -> Result<(Vec<u32>, Duration), GpuError> {
+        self.crc32c_ranges(ranges, true)
+    }
+
+    fn crc32c_ranges(&self, ranges: &[GpuRange<'_>], timed: bool) -> Result<(Vec<u32>, Duration), GpuError> {
         let mut items = Vec::with_capacity(ranges.len());
         for (item, r) in ranges.iter().enumerate() {
             if !Arc::ptr_eq(r.buffer.context(), &self.ctx) {
@@ -165,7 +170,7 @@ impl Gpu {
         }
         // SAFETY: every range lies inside a live GpuBuffer of this context
         // (checked above), which the borrows keep alive for the call.
-        unsafe { self.run_crc32c(&items) }
+        unsafe { self.run_crc32c(&items, timed) }
     }
 
     /// The standard CRC32C of each `(device pointer, length in bytes)`
@@ -193,10 +198,11 @@ impl Gpu {
             items.push(TuttiCrcItem { ptr, len: len64 });
         }
         // SAFETY: forwarded from this function's contract.
-        Ok(unsafe { self.run_crc32c(&items) }?.0)
+        Ok(unsafe { self.run_crc32c(&items, false) }?.0)
     }
 
-    /// Launches the CRC kernel over `items` and waits for it. Its device
+    /// Launches the CRC kernel over `items` and waits for it (with
+    /// `timed`, also the kernel's own time, between two events). Its
     /// buffers come from the scratch pool: only a launch larger than every
     /// free scratch allocates (inside the gate, `Quiesce`), so checksums do
     /// not wait for running I/O kernels.
@@ -205,57 +211,71 @@ impl Gpu {
     ///
     /// Every item of non-zero length is readable device memory of this
     /// context until this returns.
-    unsafe fn run_crc32c(&self, items: &[TuttiCrcItem]) -> Result<(Vec<u32>, Duration), GpuError> {
+    unsafe fn run_crc32c(
+        &self,
+        items: &[TuttiCrcItem],
+        timed: bool,
+    ) -> Result<(Vec<u32>, Duration), GpuError> {
         if items.is_empty() {
             return Ok((Vec::new(), Duration::ZERO));
         }
         let offsets = task_offsets(items)?;
         let layout = CrcLayout::new(items.len(), offsets[items.len()] as usize);
-        let scratch = self.crc_scratch.take(self, layout.end)?;
+        let mut scratch = self.crc_scratch.take(self, &layout)?;
+        let events = if timed { Some((Event::new(&self.ctx)?, Event::new(&self.ctx)?)) } else { None };
         // SAFETY: the items' memory is readable (this function's contract).
-        let r = unsafe { self.crc_launch(&scratch, &layout, items, &offsets) };
+        let r = unsafe { self.crc_launch(&mut scratch, &layout, items, &offsets, events.as_ref()) };
         // Whatever was queued has ended before the scratch is reused.
         let synced = self.crc_stream.sync();
+        let out = if r.is_ok() && synced.is_ok() { scratch.results(&layout) } else { Vec::new() };
         self.crc_scratch.give(scratch, &self.quiet);
-        let (out, start, end) = r?;
+        r?;
         synced?;
-        Ok((out, start.until(&end)?))
+        let took = match &events {
+            Some((start, end)) => start.until(end)?,
+            None => Duration::ZERO,
+        };
+        Ok((out, took))
     }
 
-    /// Queues the uploads, the zeroing, the kernel and the copy back of
-    /// one checksum launch on the checksum stream; the caller synchronises
-    /// the stream before reading the returned vector.
+    /// Writes the launch's inputs into the scratch's mapped host memory and
+    /// queues the zeroing of its device part and the kernel on the checksum
+    /// stream; the caller synchronises the stream before reading the
+    /// results (also in the mapped host memory: no copy on the stream).
     ///
     /// # Safety
     ///
-    /// As [`Gpu::run_crc32c`]; `scratch` holds at least `l.end` bytes.
+    /// As [`Gpu::run_crc32c`]; `scratch` was taken for layout `l`.
     unsafe fn crc_launch(
         &self,
-        scratch: &DeviceMem,
+        scratch: &mut CrcScratch,
         l: &CrcLayout,
         items: &[TuttiCrcItem],
         offsets: &[u32],
-    ) -> Result<(Vec<u32>, Event, Event), GpuError> {
+        events: Option<&(Event, Event)>,
+    ) -> Result<(), GpuError> {
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         let stream = self.crc_stream.raw;
-        let at = |off: usize| scratch.ptr + off as u64;
+        scratch.put(l.items, items);
+        scratch.put(l.offsets, offsets);
+        scratch.put(l.out, &vec![0u32; items.len()]);
         let ntasks = offsets[items.len()];
         let nitems = items.len() as u32; // <= ntasks <= u32::MAX (every item has a task)
-        let mut out = vec![0u32; items.len()];
-        // SAFETY: for the three calls, each range lies inside the scratch
-        // (`CrcLayout`); the host slices outlive the copies (the caller
-        // synchronises the stream before they are dropped or read).
-        unsafe {
-            result::memcpy_htod_async(at(l.items), items, stream).map_err(drv("cuMemcpyHtoDAsync"))?;
-            result::memcpy_htod_async(at(l.offsets), offsets, stream).map_err(drv("cuMemcpyHtoDAsync"))?;
-            result::memset_d8_async(at(l.chunk_crcs), 0, l.end - l.chunk_crcs, stream)
-                .map_err(drv("cuMemsetD8Async"))?;
-        }
-        let (start, end) = (Event::new(&self.ctx)?, Event::new(&self.ctx)?);
+        let (h, d) = (scratch.host.dptr, scratch.dev.ptr);
+        // SAFETY: the range lies inside the device scratch (`CrcLayout`),
+        // which lives until the caller has synchronised the stream.
+        unsafe { result::memset_d8_async(d + l.chunk_crcs as u64, 0, l.dev_end - l.chunk_crcs, stream) }
+            .map_err(drv("cuMemsetD8Async"))?;
         let warps_per_block = u64::from(THREADS / 32);
         let blocks =
             u64::from(ntasks).div_ceil(warps_per_block).min(self.sm_count * BLOCKS_PER_SM).max(1) as u32;
-        let (pi, po, pc, pd, pout) = (at(l.items), at(l.offsets), at(l.chunk_crcs), at(l.done), at(l.out));
+        let (pi, po, pc, pd, pout) = (
+            h + l.items as u64,
+            h + l.offsets as u64,
+            d + l.chunk_crcs as u64,
+            d + l.done as u64,
+            h + l.out as u64,
+        );
         let mut params: [*mut std::ffi::c_void; 7] = [
             (&pi as *const u64).cast_mut().cast(),
             (&po as *const u64).cast_mut().cast(),
@@ -265,7 +285,9 @@ impl Gpu {
             (&pd as *const u64).cast_mut().cast(),
             (&pout as *const u64).cast_mut().cast(),
         ];
-        start.record(stream)?;
+        if let Some((start, _)) = events {
+            start.record(stream)?;
+        }
         // SAFETY: the parameters match `tutti_crc32c`'s signature (pointers,
         // u32, u32, pointers: 7 arguments) and are copied by the launch; the
         // scratch lives until the caller has synchronised the stream; the
@@ -274,27 +296,27 @@ impl Gpu {
             result::launch_kernel(self.crc_func, (blocks, 1, 1), (THREADS, 1, 1), 0, stream, &mut params)
         }
         .map_err(drv("cuLaunchKernel"))?;
-        end.record(stream)?;
-        // SAFETY: `out` has room for one u32 per item, the scratch's `out`
-        // range holds as many; `out` is read only after the stream sync.
-        unsafe { result::memcpy_dtoh_async(&mut out, at(l.out), stream) }
-            .map_err(drv("cuMemcpyDtoHAsync"))?;
-        Ok((out, start, end))
+        if let Some((_, end)) = events {
+            end.record(stream)?;
+        }
+        Ok(())
     }
 }
 
-/// Byte offsets of one checksum launch's buffers inside a scratch
-/// allocation (each 16-byte aligned): the items, the per-item task offsets,
-/// then the zeroed part (per-task chunk CRCs, per-item done counters,
-/// per-item results).
+/// Byte offsets of one checksum launch's buffers (each 16-byte aligned).
+/// In the scratch's mapped host memory: the items, the per-item task
+/// offsets and the per-item results. In its device memory, zeroed before
+/// each launch: the per-task chunk CRCs and the per-item done counters.
 #[derive(Debug, Clone, Copy)]
 struct CrcLayout {
+    nitems: usize,
     items: usize,
     offsets: usize,
+    out: usize,
+    host_end: usize,
     chunk_crcs: usize,
     done: usize,
-    out: usize,
-    end: usize,
+    dev_end: usize,
 }
 
 impl CrcLayout {
@@ -302,47 +324,90 @@ impl CrcLayout {
         let up = |x: usize| x.next_multiple_of(16);
         let items = 0;
         let offsets = up(nitems * size_of::<TuttiCrcItem>());
-        let chunk_crcs = up(offsets + (nitems + 1) * 4);
-        let done = up(chunk_crcs + ntasks * 4);
-        let out = up(done + nitems * 4);
-        let end = up(out + nitems * 4);
-        Self { items, offsets, chunk_crcs, done, out, end }
+        let out = up(offsets + (nitems + 1) * 4);
+        let host_end = up(out + nitems * 4);
+        let chunk_crcs = 0;
+        let done = up(ntasks * 4);
+        let dev_end = up(done + nitems * 4);
+        Self { nitems, items, offsets, out, host_end, chunk_crcs, done, dev_end }
     }
 }
 
 /// Free scratch allocations kept for checksum launches.
 const CRC_SCRATCH_KEPT: usize = 4;
 
-/// Largest scratch kept for reuse (bytes); larger ones are freed after
-/// their launch.
+/// Largest scratch (either part, bytes) kept for reuse; larger ones are
+/// freed after their launch.
 const CRC_SCRATCH_MAX: usize = 64 << 20;
 
-/// Reusable device memory for checksum launches, one allocation per
-/// launch in flight.
+/// The memory of one checksum launch: pinned host memory mapped into the
+/// GPU (inputs and results: written and read by the host in place, so the
+/// checksum stream carries no copies) and device memory (the kernel's
+/// atomics).
+#[derive(Debug)]
+pub(crate) struct CrcScratch {
+    host: PinnedBuf,
+    dev: DeviceMem,
+}
+
+impl CrcScratch {
+    fn fits(&self, l: &CrcLayout) -> bool {
+        self.host.len >= l.host_end && self.dev.len >= l.dev_end
+    }
+
+    /// Copies `src`'s bytes to byte `at` of the host part.
+    fn put<T: Copy>(&mut self, at: usize, src: &[T]) {
+        let bytes = size_of_val(src);
+        assert!(at + bytes <= self.host.len, "checksum scratch too small");
+        // SAFETY: `at + bytes` lies inside the host part (checked); no
+        // kernel reads it while the scratch is out of the pool and not yet
+        // launched; T is plain data.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().cast::<u8>(), self.host.ptr.add(at), bytes) };
+    }
+
+    /// The per-item results of the launch that used layout `l`.
+    fn results(&self, l: &CrcLayout) -> Vec<u32> {
+        let n = l.nitems;
+        let mut out = vec![0u32; n];
+        // SAFETY: the results lie inside the host part, and the kernel that
+        // wrote them has ended (the stream was synchronised).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.host.ptr.add(l.out), out.as_mut_ptr().cast::<u8>(), n * 4)
+        };
+        out
+    }
+}
+
+/// Reusable memory for checksum launches, one scratch per launch in flight.
 #[derive(Debug, Default)]
 pub(crate) struct CrcScratchPool {
-    free: Mutex<Vec<DeviceMem>>,
+    free: Mutex<Vec<CrcScratch>>,
 }
 
 impl CrcScratchPool {
-    /// The smallest free scratch of at least `bytes`, or a new one
-    /// (allocated inside the gate: it waits for running I/O kernels).
-    fn take(&self, gpu: &Gpu, bytes: usize) -> Result<DeviceMem, GpuError> {
+    /// The smallest free scratch that fits `l`, or a new one (allocated
+    /// inside the gate: it waits for running I/O kernels).
+    fn take(&self, gpu: &Gpu, l: &CrcLayout) -> Result<CrcScratch, GpuError> {
         {
             let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(i) = (0..free.len()).filter(|&i| free[i].len >= bytes).min_by_key(|&i| free[i].len) {
+            if let Some(i) = (0..free.len()).filter(|&i| free[i].fits(l)).min_by_key(|&i| free[i].dev.len) {
                 return Ok(free.swap_remove(i));
             }
         }
         let _quiet = gpu.quiet.enter()?;
-        DeviceMem::zeroed(&gpu.ctx, bytes.max(4096).next_power_of_two())
+        let size = |b: usize| b.max(4096).next_power_of_two();
+        Ok(CrcScratch {
+            host: PinnedBuf::new(&gpu.ctx, size(l.host_end))?,
+            dev: DeviceMem::zeroed(&gpu.ctx, size(l.dev_end))?,
+        })
     }
 
     /// Returns a scratch no launch uses any more; one too large or beyond
     /// the pool's size is freed inside the gate.
-    fn give(&self, scratch: DeviceMem, quiet: &Quiesce) {
+    fn give(&self, scratch: CrcScratch, quiet: &Quiesce) {
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        if scratch.len <= CRC_SCRATCH_MAX && free.len() < CRC_SCRATCH_KEPT {
+        let small = scratch.dev.len <= CRC_SCRATCH_MAX && scratch.host.len <= CRC_SCRATCH_MAX;
+        if small && free.len() < CRC_SCRATCH_KEPT {
             free.push(scratch);
             return;
         }
@@ -363,18 +428,18 @@ mod layout_tests {
     fn the_scratch_layout_holds_each_buffer_apart_and_aligned() {
         for (nitems, ntasks) in [(1, 1), (3, 7), (1000, 1000), (5, 1 << 20), (4097, 9000)] {
             let l = CrcLayout::new(nitems, ntasks);
-            let spans = [
-                (l.items, nitems * 16),
-                (l.offsets, (nitems + 1) * 4),
-                (l.chunk_crcs, ntasks * 4),
-                (l.done, nitems * 4),
-                (l.out, nitems * 4),
-            ];
-            for w in spans.windows(2) {
-                assert!(w[0].0 + w[0].1 <= w[1].0, "{nitems} items, {ntasks} tasks: {spans:?}");
+            let host = [(l.items, nitems * 16), (l.offsets, (nitems + 1) * 4), (l.out, nitems * 4)];
+            let dev = [(l.chunk_crcs, ntasks * 4), (l.done, nitems * 4)];
+            for (spans, end) in [(&host[..], l.host_end), (&dev[..], l.dev_end)] {
+                for w in spans.windows(2) {
+                    assert!(w[0].0 + w[0].1 <= w[1].0, "{nitems} items, {ntasks} tasks: {spans:?}");
+                }
+                assert!(spans.iter().all(|(at, _)| at.is_multiple_of(16)));
+                let (last, len) = spans[spans.len() - 1];
+                assert!(last + len <= end && end.is_multiple_of(16));
             }
-            assert!(spans.iter().all(|(at, _)| at.is_multiple_of(16)));
-            assert!(l.out + nitems * 4 <= l.end && l.end.is_multiple_of(16));
+            assert_eq!(l.chunk_crcs, 0, "the zeroed device part is the whole device part");
+            assert!(l.out + l.nitems * 4 <= l.host_end, "one result per item");
         }
     }
 }

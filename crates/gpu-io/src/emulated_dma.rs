@@ -1,13 +1,17 @@
 //! The emulator's DMA engine for GPU memory: how `nvme-emu` moves a
 //! command's data between its RAM media and a [`GpuBuffer`].
 //!
-//! - Copies are asynchronous: a command's copies are queued on the
-//!   buffer's copy stream (`cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync`) and
-//!   an event recorded after them is the command's fence ([`CopyEvent`]);
+//! - Copies are asynchronous: a command's copies are queued on one of the
+//!   buffer's copy streams, the calling controller thread's lane
+//!   (`cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync`), and
+//!   a fence queued after them (`copy_lanes.rs`: a word the GPU writes,
+//!   or an event) tells the controller when they have ended;
 //!   the emulator posts the CQE only once the event has completed, so a
 //!   completion still means the data has moved. The controller thread
 //!   goes on fetching and executing the next commands meanwhile, and
-//!   several drives' buffers copy on their own streams at once.
+//!   several drives copy into one buffer at once, each on its own lane
+//!   (with one stream per buffer, four drives' copies into one buffer ran
+//!   one after another: docs/benchmarks.md, "copy lanes").
 //! - The RAM media is page-locked ([`Gpu`] as a [`PageLocker`],
 //!   `cuMemHostRegister`), which makes those copies truly asynchronous
 //!   and lets them run at the interconnect's speed (pageable copies are
@@ -21,8 +25,9 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaContext};
-use nvme_emu::{CopyFence, ExternalMemory, FenceState, HostPin, PageLocker};
+use nvme_emu::{CopyFence, ExternalMemory, HostPin, PageLocker};
 
+use crate::copy_lanes::{current_lane, Deferred, Direction};
 use crate::gpu::{drv, Gpu, GpuBuffer};
 
 impl ExternalMemory for GpuBuffer {
@@ -40,35 +45,26 @@ impl ExternalMemory for GpuBuffer {
 
     unsafe fn start_read(&self, offset: u64, dst: NonNull<u8>, len: usize) -> Option<bool> {
         let Some(off) = self.checked(offset, len) else { return Some(false) };
-        if self.mem.ctx.bind_to_thread().is_err() {
-            return Some(false);
-        }
-        // SAFETY: `off + len` lies inside the allocation (checked); `dst`
-        // stays valid and untouched until the fence completes (contract).
-        let r = unsafe {
-            sys::cuMemcpyDtoHAsync_v2(dst.as_ptr().cast::<c_void>(), self.mem.ptr + off, len, self.copies.raw)
-        };
-        Some(r.result().is_ok())
+        // Queued by the burst's fence, in one batch with its neighbours;
+        // `dst` stays valid and untouched until that fence completes
+        // (contract), and `off + len` lies inside the allocation (checked).
+        let copy =
+            Deferred { dir: Direction::DeviceToHost, dst: dst.as_ptr() as u64, src: self.mem.ptr + off, len };
+        self.lanes.defer(current_lane(), copy);
+        Some(true)
     }
 
     unsafe fn start_write(&self, offset: u64, src: NonNull<u8>, len: usize) -> Option<bool> {
         let Some(off) = self.checked(offset, len) else { return Some(false) };
-        if self.mem.ctx.bind_to_thread().is_err() {
-            return Some(false);
-        }
-        // SAFETY: as in `start_read`, the other direction.
-        let r = unsafe {
-            sys::cuMemcpyHtoDAsync_v2(self.mem.ptr + off, src.as_ptr().cast::<c_void>(), len, self.copies.raw)
-        };
-        Some(r.result().is_ok())
+        // As in `start_read`, the other direction.
+        let copy =
+            Deferred { dir: Direction::HostToDevice, dst: self.mem.ptr + off, src: src.as_ptr() as u64, len };
+        self.lanes.defer(current_lane(), copy);
+        Some(true)
     }
 
     fn fence(&self) -> Box<dyn CopyFence> {
-        match CopyEvent::record(&self.mem.ctx, self.copies.raw) {
-            Some(e) => Box::new(e),
-            // No event: wait for the stream here instead.
-            None => Box::new(if self.copies.sync().is_ok() { FenceState::Done } else { FenceState::Failed }),
-        }
+        self.lanes.fence(current_lane())
     }
 }
 
@@ -79,70 +75,6 @@ impl GpuBuffer {
         let o = usize::try_from(offset).ok()?;
         self.check(o, len).ok()?;
         Some(offset)
-    }
-}
-
-/// A CUDA event recorded after a command's copies: its fence.
-#[derive(Debug)]
-struct CopyEvent {
-    event: sys::CUevent,
-    ctx: Arc<CudaContext>,
-}
-
-// SAFETY: an event handle may be queried and destroyed from any thread with
-// its context bound (each call below binds it).
-unsafe impl Send for CopyEvent {}
-// SAFETY: as above; the driver API is thread-safe and the handle is never
-// changed after `record`.
-unsafe impl Sync for CopyEvent {}
-
-impl CopyEvent {
-    /// Creates an event (no timing) and records it on `stream`; `None` if
-    /// either call fails.
-    fn record(ctx: &Arc<CudaContext>, stream: sys::CUstream) -> Option<Self> {
-        ctx.bind_to_thread().ok()?;
-        let mut event: sys::CUevent = std::ptr::null_mut();
-        let flags = sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: `event` is a valid out-pointer.
-        unsafe { sys::cuEventCreate(&mut event, flags) }.result().ok()?;
-        let e = Self { event, ctx: ctx.clone() };
-        // SAFETY: both handles are live in this context.
-        unsafe { sys::cuEventRecord(e.event, stream) }.result().ok()?;
-        Some(e)
-    }
-}
-
-impl CopyFence for CopyEvent {
-    fn state(&self) -> FenceState {
-        if self.ctx.bind_to_thread().is_err() {
-            return FenceState::Failed;
-        }
-        // SAFETY: a live event of this context.
-        match unsafe { sys::cuEventQuery(self.event) } {
-            sys::CUresult::CUDA_SUCCESS => FenceState::Done,
-            sys::CUresult::CUDA_ERROR_NOT_READY => FenceState::Pending,
-            _ => FenceState::Failed,
-        }
-    }
-
-    fn wait(&self) -> FenceState {
-        if self.ctx.bind_to_thread().is_err() {
-            return FenceState::Failed;
-        }
-        // SAFETY: a live event of this context.
-        match unsafe { sys::cuEventSynchronize(self.event) }.result() {
-            Ok(()) => FenceState::Done,
-            Err(_) => FenceState::Failed,
-        }
-    }
-}
-
-impl Drop for CopyEvent {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: created in `record`, destroyed once; CUDA releases it once
-        // the work before it has ended.
-        let _ = unsafe { sys::cuEventDestroy_v2(self.event) };
     }
 }
 

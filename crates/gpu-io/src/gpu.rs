@@ -15,6 +15,7 @@ use crate::abi::{
     TuttiQueue, TuttiQueueState, TuttiRequest, DONE_ENTRIES, STATUS_BAD_REQUEST, STATUS_NO_CID,
     STATUS_TIMEOUT, STATUS_UNSUPPORTED,
 };
+use crate::copy_lanes::CopyLanes;
 use crate::launch::{KernelEvent, SlotPool};
 use crate::ptx::{TUTTI_CRC32C_ENTRY_C, TUTTI_CRC32C_PTX_C, TUTTI_IO_ENTRY_C};
 
@@ -519,6 +520,12 @@ pub struct Gpu {
     pub(crate) crc_scratch: crate::crc32c::CrcScratchPool,
     /// Multiprocessors of the device (sizes the checksum grid).
     pub(crate) sm_count: u64,
+    /// The device takes stream memory operations (`cuStreamWriteValue32`):
+    /// the emulator's copy fences are words, not events (`copy_lanes.rs`).
+    pub(crate) stream_mem_ops: bool,
+    /// The driver has `cuMemcpyBatchAsync`: the emulator's copies of a
+    /// burst go in one call (`copy_lanes.rs`).
+    pub(crate) batched_copies: bool,
     /// Reusable launch buffers (`launch.rs`). Declared before `ctx`.
     pub(crate) slots: Arc<SlotPool>,
     pub(crate) ctx: Arc<CudaContext>,
@@ -593,6 +600,9 @@ impl Gpu {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv("cuDeviceGetAttribute"))?;
+        let stream_mem_ops = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1)
+            .is_ok_and(|v| v == 1);
         let quiet = Arc::new(Quiesce::new(Stream::new(&ctx)?));
         let crc_stream = Stream::new(&ctx)?;
         Ok(Self {
@@ -605,6 +615,8 @@ impl Gpu {
             crc_stream,
             crc_scratch: Default::default(),
             sm_count: u64::try_from(sm_count).unwrap_or(1).max(1),
+            stream_mem_ops,
+            batched_copies: crate::copy_lanes::driver_has_batched_copies(),
             slots: Arc::new(SlotPool::default()),
             ctx,
         })
@@ -681,6 +693,9 @@ pub struct GpuQueue {
     _lists_map: HostMapping,
     _lists: DmaBuffer,
     qid: u16,
+    /// The queue's controller: told before each launch that the GPU is
+    /// about to ring its doorbells ([`NvmeDevice::expect_doorbells`]).
+    device: Arc<dyn NvmeDevice>,
     /// The host-side pair: owns the SQ/CQ memory; locked only to re-create
     /// the queue after a controller reset.
     qp: Mutex<QueuePair>,
@@ -777,10 +792,17 @@ impl GpuQueue {
             _lists_map: lists_map,
             _lists: lists,
             qid,
+            device: drive.device().clone(),
             qp: Mutex::new(qp),
             quiet: gpu.quiet.clone(),
             last: Mutex::new(None),
         })
+    }
+
+    /// Tells the queue's controller that a kernel is about to ring its
+    /// doorbells (an emulated one stops napping).
+    pub(crate) fn expect_doorbells(&self) {
+        self.device.expect_doorbells();
     }
 
     /// The end event of the last launch on this queue.
@@ -902,9 +924,11 @@ impl Drop for GpuRegion {
 /// them) and may drop the last reference.
 #[derive(Debug)]
 pub struct GpuBuffer {
-    /// The emulator's copies to and from this memory (`copy_in`/`copy_out`
-    /// and the asynchronous ones of `emulated_dma.rs`).
+    /// The synchronous copies to and from this memory (`copy_in`/`copy_out`).
     pub(crate) copies: Stream,
+    /// The emulator's asynchronous copies (`emulated_dma.rs`): one stream
+    /// per emulated controller thread, with their fences (`copy_lanes.rs`).
+    pub(crate) lanes: Arc<CopyLanes>,
     pub(crate) mem: DeviceMem,
 }
 
@@ -913,7 +937,11 @@ impl GpuBuffer {
     /// Waits for running I/O kernels first (`Quiesce`).
     pub fn zeroed(gpu: &Gpu, len: usize) -> Result<Self, GpuError> {
         let _quiet = gpu.quiet.enter()?;
-        Ok(Self { copies: Stream::new(&gpu.ctx)?, mem: DeviceMem::zeroed(&gpu.ctx, len)? })
+        Ok(Self {
+            copies: Stream::new(&gpu.ctx)?,
+            lanes: CopyLanes::new(&gpu.ctx, gpu.stream_mem_ops, gpu.batched_copies)?,
+            mem: DeviceMem::zeroed(&gpu.ctx, len)?,
+        })
     }
 
     /// Wraps GPU memory the caller owns (`len` bytes at device pointer
@@ -925,10 +953,11 @@ impl GpuBuffer {
     /// `dptr..dptr + len` must be a live allocation of this context for as
     /// long as the returned value (and any mapping of it) exists.
     pub unsafe fn from_raw(gpu: &Gpu, dptr: u64, len: usize) -> Result<Self, GpuError> {
-        // Creating the copy stream is kept off running I/O kernels too.
+        // Creating the copy streams is kept off running I/O kernels too.
         let _quiet = gpu.quiet.enter()?;
         Ok(Self {
             copies: Stream::new(&gpu.ctx)?,
+            lanes: CopyLanes::new(&gpu.ctx, gpu.stream_mem_ops, gpu.batched_copies)?,
             mem: DeviceMem { ptr: dptr, len, owned: false, ctx: gpu.ctx.clone() },
         })
     }

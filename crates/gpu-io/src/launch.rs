@@ -106,11 +106,11 @@ impl Drop for KernelEvent {
 /// Pinned host memory from `cuMemHostAlloc`, mapped into the GPU
 /// (`DEVICEMAP`), freed on drop.
 #[derive(Debug)]
-struct PinnedBuf {
-    ptr: *mut u8,
+pub(crate) struct PinnedBuf {
+    pub(crate) ptr: *mut u8,
     /// The GPU's address of the first byte.
-    dptr: u64,
-    len: usize,
+    pub(crate) dptr: u64,
+    pub(crate) len: usize,
     ctx: Arc<cudarc::driver::CudaContext>,
 }
 
@@ -118,7 +118,7 @@ struct PinnedBuf {
 unsafe impl Send for PinnedBuf {}
 
 impl PinnedBuf {
-    fn new(ctx: &Arc<cudarc::driver::CudaContext>, len: usize) -> Result<Self, GpuError> {
+    pub(crate) fn new(ctx: &Arc<cudarc::driver::CudaContext>, len: usize) -> Result<Self, GpuError> {
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         let mut p: *mut c_void = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
@@ -472,6 +472,9 @@ impl Gpu {
             q.set_last_launch(&done);
         }
         drop(running);
+        for q in queues {
+            q.expect_doorbells();
+        }
         Ok(GpuLaunch { slot: Some(slot), layout, done, pool: self.slots.clone(), quiet: self.quiet.clone() })
     }
 

@@ -29,6 +29,7 @@
 #![allow(unsafe_code)]
 
 pub mod abi;
+mod copy_lanes;
 mod crc32c;
 mod emulated_dma;
 mod gpu;

@@ -173,6 +173,14 @@ pub trait NvmeDevice: Send + Sync + fmt::Debug {
         let _ = len;
         Ok(None)
     }
+
+    /// A hint that another agent (a GPU kernel just launched) is about to
+    /// write this device's doorbells directly in its register window,
+    /// where no CPU write reaches [`NvmeDevice::bar0`]'s owner. A real
+    /// controller sees every doorbell write as it lands, so the default
+    /// does nothing; an emulated controller that naps while idle wakes up
+    /// and polls for a while, as a real one would be ready.
+    fn expect_doorbells(&self) {}
 }
 
 #[cfg(test)]

@@ -7,7 +7,8 @@
 //! completions, post due completions of the timing model, then fetch and
 //! execute up to [`BATCH`] commands from each SQ (admin first), reading each
 //! tail doorbell once. The thread polls without pause while it finds work
-//! and backs off when idle: it spins for `EmulatorConfig::idle_spin` (30 us by default), then sleeps 50 us at a
+//! and backs off when idle: it spins for `EmulatorConfig::idle_spin` (30 us by default; 200 us after
+//! `NvmeDevice::expect_doorbells`, a GPU kernel about to ring), then sleeps 50 us at a
 //! time, 200 us after 5 ms and 1 ms after 50 ms without work (no
 //! `sched_yield` phase; see [`run`]).
 
@@ -40,6 +41,10 @@ const DEEP_IDLE: Duration = Duration::from_millis(5);
 const DEEPER_IDLE: Duration = Duration::from_millis(50);
 /// How often a gone controller restores its all-ones register page.
 const GONE_REFILL: Duration = Duration::from_millis(1);
+/// How long the thread polls without pause after a kick
+/// ([`Shared::kick`]): longer than a kernel takes to start and write its
+/// first doorbell.
+pub(crate) const KICK_SPIN: Duration = Duration::from_micros(200);
 
 /// State shared between the [`crate::Emulator`] handle and its thread.
 #[derive(Debug)]
@@ -63,6 +68,10 @@ pub(crate) struct Shared {
     pub gone_fill: std::sync::atomic::AtomicU32,
     /// Set by the thread once it has seen `gone` and stopped working.
     pub gone_ack: AtomicBool,
+    /// Set by [`nvm_queue::NvmeDevice::expect_doorbells`]: another agent is
+    /// about to ring doorbells; the thread polls for [`KICK_SPIN`] before
+    /// it naps again.
+    pub kick: AtomicBool,
     /// The backing store and write cache. The thread holds the lock for a
     /// poll iteration; the handle takes it for direct media access and a
     /// power failure.
@@ -874,7 +883,12 @@ impl Controller {
 /// `unpark`), or only keep the register page all ones once `gone`.
 pub(crate) fn run(shared: Arc<Shared>, mut ctrl: Controller) {
     let mut idle_since = Instant::now();
+    // Until when a kick keeps the thread polling without pause.
+    let mut kicked_until: Option<Instant> = None;
     while !shared.stop.load(Ordering::Acquire) {
+        if shared.kick.load(Ordering::Relaxed) && shared.kick.swap(false, Ordering::Acquire) {
+            kicked_until = Some(Instant::now() + KICK_SPIN);
+        }
         if shared.gone.load(Ordering::Acquire) {
             // The device is gone: no more work (copies in flight end first,
             // so that the media can be released); keep the register page
@@ -890,6 +904,10 @@ pub(crate) fn run(shared: Arc<Shared>, mut ctrl: Controller) {
         let (work, next_due) = ctrl.poll(&shared, now);
         if work {
             idle_since = now;
+            continue;
+        }
+        if kicked_until.is_some_and(|t| now < t) {
+            std::hint::spin_loop();
             continue;
         }
         let idle = now.saturating_duration_since(idle_since);

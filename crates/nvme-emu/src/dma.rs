@@ -118,8 +118,10 @@ pub trait ExternalMemory: Send + Sync + std::fmt::Debug {
         None
     }
 
-    /// A fence that completes once every copy this memory has started so
-    /// far has ended. Infallible: an implementation that cannot make one
+    /// A fence that completes once every copy the calling thread has
+    /// started on this memory so far has ended (a controller thread makes
+    /// a burst's copies and its fence; copies of other threads may run
+    /// beside them). Infallible: an implementation that cannot make one
     /// waits for its copies itself and returns a completed fence.
     fn fence(&self) -> Box<dyn CopyFence> {
         Box::new(FenceState::Done)

@@ -437,6 +437,7 @@ impl Emulator {
             gone: AtomicBool::new(config.registers_all_ones),
             gone_fill: std::sync::atomic::AtomicU32::new(u32::MAX),
             gone_ack: AtomicBool::new(false),
+            kick: AtomicBool::new(false),
             media: std::sync::Mutex::new(media),
         });
         if config.registers_all_ones {
@@ -727,5 +728,17 @@ impl NvmeDevice for Emulator {
     /// iteration (which may be touching it) has ended.
     fn dma_unmap(&self, mapping: &DmaMapping) -> Result<(), DeviceError> {
         self.shared.iova.unmap(mapping)
+    }
+
+    /// Wakes the controller thread and keeps it polling for at least
+    /// 200 us: a GPU kernel about to write doorbells in
+    /// the register page cannot wake it, and a napping thread would see
+    /// them only at the end of its nap (up to 1 ms; 50 us plus the
+    /// timer's overshoot between a host's requests).
+    fn expect_doorbells(&self) {
+        self.shared.kick.store(true, Ordering::Release);
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+        }
     }
 }

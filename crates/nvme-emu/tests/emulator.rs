@@ -864,3 +864,35 @@ fn a_cq_slot_returned_just_before_the_next_submission_is_seen() {
     assert_eq!(s.cq_full_stalls - before, 0, "{s:?}");
     assert_eq!(s.doorbell_violations, 0, "{s:?}");
 }
+
+/// `NvmeDevice::expect_doorbells` (what a GPU launch calls) wakes a
+/// controller deep in its idle naps and leaves it working normally: the
+/// doorbells written after it (here by the CPU, which, like a GPU kernel,
+/// only stores into the register page) are all served, and the hint is
+/// harmless on a controller that is gone.
+#[test]
+fn a_doorbell_hint_wakes_an_idle_controller_and_changes_nothing_else() {
+    let mut h = Harness::start(config("kick"));
+    let mut q = Queue::new(&h.dev, 1, 16, 16);
+    assert_eq!(h.admin(create_cq(1, 16, q.cq.device_addr(0).unwrap())).status(), Status::SUCCESS);
+    assert_eq!(h.admin(create_sq(1, 16, q.sq.device_addr(0).unwrap(), 1)).status(), Status::SUCCESS);
+    for round in 0..5 {
+        // Past 50 ms of idleness the thread naps 1 ms at a time.
+        std::thread::sleep(Duration::from_millis(60));
+        h.emu.expect_doorbells();
+        for _ in 0..8 {
+            q.push(Sqe::new(0x00, 1));
+        }
+        h.ring_sq(1, q.sq_tail);
+        for i in 0..8 {
+            let c = wait_for(|| q.pop()).unwrap_or_else(|| panic!("round {round}: completion {i}"));
+            assert!(c.status().is_success());
+        }
+        h.ring_cq(1, q.cq_head);
+    }
+    let s = h.emu.stats();
+    assert_eq!((s.doorbell_violations, s.cq_full_stalls), (0, 0), "{s:?}");
+    h.emu.set_gone();
+    h.emu.expect_doorbells();
+    assert_eq!(h.dev.bar0().read32(offset::CSTS).ok(), Some(u32::MAX), "still gone");
+}
