@@ -102,6 +102,51 @@ pub struct TuttiCrcItem {
     pub len: u64,
 }
 
+/// One queue pair served by the GPU null controller (`struct
+/// TuttiNullQueue` of `kernels/tutti_null.cu`, 48 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TuttiNullQueue {
+    /// Device pointer: SQ base, `size` x 64 bytes.
+    pub sq: u64,
+    /// Device pointer: CQ base, `size` x 16 bytes.
+    pub cq: u64,
+    /// Device pointer: the 32-bit SQ tail doorbell.
+    pub sq_doorbell: u64,
+    /// Device pointer: the 32-bit CQ head doorbell.
+    pub cq_doorbell: u64,
+    /// Entries of the SQ and of the CQ.
+    pub size: u32,
+    /// SQID written in each CQE.
+    pub qid: u32,
+    /// SQ head at start (entries before it were fetched).
+    pub sq_head: u32,
+    /// CQ tail at start, with the phase tag of the next CQE in bit 31.
+    pub cq_tail_phase: u32,
+}
+
+/// What the GPU null controller did on one queue (`struct TuttiNullReport`,
+/// 32 bytes), written when it stops.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TuttiNullReport {
+    /// CQEs posted.
+    pub served: u64,
+    /// Polls that found SQEs waiting and no free CQ slot (the host had not
+    /// returned CQ entries with the CQ head doorbell).
+    pub cq_full_polls: u64,
+    /// Polls that read an SQ tail doorbell value out of range (ignored).
+    pub bad_doorbells: u64,
+    /// SQ head at exit.
+    pub sq_head: u32,
+    /// CQ tail at exit, with the phase tag of the next CQE in bit 31.
+    pub cq_tail_phase: u32,
+}
+
+const _: () = assert!(size_of::<TuttiNullQueue>() == 48);
+const _: () = assert!(core::mem::offset_of!(TuttiNullQueue, size) == 32);
+const _: () = assert!(size_of::<TuttiNullReport>() == 32);
+const _: () = assert!(core::mem::offset_of!(TuttiNullReport, sq_head) == 24);
 const _: () = assert!(size_of::<TuttiCrcItem>() == 16);
 const _: () = assert!(core::mem::offset_of!(TuttiCrcItem, len) == 8);
 const _: () = assert!(size_of::<TuttiQueue>() == 88);

@@ -1,11 +1,17 @@
-//! The emulator's copy lanes of a [`crate::GpuBuffer`]: the CUDA streams
-//! its asynchronous copies run on, one per emulated controller thread, and
-//! the fences that tell the controller when a burst's copies have ended.
+//! The emulator's copy lanes of a [`crate::Gpu`]: the CUDA streams its
+//! asynchronous copies to and from [`crate::GpuBuffer`]s run on, one per
+//! emulated controller thread, and the fences that tell the controller when
+//! a burst's copies have ended.
 //!
-//! - **Lanes.** Controller threads take lanes in the order of their first
-//!   copy, so any [`COPY_LANES`] of them in a row (the drives of one
-//!   stripe) copy into one buffer side by side instead of one after
-//!   another on a single stream.
+//! - **Lanes.** [`COPY_LANES`] streams per `Gpu`, shared by all its
+//!   buffers (few streams: every stream beyond `CUDA_DEVICE_MAX_CONNECTIONS`
+//!   shares a hardware queue with another). Controller threads take lanes
+//!   in the order of their first copy, so any `COPY_LANES` of them in a row
+//!   (the drives of one stripe) copy side by side. A fence on a lane comes
+//!   after every copy queued on it before, whichever buffer they touch.
+//! - **Per-thread notes.** Each thread's noted copies are kept apart (two
+//!   threads may share a lane): a thread's fence queues only its own, so a
+//!   fence never completes before copies another thread has yet to queue.
 //! - **Batched copies.** A burst's copies are only noted when the
 //!   controller starts them; its fence queues them in one
 //!   `cuMemcpyBatchAsync` per run of one direction (one
@@ -53,13 +59,14 @@ const STREAM_CHECK_EVERY: u32 = 1024;
 static COPY_THREADS: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
-    /// This thread's lane, taken at its first copy.
-    static LANE: usize = COPY_THREADS.fetch_add(1, Ordering::Relaxed) % COPY_LANES;
+    /// This thread's number among copying threads, taken at its first copy
+    /// (its lane is the number modulo [`COPY_LANES`]).
+    static COPIER: usize = COPY_THREADS.fetch_add(1, Ordering::Relaxed);
 }
 
-/// The calling thread's lane (`0..COPY_LANES`).
-pub(crate) fn current_lane() -> usize {
-    LANE.with(|l| *l)
+/// The calling thread's number among copying threads.
+pub(crate) fn current_copier() -> usize {
+    COPIER.with(|c| *c)
 }
 
 /// Direction of a copy between the emulator's host media and GPU memory.
@@ -83,13 +90,14 @@ pub(crate) struct Deferred {
     pub(crate) len: usize,
 }
 
-/// One buffer's copy streams, the copies noted on them and their fence
-/// words.
+/// A [`Gpu`](crate::Gpu)'s copy streams, the copies noted for them and
+/// their fence words.
 #[derive(Debug)]
 pub(crate) struct CopyLanes {
     streams: Box<[Stream]>,
-    /// Per lane, the copies noted since its last fence.
-    pending: [Mutex<Vec<Deferred>>; COPY_LANES],
+    /// Per lane, the copies noted and not yet queued, each with the number
+    /// of the thread that noted it ([`current_copier`]).
+    pending: [Mutex<Vec<(usize, Deferred)>>; COPY_LANES],
     /// Whether `cuMemcpyBatchAsync` may be used (a driver of CUDA 12.8 or
     /// later that has it; cleared if it refuses a batch as unsupported).
     batch: AtomicBool,
@@ -114,8 +122,9 @@ unsafe impl Sync for CopyLanes {}
 
 impl CopyLanes {
     /// [`COPY_LANES`] new streams of `ctx`, with fence words when
-    /// `mem_ops` (the device supports stream memory operations). The
-    /// caller holds the gate (stream creation and allocation).
+    /// `mem_ops` (the device supports stream memory operations), and
+    /// batched copies when `batch`. Made when the `Gpu` opens (before any
+    /// kernel runs) and freed with its last buffer or fence.
     pub(crate) fn new(ctx: &Arc<CudaContext>, mem_ops: bool, batch: bool) -> Result<Arc<Self>, GpuError> {
         let streams = (0..COPY_LANES).map(|_| Stream::new(ctx)).collect::<Result<Box<[_]>, _>>()?;
         let words = if mem_ops {
@@ -137,24 +146,31 @@ impl CopyLanes {
         }))
     }
 
-    /// The stream of `lane` (`0..COPY_LANES`, as [`current_lane`] gives).
-    pub(crate) fn stream(&self, lane: usize) -> &Stream {
+    /// The stream of `lane` (`0..COPY_LANES`).
+    fn stream(&self, lane: usize) -> &Stream {
         &self.streams[lane % COPY_LANES]
     }
 
-    /// Notes a copy on `lane`, queued by its next fence.
-    pub(crate) fn defer(&self, lane: usize, copy: Deferred) {
-        self.pending[lane % COPY_LANES].lock().unwrap_or_else(|p| p.into_inner()).push(copy);
+    /// Notes a copy of the calling thread, queued by its next fence.
+    pub(crate) fn defer(&self, copy: Deferred) {
+        let me = current_copier();
+        self.pending[me % COPY_LANES].lock().unwrap_or_else(|p| p.into_inner()).push((me, copy));
     }
 
-    /// A fence after every copy noted so far on `lane` (queued now).
-    /// Infallible: a copy the driver refused fails the fence once the
-    /// lane's other copies have ended; when neither a word write nor an
-    /// event can be queued, it waits for the lane's stream here and
-    /// returns the outcome.
-    pub(crate) fn fence(self: &Arc<Self>, lane: usize) -> Box<dyn CopyFence> {
-        let lane = lane % COPY_LANES;
-        let copies = std::mem::take(&mut *self.pending[lane].lock().unwrap_or_else(|p| p.into_inner()));
+    /// A fence after every copy the calling thread has noted so far (queued
+    /// now, on its lane). Infallible: a copy the driver refused fails the
+    /// fence once the lane's other copies have ended; when neither a word
+    /// write nor an event can be queued, it waits for the lane's stream
+    /// here and returns the outcome.
+    pub(crate) fn fence(self: &Arc<Self>) -> Box<dyn CopyFence> {
+        let me = current_copier();
+        let lane = me % COPY_LANES;
+        let copies: Vec<Deferred> = {
+            let mut pending = self.pending[lane].lock().unwrap_or_else(|p| p.into_inner());
+            let (mine, others): (Vec<_>, Vec<_>) = pending.drain(..).partition(|(t, _)| *t == me);
+            *pending = others;
+            mine.into_iter().map(|(_, c)| c).collect()
+        };
         if !copies.is_empty() && !self.issue(lane, &copies) {
             // Copies before the refused one may run: they end first.
             let _ = self.stream(lane).sync();
@@ -189,8 +205,8 @@ impl CopyLanes {
     }
 
     /// One `cuMemcpyBatchAsync` for `run` (one direction, stream order for
-    /// the sources), or each copy alone if the driver turns batches down
-    /// as unsupported (then never again for this buffer).
+    /// the sources), or each copy alone if the driver refuses the batch
+    /// (then never again for this GPU).
     fn issue_batch(&self, run: &[Deferred], stream: sys::CUstream) -> bool {
         let mut dsts: Vec<sys::CUdeviceptr> = run.iter().map(|c| c.dst).collect();
         let mut srcs: Vec<sys::CUdeviceptr> = run.iter().map(|c| c.src).collect();
@@ -229,17 +245,18 @@ impl CopyLanes {
                 stream,
             )
         };
-        match r {
-            sys::CUresult::CUDA_SUCCESS => true,
-            sys::CUresult::CUDA_ERROR_NOT_SUPPORTED => {
-                tracing::warn!(
-                    "gpu-io: the driver takes no batched copies; the emulator copies one call each"
-                );
-                self.batch.store(false, Ordering::Relaxed);
-                run.iter().all(|c| issue_one(c, stream))
-            }
-            _ => false,
+        if r == sys::CUresult::CUDA_SUCCESS {
+            return true;
         }
+        // Refused (unsupported, or memory the batch API does not take with
+        // stream-ordered sources, such as pageable media): whatever part of
+        // it was queued ends first, then every copy goes alone (copying the
+        // same bytes twice is harmless), and batches stop for this GPU.
+        tracing::warn!(error = ?r, fail_index, "gpu-io: batched copy refused; the emulator copies one call each");
+        self.batch.store(false, Ordering::Relaxed);
+        // SAFETY: a live stream of this context (bound by the caller).
+        let _ = unsafe { sys::cuStreamSynchronize(stream) };
+        run.iter().all(|c| issue_one(c, stream))
     }
 
     /// Queues the next sequence number's write to `lane`'s word; `None`
@@ -288,16 +305,36 @@ fn issue_one(c: &Deferred, stream: sys::CUstream) -> bool {
     r == sys::CUresult::CUDA_SUCCESS
 }
 
-/// Whether this driver has `cuMemcpyBatchAsync` with the CUDA 12.8
-/// signature this crate calls (driver API 12.8 or later; the symbol is
-/// looked up first, so that an older driver never reaches a missing one).
-pub(crate) fn driver_has_batched_copies() -> bool {
-    let mut version = 0;
+/// Whether the driver's API is at least `version` (e.g. 12080 for 12.8)
+/// and has the entry point `symbol` (NUL-terminated): cudarc's loader
+/// panics on a missing symbol, so a call is made only after this.
+pub(crate) fn driver_has(version: i32, symbol: &[u8]) -> bool {
+    let mut v = 0;
     // SAFETY: a valid out-pointer.
     let new_enough =
-        unsafe { sys::cuDriverGetVersion(&mut version) } == sys::CUresult::CUDA_SUCCESS && version >= 12080;
+        unsafe { sys::cuDriverGetVersion(&mut v) } == sys::CUresult::CUDA_SUCCESS && v >= version;
     // SAFETY: only looks the symbol up; nothing is called through it.
-    new_enough && unsafe { sys::culib().get::<unsafe extern "C" fn()>(b"cuMemcpyBatchAsync\0") }.is_ok()
+    new_enough && unsafe { sys::culib().get::<unsafe extern "C" fn()>(symbol) }.is_ok()
+}
+
+/// `cuMemcpyBatchAsync` with the CUDA 12.8 signature this crate calls.
+pub(crate) fn driver_has_batched_copies() -> bool {
+    driver_has(12080, b"cuMemcpyBatchAsync\0")
+}
+
+/// `cuStreamWriteValue32_v2` (CUDA 11.7 and later).
+pub(crate) fn driver_has_stream_writes() -> bool {
+    driver_has(11070, b"cuStreamWriteValue32_v2\0")
+}
+
+impl Drop for CopyLanes {
+    /// Every copy and word write queued on the lanes ends before the words
+    /// are freed (a fence that failed early may have left one queued).
+    fn drop(&mut self) {
+        for s in self.streams.iter() {
+            let _ = s.sync();
+        }
+    }
 }
 
 /// A fence on a lane's word: done once the word has reached `seq`.

@@ -221,8 +221,8 @@ impl Gpu {
         }
         let offsets = task_offsets(items)?;
         let layout = CrcLayout::new(items.len(), offsets[items.len()] as usize);
-        let mut scratch = self.crc_scratch.take(self, &layout)?;
         let events = if timed { Some((Event::new(&self.ctx)?, Event::new(&self.ctx)?)) } else { None };
+        let mut scratch = self.crc_scratch.take(self, &layout)?;
         // SAFETY: the items' memory is readable (this function's contract).
         let r = unsafe { self.crc_launch(&mut scratch, &layout, items, &offsets, events.as_ref()) };
         // Whatever was queued has ended before the scratch is reused.
@@ -238,10 +238,11 @@ impl Gpu {
         Ok((out, took))
     }
 
-    /// Writes the launch's inputs into the scratch's mapped host memory and
-    /// queues the zeroing of its device part and the kernel on the checksum
-    /// stream; the caller synchronises the stream before reading the
-    /// results (also in the mapped host memory: no copy on the stream).
+    /// Writes the launch's inputs into the scratch's pinned host memory and
+    /// queues their copy to the device part, the zeroing of the kernel's
+    /// counters and the kernel on the checksum stream; the caller
+    /// synchronises the stream before reading the results (which the
+    /// kernel writes into the mapped host memory: no copy back).
     ///
     /// # Safety
     ///
@@ -262,16 +263,25 @@ impl Gpu {
         let ntasks = offsets[items.len()];
         let nitems = items.len() as u32; // <= ntasks <= u32::MAX (every item has a task)
         let (h, d) = (scratch.host.dptr, scratch.dev.ptr);
-        // SAFETY: the range lies inside the device scratch (`CrcLayout`),
-        // which lives until the caller has synchronised the stream.
-        unsafe { result::memset_d8_async(d + l.chunk_crcs as u64, 0, l.dev_end - l.chunk_crcs, stream) }
-            .map_err(drv("cuMemsetD8Async"))?;
+        // The inputs go to the device part in one copy from pinned memory
+        // (the kernel's searches of the task offsets then stay on the
+        // device); the chunk CRCs and counters are zeroed.
+        // SAFETY: both ranges lie inside the scratch (`CrcLayout`), which
+        // lives until the caller has synchronised the stream; the host part
+        // is pinned and not written again before then.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(d, scratch.host.ptr.cast::<std::ffi::c_void>(), l.out, stream)
+                .result()
+                .map_err(drv("cuMemcpyHtoDAsync"))?;
+            result::memset_d8_async(d + l.chunk_crcs as u64, 0, l.dev_end - l.chunk_crcs, stream)
+                .map_err(drv("cuMemsetD8Async"))?;
+        }
         let warps_per_block = u64::from(THREADS / 32);
         let blocks =
             u64::from(ntasks).div_ceil(warps_per_block).min(self.sm_count * BLOCKS_PER_SM).max(1) as u32;
         let (pi, po, pc, pd, pout) = (
-            h + l.items as u64,
-            h + l.offsets as u64,
+            d + l.items as u64,
+            d + l.offsets as u64,
             d + l.chunk_crcs as u64,
             d + l.done as u64,
             h + l.out as u64,
@@ -305,8 +315,9 @@ impl Gpu {
 
 /// Byte offsets of one checksum launch's buffers (each 16-byte aligned).
 /// In the scratch's mapped host memory: the items, the per-item task
-/// offsets and the per-item results. In its device memory, zeroed before
-/// each launch: the per-task chunk CRCs and the per-item done counters.
+/// offsets and the per-item results. In its device memory: a copy of the
+/// items and offsets at the same offsets, then, zeroed before each launch,
+/// the per-task chunk CRCs and the per-item done counters.
 #[derive(Debug, Clone, Copy)]
 struct CrcLayout {
     nitems: usize,
@@ -326,8 +337,8 @@ impl CrcLayout {
         let offsets = up(nitems * size_of::<TuttiCrcItem>());
         let out = up(offsets + (nitems + 1) * 4);
         let host_end = up(out + nitems * 4);
-        let chunk_crcs = 0;
-        let done = up(ntasks * 4);
+        let chunk_crcs = out;
+        let done = up(chunk_crcs + ntasks * 4);
         let dev_end = up(done + nitems * 4);
         Self { nitems, items, offsets, out, host_end, chunk_crcs, done, dev_end }
     }
@@ -407,7 +418,8 @@ impl CrcScratchPool {
     fn give(&self, scratch: CrcScratch, quiet: &Quiesce) {
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         let small = scratch.dev.len <= CRC_SCRATCH_MAX && scratch.host.len <= CRC_SCRATCH_MAX;
-        if small && free.len() < CRC_SCRATCH_KEPT {
+        // While a persistent kernel runs nothing is freed (see `Quiesce`).
+        if (small && free.len() < CRC_SCRATCH_KEPT) || !quiet.may_free() {
             free.push(scratch);
             return;
         }
@@ -429,7 +441,12 @@ mod layout_tests {
         for (nitems, ntasks) in [(1, 1), (3, 7), (1000, 1000), (5, 1 << 20), (4097, 9000)] {
             let l = CrcLayout::new(nitems, ntasks);
             let host = [(l.items, nitems * 16), (l.offsets, (nitems + 1) * 4), (l.out, nitems * 4)];
-            let dev = [(l.chunk_crcs, ntasks * 4), (l.done, nitems * 4)];
+            let dev = [
+                (l.items, nitems * 16),
+                (l.offsets, (nitems + 1) * 4),
+                (l.chunk_crcs, ntasks * 4),
+                (l.done, nitems * 4),
+            ];
             for (spans, end) in [(&host[..], l.host_end), (&dev[..], l.dev_end)] {
                 for w in spans.windows(2) {
                     assert!(w[0].0 + w[0].1 <= w[1].0, "{nitems} items, {ntasks} tasks: {spans:?}");
@@ -438,7 +455,7 @@ mod layout_tests {
                 let (last, len) = spans[spans.len() - 1];
                 assert!(last + len <= end && end.is_multiple_of(16));
             }
-            assert_eq!(l.chunk_crcs, 0, "the zeroed device part is the whole device part");
+            assert!(l.chunk_crcs >= l.offsets + (nitems + 1) * 4, "the inputs' copy is not zeroed");
             assert!(l.out + l.nitems * 4 <= l.host_end, "one result per item");
         }
     }

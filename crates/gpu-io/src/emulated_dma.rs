@@ -1,17 +1,15 @@
 //! The emulator's DMA engine for GPU memory: how `nvme-emu` moves a
 //! command's data between its RAM media and a [`GpuBuffer`].
 //!
-//! - Copies are asynchronous: a command's copies are queued on one of the
-//!   buffer's copy streams, the calling controller thread's lane
-//!   (`cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync`), and
-//!   a fence queued after them (`copy_lanes.rs`: a word the GPU writes,
-//!   or an event) tells the controller when they have ended;
-//!   the emulator posts the CQE only once the event has completed, so a
+//! - Copies are asynchronous and batched: a command's copies are only
+//!   noted when the controller starts them; the burst's fence queues the
+//!   controller thread's noted copies on its lane, in one
+//!   `cuMemcpyBatchAsync` per run of one direction, then a fence after
+//!   them (a word the GPU writes, or an event: `copy_lanes.rs`). The
+//!   emulator posts a CQE only once its fence has completed, so a
 //!   completion still means the data has moved. The controller thread
 //!   goes on fetching and executing the next commands meanwhile, and
-//!   several drives copy into one buffer at once, each on its own lane
-//!   (with one stream per buffer, four drives' copies into one buffer ran
-//!   one after another: docs/benchmarks.md, "copy lanes").
+//!   several drives copy at once, each on its own lane.
 //! - The RAM media is page-locked ([`Gpu`] as a [`PageLocker`],
 //!   `cuMemHostRegister`), which makes those copies truly asynchronous
 //!   and lets them run at the interconnect's speed (pageable copies are
@@ -27,7 +25,7 @@ use std::sync::Arc;
 use cudarc::driver::{sys, CudaContext};
 use nvme_emu::{CopyFence, ExternalMemory, HostPin, PageLocker};
 
-use crate::copy_lanes::{current_lane, Deferred, Direction};
+use crate::copy_lanes::{Deferred, Direction};
 use crate::gpu::{drv, Gpu, GpuBuffer};
 
 impl ExternalMemory for GpuBuffer {
@@ -50,7 +48,7 @@ impl ExternalMemory for GpuBuffer {
         // (contract), and `off + len` lies inside the allocation (checked).
         let copy =
             Deferred { dir: Direction::DeviceToHost, dst: dst.as_ptr() as u64, src: self.mem.ptr + off, len };
-        self.lanes.defer(current_lane(), copy);
+        self.lanes.defer(copy);
         Some(true)
     }
 
@@ -59,12 +57,12 @@ impl ExternalMemory for GpuBuffer {
         // As in `start_read`, the other direction.
         let copy =
             Deferred { dir: Direction::HostToDevice, dst: self.mem.ptr + off, src: src.as_ptr() as u64, len };
-        self.lanes.defer(current_lane(), copy);
+        self.lanes.defer(copy);
         Some(true)
     }
 
     fn fence(&self) -> Box<dyn CopyFence> {
-        self.lanes.fence(current_lane())
+        self.lanes.fence()
     }
 }
 

@@ -40,6 +40,19 @@ pub enum GpuError {
     /// `TUTTI_IO_PTX` override built from an older source).
     #[error("the loaded I/O kernel module has no tutti_ring_probe entry point (TUTTI_IO_PTX from an older source?)")]
     NoRingProbe,
+    /// [`Gpu::start_null_controllers`] was given a queue that a launch has
+    /// used (the GPU-side indexes are no longer the host's).
+    #[error(
+        "I/O queue pair {qid} has been used by a GPU launch: null controllers start on fresh queues only"
+    )]
+    NullControllerQueueUsed {
+        /// Queue identifier.
+        qid: u16,
+    },
+    /// The null controllers did not stop within 10 s of being asked (a
+    /// queue kept busy, or a hung kernel); their memory is kept.
+    #[error("the GPU null controllers did not stop within 10 s")]
+    NullControllerStuck,
     /// `TUTTI_IO_PTX` names a file that cannot be used as the I/O kernel.
     #[error("TUTTI_IO_PTX={path}: {reason}")]
     KernelOverride {
@@ -364,6 +377,11 @@ impl Stream {
         Ok(Self { raw, ctx: ctx.clone() })
     }
 
+    /// Binds the stream's context to the calling thread.
+    pub(crate) fn bind(&self) -> Result<(), GpuError> {
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))
+    }
+
     pub(crate) fn sync(&self) -> Result<(), GpuError> {
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         // SAFETY: `raw` is a live stream of this context.
@@ -397,11 +415,30 @@ pub(crate) struct Quiesce {
     lock: Mutex<Vec<Arc<KernelEvent>>>,
     /// The I/O kernels' own stream (launches that name no stream).
     pub(crate) io: Stream,
+    /// Kernels that run until told to stop (GPU null controllers): while
+    /// one runs, reusable memory is kept rather than freed (a CUDA free
+    /// may wait for every kernel, this one included).
+    persistent: std::sync::atomic::AtomicUsize,
 }
 
 impl Quiesce {
     pub(crate) fn new(io: Stream) -> Self {
-        Self { lock: Mutex::new(Vec::new()), io }
+        Self { lock: Mutex::new(Vec::new()), io, persistent: Default::default() }
+    }
+
+    /// Counts a kernel that runs until told to stop (`+1`) or its end.
+    pub(crate) fn persistent_kernel(&self, started: bool) {
+        use std::sync::atomic::Ordering;
+        if started {
+            self.persistent.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.persistent.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether memory may be freed now (no persistent kernel runs).
+    pub(crate) fn may_free(&self) -> bool {
+        self.persistent.load(std::sync::atomic::Ordering::Acquire) == 0
     }
 
     /// Takes the gate, then waits until every I/O kernel launched so far
@@ -520,19 +557,16 @@ pub struct Gpu {
     pub(crate) crc_scratch: crate::crc32c::CrcScratchPool,
     /// Multiprocessors of the device (sizes the checksum grid).
     pub(crate) sm_count: u64,
-    /// The device takes stream memory operations (`cuStreamWriteValue32`):
-    /// the emulator's copy fences are words, not events (`copy_lanes.rs`).
-    pub(crate) stream_mem_ops: bool,
-    /// The driver has `cuMemcpyBatchAsync`: the emulator's copies of a
-    /// burst go in one call (`copy_lanes.rs`).
-    pub(crate) batched_copies: bool,
+    /// The emulator's copy streams and fences for this GPU's buffers
+    /// (`copy_lanes.rs`).
+    pub(crate) copy_lanes: Arc<CopyLanes>,
     /// Reusable launch buffers (`launch.rs`). Declared before `ctx`.
     pub(crate) slots: Arc<SlotPool>,
     pub(crate) ctx: Arc<CudaContext>,
 }
 
 #[derive(Debug)]
-struct Module {
+pub(crate) struct Module {
     raw: sys::CUmodule,
     ctx: Arc<CudaContext>,
 }
@@ -555,7 +589,7 @@ unsafe impl Send for Gpu {}
 unsafe impl Sync for Gpu {}
 
 /// Loads a PTX image into `ctx` and finds its entry point.
-fn load_module(
+pub(crate) fn load_module(
     ctx: &Arc<CudaContext>,
     ptx: &CStr,
     entry: &CStr,
@@ -600,9 +634,13 @@ impl Gpu {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv("cuDeviceGetAttribute"))?;
-        let stream_mem_ops = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1)
-            .is_ok_and(|v| v == 1);
+        // Fence words need stream memory operations (`cuStreamWriteValue32`).
+        let stream_mem_ops = crate::copy_lanes::driver_has_stream_writes()
+            && ctx
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1)
+                .is_ok_and(|v| v == 1);
+        let copy_lanes =
+            CopyLanes::new(&ctx, stream_mem_ops, crate::copy_lanes::driver_has_batched_copies())?;
         let quiet = Arc::new(Quiesce::new(Stream::new(&ctx)?));
         let crc_stream = Stream::new(&ctx)?;
         Ok(Self {
@@ -615,8 +653,7 @@ impl Gpu {
             crc_stream,
             crc_scratch: Default::default(),
             sm_count: u64::try_from(sm_count).unwrap_or(1).max(1),
-            stream_mem_ops,
-            batched_copies: crate::copy_lanes::driver_has_batched_copies(),
+            copy_lanes,
             slots: Arc::new(SlotPool::default()),
             ctx,
         })
@@ -799,6 +836,13 @@ impl GpuQueue {
         })
     }
 
+    /// The host-side pair's SQ tail, CQ head and CQ phase tag (the GPU's
+    /// starting point for a queue no launch has used).
+    pub(crate) fn host_indexes(&self) -> (u32, u32, bool) {
+        let qp = self.qp.lock().unwrap_or_else(|p| p.into_inner());
+        (qp.sq().tail(), qp.cq().head(), qp.cq().phase())
+    }
+
     /// Tells the queue's controller that a kernel is about to ring its
     /// doorbells (an emulated one stops napping).
     pub(crate) fn expect_doorbells(&self) {
@@ -926,8 +970,8 @@ impl Drop for GpuRegion {
 pub struct GpuBuffer {
     /// The synchronous copies to and from this memory (`copy_in`/`copy_out`).
     pub(crate) copies: Stream,
-    /// The emulator's asynchronous copies (`emulated_dma.rs`): one stream
-    /// per emulated controller thread, with their fences (`copy_lanes.rs`).
+    /// The GPU's copy lanes, for the emulator's asynchronous copies
+    /// (`emulated_dma.rs`, `copy_lanes.rs`).
     pub(crate) lanes: Arc<CopyLanes>,
     pub(crate) mem: DeviceMem,
 }
@@ -939,7 +983,7 @@ impl GpuBuffer {
         let _quiet = gpu.quiet.enter()?;
         Ok(Self {
             copies: Stream::new(&gpu.ctx)?,
-            lanes: CopyLanes::new(&gpu.ctx, gpu.stream_mem_ops, gpu.batched_copies)?,
+            lanes: gpu.copy_lanes.clone(),
             mem: DeviceMem::zeroed(&gpu.ctx, len)?,
         })
     }
@@ -957,7 +1001,7 @@ impl GpuBuffer {
         let _quiet = gpu.quiet.enter()?;
         Ok(Self {
             copies: Stream::new(&gpu.ctx)?,
-            lanes: CopyLanes::new(&gpu.ctx, gpu.stream_mem_ops, gpu.batched_copies)?,
+            lanes: gpu.copy_lanes.clone(),
             mem: DeviceMem { ptr: dptr, len, owned: false, ctx: gpu.ctx.clone() },
         })
     }

@@ -139,8 +139,11 @@ impl Drop for PinnedBuf {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
         // SAFETY: allocated by `cuMemHostAlloc` in `new`, freed once, after
-        // every copy from or to it has ended (the slot is only dropped when
-        // no launch uses it).
+        // every kernel or copy that uses it has ended: a launch slot is only
+        // dropped when no launch uses it, a checksum scratch after its
+        // stream was synchronised, the copy lanes' words after their
+        // streams were (`CopyLanes`'s drop), the null controllers' memory
+        // after their kernel ended.
         let _ = unsafe { sys::cuMemFreeHost(self.ptr.cast()) };
     }
 }
@@ -236,7 +239,8 @@ impl SlotPool {
     /// the pool's size, is freed inside the gate.
     fn give(&self, slot: LaunchSlot, quiet: &Quiesce) {
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.cap() <= POOL_SLOT_MAX && free.len() < POOL_SLOTS {
+        // While a persistent kernel runs nothing is freed (see `Quiesce`).
+        if (slot.cap() <= POOL_SLOT_MAX && free.len() < POOL_SLOTS) || !quiet.may_free() {
             free.push(slot);
             return;
         }

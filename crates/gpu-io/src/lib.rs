@@ -34,6 +34,7 @@ mod crc32c;
 mod emulated_dma;
 mod gpu;
 mod launch;
+mod null_ctrl;
 pub mod ptx;
 mod reap_model;
 
@@ -43,3 +44,4 @@ pub use gpu::{
     MAX_QUEUES_PER_LAUNCH, MAX_REQUESTS_PER_LAUNCH,
 };
 pub use launch::{GpuLaunch, GpuStream};
+pub use null_ctrl::NullControllers;

@@ -82,6 +82,26 @@ pub(crate) const TUTTI_CRC32C_PTX_C: &CStr = match CStr::from_bytes_with_nul(
 /// [`TUTTI_CRC32C_ENTRY`] as a C string, for `cuModuleGetFunction`.
 pub(crate) const TUTTI_CRC32C_ENTRY_C: &CStr = c"tutti_crc32c";
 
+/// PTX of `kernels/tutti_null.cu`: null-backed NVMe controllers played by
+/// GPU warps, a benchmark's device (see [`Gpu::start_null_controllers`]).
+///
+/// [`Gpu::start_null_controllers`]: crate::Gpu::start_null_controllers
+pub const TUTTI_NULL_PTX: &str = include_str!("../../../kernels/tutti_null.ptx");
+
+/// The kernel entry point in [`TUTTI_NULL_PTX`].
+pub const TUTTI_NULL_ENTRY: &str = "tutti_null_ctrl";
+
+/// [`TUTTI_NULL_PTX`] with a terminating NUL (see [`TUTTI_IO_PTX_C`]).
+pub(crate) const TUTTI_NULL_PTX_C: &CStr = match CStr::from_bytes_with_nul(
+    concat!(include_str!("../../../kernels/tutti_null.ptx"), "\0").as_bytes(),
+) {
+    Ok(c) => c,
+    Err(_) => panic!("kernels/tutti_null.ptx contains a NUL byte: rebuild it with kernels/build.sh"),
+};
+
+/// [`TUTTI_NULL_ENTRY`] as a C string, for `cuModuleGetFunction`.
+pub(crate) const TUTTI_NULL_ENTRY_C: &CStr = c"tutti_null_ctrl";
+
 /// Whether two byte strings are equal, at compile time.
 const fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -101,6 +121,7 @@ const fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 const _: () = assert!(same_bytes(TUTTI_IO_ENTRY.as_bytes(), TUTTI_IO_ENTRY_C.to_bytes()));
 const _: () = assert!(same_bytes(TUTTI_RING_PROBE_ENTRY.as_bytes(), TUTTI_RING_PROBE_ENTRY_C.to_bytes()));
 const _: () = assert!(same_bytes(TUTTI_CRC32C_ENTRY.as_bytes(), TUTTI_CRC32C_ENTRY_C.to_bytes()));
+const _: () = assert!(same_bytes(TUTTI_NULL_ENTRY.as_bytes(), TUTTI_NULL_ENTRY_C.to_bytes()));
 
 /// The source hash recorded on the PTX's first line, if present.
 pub fn recorded_source_sha256(ptx: &str) -> Option<&str> {
@@ -131,6 +152,12 @@ mod tests {
             recorded_source_sha256(TUTTI_CRC32C_PTX),
             Some(hex.as_str()),
             "kernels/tutti_crc32c.ptx is stale: run kernels/build.sh"
+        );
+        let hex = sha256_hex(include_bytes!("../../../kernels/tutti_null.cu"));
+        assert_eq!(
+            recorded_source_sha256(TUTTI_NULL_PTX),
+            Some(hex.as_str()),
+            "kernels/tutti_null.ptx is stale: run kernels/build.sh"
         );
     }
 
@@ -164,5 +191,7 @@ mod tests {
         assert!(TUTTI_IO_PTX.contains(".target sm_75"));
         assert!(TUTTI_CRC32C_PTX.contains(&format!(".visible .entry {TUTTI_CRC32C_ENTRY}(")));
         assert!(TUTTI_CRC32C_PTX.contains(".target sm_75"));
+        assert!(TUTTI_NULL_PTX.contains(&format!(".visible .entry {TUTTI_NULL_ENTRY}(")));
+        assert!(TUTTI_NULL_PTX.contains(".target sm_75"));
     }
 }

@@ -585,3 +585,69 @@ fn a_command_stuck_past_65536_newer_commands_never_shares_its_cid() {
     assert_eq!(q.protocol_counters().unwrap().stale, 0);
     assert_eq!(d.emu.stats().faults_injected, 1);
 }
+
+/// GPU null controllers (`kernels/tutti_null.cu`) play the I/O side of two
+/// emulated controllers whose threads leave their I/O queues alone: the
+/// full `tutti_io` protocol runs against them (CIDs, SQHD, phase tags, CQ
+/// head doorbells over many wraps), an out-of-range LBA, another namespace
+/// and an unknown opcode reach exactly their requests with the statuses a
+/// controller returns, and each warp reports every command it served.
+#[test]
+fn null_controllers_on_the_gpu_serve_the_full_protocol() {
+    let Some(gpu) = gpu() else { return };
+    let mut drives: Vec<Drive> =
+        (0..2).map(|i| drive(&gpu, &format!("null{i}"), |c| c.io_queues_detached = true)).collect();
+    let mut queues = Vec::new();
+    let mut bufs = Vec::new();
+    let mut regions = Vec::new();
+    for d in &mut drives {
+        for qid in 1..=2u16 {
+            let qp = d.ctrl.create_io_queue_pair(qid, 16, 15).unwrap();
+            queues.push(GpuQueue::new(&gpu, &d.gpu_drive, qp).unwrap());
+            let buf = DmaBuffer::new(&d.dev, 4096).unwrap();
+            regions.push(GpuRegion::new(&gpu, buf.mapping(), 4096).unwrap());
+            bufs.push(buf);
+        }
+    }
+    let refs: Vec<&GpuQueue> = queues.iter().collect();
+    let ctrls = gpu.start_null_controllers(&refs, 65536).unwrap();
+    // 20,000 reads over 4 queues of 16 entries: each CQ wraps ~300 times.
+    let n = 20_000u64;
+    let mut reqs: Vec<_> = (0..n).map(|k| rw(nvm_opcode::READ, (k % 4) as u16, k % 65536, 0)).collect();
+    reqs[101].slba = 65536; // past the namespace
+    reqs[202].nsid = 2;
+    reqs[303].opcode = 0x7F;
+    let batch: Vec<_> = queues.iter().zip(&regions).collect();
+    let st = gpu.run(&batch, &reqs, 15, BUDGET).unwrap();
+    for (i, s) in st.iter().enumerate() {
+        let want = match i {
+            101 => Some(0x80),
+            202 => Some(0x0B),
+            303 => Some(0x01),
+            _ => None,
+        };
+        match (want, s) {
+            (None, GpuStatus::Success) => {}
+            (Some(sc), GpuStatus::Nvme(status)) => {
+                assert_eq!((status.sct, status.sc), (0, sc), "request {i}")
+            }
+            _ => panic!("request {i}: {s:?}, expected {want:?}"),
+        }
+    }
+    let reports = ctrls.stop().unwrap();
+    assert_eq!(reports.iter().map(|r| r.served).sum::<u64>(), n);
+    for (q, r) in queues.iter().zip(&reports) {
+        assert_eq!(r.served, n / 4, "queue {}: {r:?}", q.qid());
+        assert_eq!(r.bad_doorbells, 0, "{r:?}");
+        assert_eq!(q.protocol_counters().unwrap(), GpuQueueCounters::default(), "queue {}", q.qid());
+    }
+    for d in &drives {
+        let s = d.emu.stats();
+        assert_eq!(s.commands, s.admin_commands, "the emulators' threads served no I/O: {s:?}");
+    }
+    // A used queue is refused.
+    assert!(matches!(
+        gpu.start_null_controllers(&refs, 65536),
+        Err(GpuError::NullControllerQueueUsed { .. })
+    ));
+}

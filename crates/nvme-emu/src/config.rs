@@ -190,6 +190,13 @@ pub struct EmulatorConfig {
     /// a host's short pauses between batches (benchmarks of host-side
     /// costs), at the price of a busy core per drive.
     pub idle_spin: Duration,
+    /// The controller thread serves the admin queue only: I/O queues are
+    /// created and deleted as usual, but it never reads their doorbells,
+    /// fetches their commands or posts to their CQs, leaving them to
+    /// another agent that plays the controller's I/O side (`gpu-io`'s null
+    /// controllers on the GPU, `tutti-bench gpu-rate --controller
+    /// gpu-null`). Default `false`.
+    pub io_queues_detached: bool,
 }
 
 /// Default [`EmulatorConfig::idle_spin`].
@@ -223,6 +230,7 @@ impl EmulatorConfig {
             shared_doorbells: false,
             write_cache: None,
             idle_spin: DEFAULT_IDLE_SPIN,
+            io_queues_detached: false,
         }
     }
 

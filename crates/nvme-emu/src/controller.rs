@@ -7,10 +7,11 @@
 //! completions, post due completions of the timing model, then fetch and
 //! execute up to [`BATCH`] commands from each SQ (admin first), reading each
 //! tail doorbell once. The thread polls without pause while it finds work
-//! and backs off when idle: it spins for `EmulatorConfig::idle_spin` (30 us by default; 200 us after
-//! `NvmeDevice::expect_doorbells`, a GPU kernel about to ring), then sleeps 50 us at a
-//! time, 200 us after 5 ms and 1 ms after 50 ms without work (no
-//! `sched_yield` phase; see [`run`]).
+//! and backs off when idle: it spins for `EmulatorConfig::idle_spin` (30 us
+//! by default), then sleeps 50 us at a time, 200 us after 5 ms and 1 ms
+//! after 50 ms without work (no `sched_yield` phase; see [`run`]). A kick
+//! (`NvmeDevice::expect_doorbells`: a GPU kernel is about to ring) wakes it
+//! and keeps it polling for [`KICK_SPIN`], then counts as work done.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -415,8 +416,10 @@ impl Controller {
         now: Instant,
     ) -> Result<bool, Fatal> {
         let mut work = false;
+        // Detached I/O queues belong to another agent: the admin queue only.
+        let io_cqs = if self.config.io_queues_detached { 0 } else { self.active_cqs.len() };
         // CQ head doorbells, then completions that were waiting for room.
-        for i in 0..=self.active_cqs.len() {
+        for i in 0..=io_cqs {
             let cqid = if i == 0 { 0 } else { self.active_cqs[i - 1] };
             let raw = sh.regs.doorbell(cqid, true);
             let Some(cq) = self.cqs.get_mut(usize::from(cqid)).and_then(Option::as_mut) else {
@@ -449,7 +452,8 @@ impl Controller {
         if self.state != State::Enabled {
             return Ok(work);
         }
-        for i in 0..self.active_sqs.len() {
+        let io_sqs = if self.config.io_queues_detached { 0 } else { self.active_sqs.len() };
+        for i in 0..io_sqs {
             let Some(&qid) = self.active_sqs.get(i) else {
                 break;
             };
@@ -887,7 +891,9 @@ pub(crate) fn run(shared: Arc<Shared>, mut ctrl: Controller) {
     let mut kicked_until: Option<Instant> = None;
     while !shared.stop.load(Ordering::Acquire) {
         if shared.kick.load(Ordering::Relaxed) && shared.kick.swap(false, Ordering::Acquire) {
-            kicked_until = Some(Instant::now() + KICK_SPIN);
+            // Awake, as after work: short naps once the kick's spin ends.
+            idle_since = Instant::now();
+            kicked_until = Some(idle_since + KICK_SPIN);
         }
         if shared.gone.load(Ordering::Acquire) {
             // The device is gone: no more work (copies in flight end first,

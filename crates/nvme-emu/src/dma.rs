@@ -95,7 +95,10 @@ pub trait ExternalMemory: Send + Sync + std::fmt::Debug {
     /// from a later [`ExternalMemory::fence`] has completed. `None` when
     /// this memory has no asynchronous copies (the controller then uses
     /// [`ExternalMemory::write`]/[`ExternalMemory::read`]), `Some(false)`
-    /// when the copy could not be started (a Data Transfer Error).
+    /// when the copy is refused at once (a Data Transfer Error). An
+    /// implementation may only note the copy and start it at the fence; a
+    /// copy refused then fails that fence (every command of the burst that
+    /// touched this memory ends with Data Transfer Error).
     ///
     /// # Safety
     ///
@@ -121,7 +124,8 @@ pub trait ExternalMemory: Send + Sync + std::fmt::Debug {
     /// A fence that completes once every copy the calling thread has
     /// started on this memory so far has ended (a controller thread makes
     /// a burst's copies and its fence; copies of other threads may run
-    /// beside them). Infallible: an implementation that cannot make one
+    /// beside them; a fence may also cover later copies of other memories
+    /// that share its stream). Infallible: an implementation that cannot make one
     /// waits for its copies itself and returns a completed fence.
     fn fence(&self) -> Box<dyn CopyFence> {
         Box::new(FenceState::Done)

@@ -896,3 +896,28 @@ fn a_doorbell_hint_wakes_an_idle_controller_and_changes_nothing_else() {
     h.emu.expect_doorbells();
     assert_eq!(h.dev.bar0().read32(offset::CSTS).ok(), Some(u32::MAX), "still gone");
 }
+
+/// With `io_queues_detached` the controller thread answers admin commands
+/// (queues are created and deleted) but leaves the I/O queues to another
+/// agent: a command rung on an I/O SQ is never fetched or completed, and
+/// the I/O doorbells are not judged.
+#[test]
+fn detached_io_queues_are_left_to_another_agent() {
+    let mut cfg = config("detached");
+    cfg.io_queues_detached = true;
+    let mut h = Harness::start(cfg);
+    let mut q = Queue::new(&h.dev, 1, 16, 16);
+    assert_eq!(h.admin(create_cq(1, 16, q.cq.device_addr(0).unwrap())).status(), Status::SUCCESS);
+    assert_eq!(h.admin(create_sq(1, 16, q.sq.device_addr(0).unwrap(), 1)).status(), Status::SUCCESS);
+    let before = h.emu.stats().commands;
+    q.push(Sqe::new(0x00, 1));
+    h.ring_sq(1, q.sq_tail);
+    // An out-of-range CQ head would be a violation if the thread judged it.
+    h.ring_cq(1, 9);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(q.pop().is_none(), "the I/O command was left alone");
+    let s = h.emu.stats();
+    assert_eq!((s.commands, s.doorbell_violations), (before, 0), "{s:?}");
+    assert_eq!(h.admin(delete_sq(1)).status(), Status::SUCCESS);
+    assert_eq!(h.admin(delete_cq(1)).status(), Status::SUCCESS);
+}

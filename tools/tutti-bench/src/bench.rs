@@ -27,6 +27,18 @@ fn err(e: impl std::error::Error) -> String {
     error_chain(&e)
 }
 
+/// Which device plays the controllers' I/O side in `gpu-rate`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RateController {
+    /// The emulator's controller threads (one CPU thread per controller).
+    Emulator,
+    /// Null controllers played by GPU warps, one per queue
+    /// (`kernels/tutti_null.cu`): no CPU in the device's path, so the
+    /// submitter's own rate shows.
+    GpuNull,
+}
+
 /// Options of `gpu-rate`.
 #[derive(Debug, Args)]
 pub struct GpuRateArgs {
@@ -42,6 +54,11 @@ pub struct GpuRateArgs {
     /// Commands in the launch.
     #[arg(long, default_value_t = 8_000_000)]
     pub commands: u64,
+    /// Who serves the I/O queues: the emulator's controller threads, or
+    /// null controllers on the GPU (the controllers' admin side stays the
+    /// emulator's either way).
+    #[arg(long, value_enum, default_value = "emulator")]
+    pub controller: RateController,
     /// Skip the bare ring probe (run by default first, on the same queues).
     #[arg(long)]
     pub no_probe: bool,
@@ -55,6 +72,7 @@ struct GpuRateResult {
     drives: u64,
     queues: u64,
     queue_depth: u32,
+    controller: RateController,
     gpu_commands: u64,
     gpu_seconds: f64,
     gpu_commands_per_second: f64,
@@ -63,61 +81,36 @@ struct GpuRateResult {
     probe_entries_per_second: Option<f64>,
     /// Why the probe did not run, when it did not.
     probe_skipped: Option<String>,
-    /// "CQ full" stalls the emulated controllers counted in the protocol run.
+    /// "CQ full" stalls the emulated controllers counted in the protocol
+    /// run; for GPU null controllers, the polls (over every run) that found
+    /// commands waiting and no free CQ slot.
     cq_full_stalls: u64,
+    /// Commands the GPU null controllers served over every run (warm-up,
+    /// probe, protocol); `None` with the emulator.
+    null_served: Option<u64>,
     cpu_commands_per_second: f64,
     ratio: f64,
 }
 
+/// The GPU part of `gpu-rate`: rates of the probe and the protocol run.
+struct GpuRun {
+    secs: f64,
+    probe: Option<f64>,
+    probe_skipped: Option<String>,
+    cq_full: u64,
+    null_served: Option<u64>,
+}
+
 /// One kernel launch issues `commands` 4 KiB reads spread over every queue
-/// of `drives` null-backed emulated controllers; then one CPU thread runs the
+/// of `drives` null-backed emulated controllers (their I/O side played by
+/// their threads or by GPU null controllers); then one CPU thread runs the
 /// `rate` measurement on one controller, for the ratio.
 pub fn gpu_rate(a: &GpuRateArgs, stop: &Stop) -> Result<Ended, String> {
-    use gpu_io::abi::TuttiRequest;
-    use gpu_io::{Gpu, GpuStatus};
-    let gpu = Gpu::open(0).map_err(err)?;
-    let GpuSetup { drives, queues, regions } = gpu_setup(&gpu, a)?;
-    let nq = queues.len() as u64;
-    let reqs: Vec<TuttiRequest> = (0..a.commands)
-        .map(|k| TuttiRequest {
-            opcode: nvme_regs::opcode::nvm_opcode::READ,
-            queue: (k % nq) as u16,
-            nsid: 1,
-            slba: (k / nq) % (1 << 20),
-            nlb: 0,
-            len: 4096,
-            mem_offset: 0,
-            ..Default::default()
-        })
-        .collect();
-    let batch: Vec<_> = queues.iter().zip(&regions).collect();
-    // Warm-up launch (module JIT, first-touch of mappings).
-    let warm: Vec<_> = reqs.iter().take(nq as usize * 4).copied().collect();
-    gpu.run(&batch, &warm, a.queue_depth - 1, Duration::from_secs(10)).map_err(err)?;
-    let (probe, probe_skipped) = if a.no_probe {
-        (None, Some("--no-probe".to_string()))
-    } else {
-        match ring_probe(&gpu, &batch, &reqs, a.queue_depth - 1)? {
-            Ok(rate) => (Some(rate), None),
-            Err(why) => (None, Some(why)),
-        }
+    let gpu = gpu_io::Gpu::open(0).map_err(err)?;
+    let run = {
+        let set = gpu_setup(&gpu, a)?;
+        gpu_runs(&gpu, &set, a)?
     };
-    let stalls_before: u64 = drives.iter().map(|d| d.emu.stats().cq_full_stalls).sum();
-    let start = Instant::now();
-    let st = gpu.run(&batch, &reqs, a.queue_depth - 1, Duration::from_secs(10)).map_err(err)?;
-    let secs = start.elapsed().as_secs_f64();
-    let cq_full_stalls = drives.iter().map(|d| d.emu.stats().cq_full_stalls).sum::<u64>() - stalls_before;
-    let bad = st.iter().filter(|s| **s != GpuStatus::Success).count();
-    if bad > 0 {
-        return Err(format!(
-            "{bad} GPU commands failed, e.g. {:?}",
-            st.iter().find(|s| **s != GpuStatus::Success)
-        ));
-    }
-    drop(batch);
-    drop(queues);
-    drop(regions);
-    drop(drives);
     // A stop request during the launch ends the CPU run at once.
     let cpu = match crate::rate::queue_pair_rate(5_000_000, 1024, 64, stop)? {
         Ok(cpu) => cpu,
@@ -125,45 +118,127 @@ pub fn gpu_rate(a: &GpuRateArgs, stop: &Stop) -> Result<Ended, String> {
     };
     let r = GpuRateResult {
         drives: a.drives,
-        queues: nq,
+        queues: a.drives * a.queues_per_drive,
         queue_depth: a.queue_depth,
+        controller: a.controller,
         gpu_commands: a.commands,
-        gpu_seconds: secs,
-        gpu_commands_per_second: a.commands as f64 / secs,
-        probe_entries_per_second: probe,
-        probe_skipped,
-        cq_full_stalls,
+        gpu_seconds: run.secs,
+        gpu_commands_per_second: a.commands as f64 / run.secs,
+        probe_entries_per_second: run.probe,
+        probe_skipped: run.probe_skipped,
+        cq_full_stalls: run.cq_full,
+        null_served: run.null_served,
         cpu_commands_per_second: cpu,
-        ratio: a.commands as f64 / secs / cpu,
+        ratio: a.commands as f64 / run.secs / cpu,
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
     } else {
-        println!(
-            "GPU: {} commands in {:.3} s = {:.2} M commands/s ({} controllers x {} queues of {}, one launch)",
-            r.gpu_commands,
-            r.gpu_seconds,
-            r.gpu_commands_per_second / 1e6,
-            r.drives,
-            a.queues_per_drive,
-            r.queue_depth
-        );
-        match (r.probe_entries_per_second, &r.probe_skipped) {
-            (Some(p), _) => println!(
-                "bare ring probe, same queues and requests: {:.2} M entries/s; protocol/probe = {:.2}",
-                p / 1e6,
-                r.gpu_commands_per_second / p
-            ),
-            (None, why) => println!("bare ring probe: not run ({})", why.as_deref().unwrap_or("")),
-        }
-        println!("CQ full stalls during the GPU run: {}", r.cq_full_stalls);
-        println!(
-            "CPU: one thread, one queue pair: {:.2} M commands/s; GPU/CPU = {:.2}",
-            r.cpu_commands_per_second / 1e6,
-            r.ratio
-        );
+        print_rate(&r, a);
     }
     Ok(Ended::Complete)
+}
+
+/// The warm-up launch, the bare ring probe and the timed protocol launch
+/// over `set`'s queues, with GPU null controllers serving them for
+/// `--controller gpu-null` (started first, stopped last).
+fn gpu_runs(gpu: &gpu_io::Gpu, set: &GpuSetup, a: &GpuRateArgs) -> Result<GpuRun, String> {
+    use gpu_io::GpuStatus;
+    let nq = set.queues.len() as u64;
+    let reqs = rate_requests(a.commands, nq);
+    let batch: Vec<_> = set.queues.iter().zip(&set.regions).collect();
+    let null = match a.controller {
+        RateController::GpuNull => {
+            let refs: Vec<&gpu_io::GpuQueue> = set.queues.iter().collect();
+            Some(gpu.start_null_controllers(&refs, RATE_NS_BLOCKS).map_err(err)?)
+        }
+        RateController::Emulator => None,
+    };
+    // Warm-up launch (module JIT, first-touch of mappings).
+    let warm: Vec<_> = reqs.iter().take(nq as usize * 4).copied().collect();
+    gpu.run(&batch, &warm, a.queue_depth - 1, Duration::from_secs(10)).map_err(err)?;
+    let (probe, probe_skipped) = if a.no_probe {
+        (None, Some("--no-probe".to_string()))
+    } else {
+        match ring_probe(gpu, &batch, &reqs, a.queue_depth - 1)? {
+            Ok(rate) => (Some(rate), None),
+            Err(why) => (None, Some(why)),
+        }
+    };
+    let stalls = || set.drives.iter().map(|d| d.emu.stats().cq_full_stalls).sum::<u64>();
+    let stalls_before = stalls();
+    let start = Instant::now();
+    let st = gpu.run(&batch, &reqs, a.queue_depth - 1, Duration::from_secs(10)).map_err(err)?;
+    let secs = start.elapsed().as_secs_f64();
+    let mut run = GpuRun { secs, probe, probe_skipped, cq_full: stalls() - stalls_before, null_served: None };
+    if let Some(null) = null {
+        let reports = null.stop().map_err(err)?;
+        run.null_served = Some(reports.iter().map(|r| r.served).sum());
+        run.cq_full = reports.iter().map(|r| r.cq_full_polls).sum();
+    }
+    let bad = st.iter().filter(|s| **s != GpuStatus::Success).count();
+    if bad > 0 {
+        return Err(format!(
+            "{bad} GPU commands failed, e.g. {:?}",
+            st.iter().find(|s| **s != GpuStatus::Success)
+        ));
+    }
+    Ok(run)
+}
+
+/// Logical blocks of `gpu-rate`'s namespaces (4 KiB blocks).
+const RATE_NS_BLOCKS: u64 = 1 << 20;
+
+/// `n` 4 KiB reads spread round-robin over `queues` queues.
+fn rate_requests(n: u64, queues: u64) -> Vec<gpu_io::abi::TuttiRequest> {
+    (0..n)
+        .map(|k| gpu_io::abi::TuttiRequest {
+            opcode: nvme_regs::opcode::nvm_opcode::READ,
+            queue: (k % queues) as u16,
+            nsid: 1,
+            slba: (k / queues) % RATE_NS_BLOCKS,
+            nlb: 0,
+            len: 4096,
+            mem_offset: 0,
+            ..Default::default()
+        })
+        .collect()
+}
+
+fn print_rate(r: &GpuRateResult, a: &GpuRateArgs) {
+    let device = match r.controller {
+        RateController::Emulator => "emulator threads",
+        RateController::GpuNull => "GPU null controllers",
+    };
+    println!(
+        "GPU: {} commands in {:.3} s = {:.2} M commands/s ({} controllers x {} queues of {}, one launch; I/O served by {device})",
+        r.gpu_commands,
+        r.gpu_seconds,
+        r.gpu_commands_per_second / 1e6,
+        r.drives,
+        a.queues_per_drive,
+        r.queue_depth
+    );
+    match (r.probe_entries_per_second, &r.probe_skipped) {
+        (Some(p), _) => println!(
+            "bare ring probe, same queues and requests: {:.2} M entries/s; protocol/probe = {:.2}",
+            p / 1e6,
+            r.gpu_commands_per_second / p
+        ),
+        (None, why) => println!("bare ring probe: not run ({})", why.as_deref().unwrap_or("")),
+    }
+    match r.null_served {
+        None => println!("CQ full stalls during the GPU run: {}", r.cq_full_stalls),
+        Some(n) => println!(
+            "GPU null controllers: {n} commands served (warm-up, probe and protocol runs); CQ full polls: {}",
+            r.cq_full_stalls
+        ),
+    }
+    println!(
+        "CPU: one thread, one queue pair: {:.2} M commands/s; GPU/CPU = {:.2}",
+        r.cpu_commands_per_second / 1e6,
+        r.ratio
+    );
 }
 
 /// Times the bare ring probe (`Gpu::run_ring_probe`) over the batch: its
@@ -213,8 +288,9 @@ fn gpu_setup(gpu: &gpu_io::Gpu, a: &GpuRateArgs) -> Result<GpuSetup, String> {
     use gpu_io::{GpuDrive, GpuQueue, GpuRegion};
     let mut set = GpuSetup { drives: Vec::new(), queues: Vec::new(), regions: Vec::new() };
     for i in 0..a.drives {
-        let mut cfg = EmulatorConfig::new(format!("gpu{i}"), vec![NamespaceSpec::new(1 << 20, 4096)]);
+        let mut cfg = EmulatorConfig::new(format!("gpu{i}"), vec![NamespaceSpec::new(RATE_NS_BLOCKS, 4096)]);
         cfg.backing = BackingSpec::Null;
+        cfg.io_queues_detached = a.controller == RateController::GpuNull;
         cfg.io_queues = a.queues_per_drive as u16;
         let emu = Emulator::start(cfg).map_err(err)?;
         let dev: Arc<dyn NvmeDevice> = emu.clone();

@@ -1,0 +1,167 @@
+// tutti_null: null-backed NVMe controllers played by GPU warps, one warp
+// per I/O queue pair, for measuring the submitter (`tutti_io`) at rates no
+// CPU-threaded emulator reaches (`tutti-bench gpu-rate --controller
+// gpu-null`). Not a datapath: no data moves. The rings and doorbells are
+// the same host memory `tutti_io` drives (an emulated controller's, whose
+// thread leaves its I/O queues to this kernel: `io_queues_detached`).
+//
+// Per queue, a warp loops (NVMe Base 2.0 section 3.3 "Queue mechanics"):
+//  1. lane 0 reads the SQ tail doorbell (acquire: the SQEs before it were
+//     written before it) and the CQ head doorbell;
+//  2. it takes n = min(SQEs waiting, free CQ slots, 32) entries; a tail
+//     doorbell out of range is counted and ignored, as a controller would;
+//  3. lane i reads SQE head + i and checks it like the emulator's null
+//     backing: Read, Write and Flush of namespace 1 succeed, an LBA range
+//     past the namespace is LBA Out of Range, another namespace Invalid
+//     Namespace or Format, another opcode Invalid Command Opcode;
+//  4. lane i writes its CQE: dwords 0-2 (SQHD = the head after the n
+//     fetches, SQID), a system fence, then dword 3 (CID, phase tag,
+//     status), so that a host that sees the phase tag sees the body;
+//  5. CQ slots are reused only after the CQ head doorbell returns them.
+// A warp polls `stop` (host memory) while idle and exits when it is set,
+// writing its queue's report.
+
+#include <stdint.h>
+
+struct TuttiNullQueue {       // 48 bytes
+    uint64_t sq;              // device pointer: SQ base, `size` x 64 bytes
+    uint64_t cq;              // device pointer: CQ base, `size` x 16 bytes
+    uint64_t sq_doorbell;     // device pointer: 32-bit SQ tail doorbell
+    uint64_t cq_doorbell;     // device pointer: 32-bit CQ head doorbell
+    uint32_t size;            // entries of the SQ and of the CQ
+    uint32_t qid;             // SQID written in each CQE
+    uint32_t sq_head;         // SQ head at start (the queue's current tail)
+    uint32_t cq_tail_phase;   // CQ tail at start (the host's CQ head) | phase tag << 31
+};
+
+struct TuttiNullReport {      // 32 bytes, written once at exit
+    unsigned long long served;         // CQEs posted
+    unsigned long long cq_full_polls;  // polls that found SQEs waiting and no CQ slot
+    unsigned long long bad_doorbells;  // polls that read a tail doorbell out of range
+    uint32_t sq_head;                  // SQ head at exit
+    uint32_t cq_tail_phase;            // CQ tail at exit | phase << 31
+};
+
+#define NULL_OP_FLUSH 0x00u
+#define NULL_OP_WRITE 0x01u
+#define NULL_OP_READ 0x02u
+// Generic command status values (NVMe Base 2.0, Figure 101).
+#define SC_INVALID_OPCODE 0x01u
+#define SC_INVALID_NAMESPACE 0x0Bu
+#define SC_LBA_OUT_OF_RANGE 0x80u
+
+__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
+    uint32_t v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ uint32_t load_volatile(const uint32_t* p) {
+    return *(const volatile uint32_t*)p;
+}
+
+__device__ __forceinline__ void store_volatile(uint32_t* p, uint32_t v) {
+    *(volatile uint32_t*)p = v;
+}
+
+// The status field (SCT 0, generic) of the command in `sqe`.
+__device__ uint32_t null_status(const uint32_t* sqe, uint64_t ns_blocks) {
+    uint32_t opcode = load_volatile(sqe) & 0xFFu;
+    uint32_t nsid = load_volatile(sqe + 1);
+    if (opcode == NULL_OP_FLUSH) {
+        return (nsid == 1u || nsid == 0xFFFFFFFFu) ? 0u : SC_INVALID_NAMESPACE;
+    }
+    if (opcode != NULL_OP_READ && opcode != NULL_OP_WRITE) {
+        return SC_INVALID_OPCODE;
+    }
+    if (nsid != 1u) {
+        return SC_INVALID_NAMESPACE;
+    }
+    uint64_t slba = (uint64_t)load_volatile(sqe + 10) | ((uint64_t)load_volatile(sqe + 11) << 32);
+    uint64_t nlb = (uint64_t)(load_volatile(sqe + 12) & 0xFFFFu) + 1u;
+    return (slba >= ns_blocks || nlb > ns_blocks - slba) ? SC_LBA_OUT_OF_RANGE : 0u;
+}
+
+extern "C" __global__ void __launch_bounds__(128) tutti_null_ctrl(const TuttiNullQueue* queues, uint32_t nqueues,
+                                                                  uint64_t ns_blocks, const uint32_t* stop,
+                                                                  TuttiNullReport* reports) {
+    const uint32_t full = 0xFFFFFFFFu;
+    uint32_t w = (blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+    uint32_t lane = threadIdx.x % 32u;
+    if (w >= nqueues) {
+        return;
+    }
+    const TuttiNullQueue q = queues[w];
+    uint32_t head = q.sq_head % q.size, tail_cq = (q.cq_tail_phase & 0x7FFFFFFFu) % q.size;
+    uint32_t phase = q.cq_tail_phase >> 31;
+    unsigned long long served = 0, cq_full = 0, bad = 0;
+    uint32_t idle = 0;
+    for (;;) {
+        uint32_t sq_tail = 0, cq_head = 0;
+        if (lane == 0u) {
+            sq_tail = load_acquire_sys((const uint32_t*)q.sq_doorbell);
+            cq_head = load_volatile((const uint32_t*)q.cq_doorbell);
+        }
+        sq_tail = __shfl_sync(full, sq_tail, 0);
+        cq_head = __shfl_sync(full, cq_head, 0) % q.size;
+        uint32_t waiting = 0;
+        if (sq_tail < q.size) {
+            waiting = (sq_tail + q.size - head) % q.size;
+        } else if (lane == 0u) {
+            bad++;
+        }
+        uint32_t room = q.size - 1u - (tail_cq + q.size - cq_head) % q.size;
+        uint32_t n = min(min(waiting, room), 32u);
+        if (n == 0u) {
+            if (waiting != 0u && lane == 0u) {
+                cq_full++;
+            }
+            uint32_t stopped = 0;
+            if (lane == 0u && (++idle & 63u) == 0u) {
+                stopped = load_volatile(stop);
+            }
+            if (__shfl_sync(full, stopped, 0) != 0u) {
+                break;
+            }
+            __nanosleep(100);
+            continue;
+        }
+        idle = 0;
+        // Every lane's SQE reads come after lane 0's acquire of the tail.
+        __syncwarp(full);
+        uint32_t new_head = (head + n) % q.size;
+        if (lane < n) {
+            const uint32_t* sqe = (const uint32_t*)(q.sq + (uint64_t)((head + lane) % q.size) * 64u);
+            uint32_t cid = load_volatile(sqe) >> 16;
+            uint32_t status = null_status(sqe, ns_blocks);
+            uint32_t slot = tail_cq + lane;
+            uint32_t tag = phase;
+            if (slot >= q.size) {
+                slot -= q.size;
+                tag ^= 1u;
+            }
+            uint32_t* cqe = (uint32_t*)(q.cq + (uint64_t)slot * 16u);
+            store_volatile(cqe, 0u);
+            store_volatile(cqe + 1, 0u);
+            store_volatile(cqe + 2, new_head | (q.qid << 16));
+            __threadfence_system();
+            store_volatile(cqe + 3, cid | (tag << 16) | (status << 17));
+        }
+        __syncwarp(full);
+        head = new_head;
+        if (tail_cq + n >= q.size) {
+            phase ^= 1u;
+        }
+        tail_cq = (tail_cq + n) % q.size;
+        served += n;
+    }
+    if (lane == 0u) {
+        TuttiNullReport r;
+        r.served = served;
+        r.cq_full_polls = cq_full;
+        r.bad_doorbells = bad;
+        r.sq_head = head;
+        r.cq_tail_phase = tail_cq | (phase << 31);
+        reports[w] = r;
+    }
+}
