@@ -96,8 +96,9 @@ pub(crate) struct Deferred {
 pub(crate) struct CopyLanes {
     streams: Box<[Stream]>,
     /// Per lane, the copies noted and not yet queued, each with the number
-    /// of the thread that noted it ([`current_copier`]).
-    pending: [Mutex<Vec<(usize, Deferred)>>; COPY_LANES],
+    /// of the thread that noted it ([`current_copier`]) and the memory it
+    /// touches (its owner key).
+    pending: [Mutex<Vec<(usize, usize, Deferred)>>; COPY_LANES],
     /// Whether `cuMemcpyBatchAsync` may be used (a driver of CUDA 12.8 or
     /// later that has it; cleared if it refuses a batch as unsupported).
     batch: AtomicBool,
@@ -151,25 +152,31 @@ impl CopyLanes {
         &self.streams[lane % COPY_LANES]
     }
 
-    /// Notes a copy of the calling thread, queued by its next fence.
-    pub(crate) fn defer(&self, copy: Deferred) {
+    /// Notes a copy of the calling thread to or from the memory `owner`
+    /// (a key unique among live memories: the `GpuBuffer`'s address),
+    /// queued by the next fence of that memory.
+    pub(crate) fn defer(&self, owner: usize, copy: Deferred) {
         let me = current_copier();
-        self.pending[me % COPY_LANES].lock().unwrap_or_else(|p| p.into_inner()).push((me, copy));
+        self.pending[me % COPY_LANES].lock().unwrap_or_else(|p| p.into_inner()).push((me, owner, copy));
     }
 
-    /// A fence after every copy the calling thread has noted so far (queued
-    /// now, on its lane). Infallible: a copy the driver refused fails the
-    /// fence once the lane's other copies have ended; when neither a word
-    /// write nor an event can be queued, it waits for the lane's stream
-    /// here and returns the outcome.
-    pub(crate) fn fence(self: &Arc<Self>) -> Box<dyn CopyFence> {
+    /// A fence after every copy the calling thread has noted so far for
+    /// the memory `owner` (queued now, on its lane; the fence also comes
+    /// after whatever else the lane carried before). Only that memory's
+    /// copies: a refused copy must fail the fence of the memory it
+    /// touches, not another's. Infallible: a copy the driver refused fails
+    /// the fence once the lane's other copies have ended; when neither a
+    /// word write nor an event can be queued, it waits for the lane's
+    /// stream here and returns the outcome.
+    pub(crate) fn fence(self: &Arc<Self>, owner: usize) -> Box<dyn CopyFence> {
         let me = current_copier();
         let lane = me % COPY_LANES;
         let copies: Vec<Deferred> = {
             let mut pending = self.pending[lane].lock().unwrap_or_else(|p| p.into_inner());
-            let (mine, others): (Vec<_>, Vec<_>) = pending.drain(..).partition(|(t, _)| *t == me);
+            let (mine, others): (Vec<_>, Vec<_>) =
+                pending.drain(..).partition(|(t, o, _)| *t == me && *o == owner);
             *pending = others;
-            mine.into_iter().map(|(_, c)| c).collect()
+            mine.into_iter().map(|(_, _, c)| c).collect()
         };
         if !copies.is_empty() && !self.issue(lane, &copies) {
             // Copies before the refused one may run: they end first.
@@ -251,9 +258,12 @@ impl CopyLanes {
         // Refused (unsupported, or memory the batch API does not take with
         // stream-ordered sources, such as pageable media): whatever part of
         // it was queued ends first, then every copy goes alone (copying the
-        // same bytes twice is harmless), and batches stop for this GPU.
-        tracing::warn!(error = ?r, fail_index, "gpu-io: batched copy refused; the emulator copies one call each");
-        self.batch.store(false, Ordering::Relaxed);
+        // same bytes twice is harmless). Batches stop for this GPU when the
+        // refusal is about the API or the memory kind, not one copy.
+        tracing::warn!(error = ?r, fail_index, "gpu-io: batched copy refused; copying one call each");
+        if matches!(r, sys::CUresult::CUDA_ERROR_NOT_SUPPORTED | sys::CUresult::CUDA_ERROR_INVALID_VALUE) {
+            self.batch.store(false, Ordering::Relaxed);
+        }
         // SAFETY: a live stream of this context (bound by the caller).
         let _ = unsafe { sys::cuStreamSynchronize(stream) };
         run.iter().all(|c| issue_one(c, stream))

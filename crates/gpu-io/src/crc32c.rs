@@ -425,6 +425,12 @@ impl CrcScratchPool {
         }
         drop(free);
         let gate = quiet.enter();
+        // A persistent kernel may have started while the gate was awaited
+        // (it starts inside the gate): keep the scratch then.
+        if !quiet.may_free() {
+            self.free.lock().unwrap_or_else(|p| p.into_inner()).push(scratch);
+            return;
+        }
         drop(scratch);
         drop(gate);
     }

@@ -28,6 +28,15 @@ use nvme_emu::{CopyFence, ExternalMemory, HostPin, PageLocker};
 use crate::copy_lanes::{Deferred, Direction};
 use crate::gpu::{drv, Gpu, GpuBuffer};
 
+impl GpuBuffer {
+    /// This buffer's key among the copy lanes' notes: its address, unique
+    /// while it lives (the emulator holds it in an `Arc` from its first
+    /// copy to the fence that covers it).
+    fn owner_key(&self) -> usize {
+        std::ptr::from_ref(self) as usize
+    }
+}
+
 impl ExternalMemory for GpuBuffer {
     fn len(&self) -> u64 {
         self.len() as u64
@@ -48,7 +57,7 @@ impl ExternalMemory for GpuBuffer {
         // (contract), and `off + len` lies inside the allocation (checked).
         let copy =
             Deferred { dir: Direction::DeviceToHost, dst: dst.as_ptr() as u64, src: self.mem.ptr + off, len };
-        self.lanes.defer(copy);
+        self.lanes.defer(self.owner_key(), copy);
         Some(true)
     }
 
@@ -57,12 +66,12 @@ impl ExternalMemory for GpuBuffer {
         // As in `start_read`, the other direction.
         let copy =
             Deferred { dir: Direction::HostToDevice, dst: self.mem.ptr + off, src: src.as_ptr() as u64, len };
-        self.lanes.defer(copy);
+        self.lanes.defer(self.owner_key(), copy);
         Some(true)
     }
 
     fn fence(&self) -> Box<dyn CopyFence> {
-        self.lanes.fence()
+        self.lanes.fence(self.owner_key())
     }
 }
 

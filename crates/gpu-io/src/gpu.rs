@@ -53,6 +53,10 @@ pub enum GpuError {
     /// queue kept busy, or a hung kernel); their memory is kept.
     #[error("the GPU null controllers did not stop within 10 s")]
     NullControllerStuck,
+    /// [`Gpu::start_null_controllers`] while another set of null
+    /// controllers runs on this `Gpu`.
+    #[error("null controllers already run on this GPU: stop them first")]
+    NullControllersRunning,
     /// `TUTTI_IO_PTX` names a file that cannot be used as the I/O kernel.
     #[error("TUTTI_IO_PTX={path}: {reason}")]
     KernelOverride {
@@ -742,6 +746,8 @@ pub struct GpuQueue {
     /// another stream waits for it on the GPU first, so that two kernels
     /// never drive one queue at once.
     last: Mutex<Option<Arc<KernelEvent>>>,
+    /// A GPU null controller serves this queue (`null_ctrl.rs`).
+    null_served: std::sync::atomic::AtomicBool,
 }
 
 /// Writes the GPU-side state of a queue whose host-side indexes are `qp`'s
@@ -833,7 +839,18 @@ impl GpuQueue {
             qp: Mutex::new(qp),
             quiet: gpu.quiet.clone(),
             last: Mutex::new(None),
+            null_served: Default::default(),
         })
+    }
+
+    /// Whether a GPU null controller serves this queue.
+    pub(crate) fn null_served(&self) -> bool {
+        self.null_served.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Marks the queue as served by a GPU null controller, or no longer.
+    pub(crate) fn set_null_served(&self, on: bool) {
+        self.null_served.store(on, std::sync::atomic::Ordering::Release);
     }
 
     /// The host-side pair's SQ tail, CQ head and CQ phase tag (the GPU's

@@ -246,6 +246,12 @@ impl SlotPool {
         }
         drop(free);
         let _quiet = quiet.enter();
+        // A persistent kernel may have started while the gate was awaited
+        // (it starts inside the gate): keep the slot then.
+        if !quiet.may_free() {
+            self.free.lock().unwrap_or_else(|p| p.into_inner()).push(slot);
+            return;
+        }
         drop(slot);
     }
 }

@@ -38,8 +38,10 @@ const STOP_WAIT: Duration = Duration::from_secs(10);
 
 /// Running null controllers, one warp per queue; stopped (and their
 /// reports read) by [`NullControllers::stop`], or on drop.
+/// Borrows the `Gpu` and the queues it serves: neither can be dropped (and
+/// freed under the running kernel) before it stops.
 #[derive(Debug)]
-pub struct NullControllers {
+pub struct NullControllers<'a> {
     /// Descriptors, then the stop word, then the reports (pinned, mapped);
     /// leaked, with the module, if the kernel never ends.
     mem: ManuallyDrop<PinnedBuf>,
@@ -49,38 +51,50 @@ pub struct NullControllers {
     stream: Stream,
     module: ManuallyDrop<Module>,
     stopped: bool,
+    /// The wait for the kernel gave up once: the drop does not wait again.
+    gave_up: bool,
     /// Counts this kernel as persistent while it runs (nothing is freed).
     quiet: Arc<Quiesce>,
+    /// The queues served, marked as such until the kernel has ended.
+    served: Vec<&'a GpuQueue>,
+    _gpu: std::marker::PhantomData<&'a Gpu>,
 }
 
 // SAFETY: the pinned memory is written by the host only through the stop
 // word (a volatile store) and read after the kernel ended; CUDA calls bind
 // the context.
-unsafe impl Send for NullControllers {}
+unsafe impl Send for NullControllers<'_> {}
 
 impl Gpu {
     /// Starts null controllers on `queues` (one warp each) for a namespace
     /// 1 of `ns_blocks` logical blocks. Each queue must be fresh for the
     /// GPU: no launch has used it (the controllers start from the host's
-    /// SQ tail, CQ head and phase).
+    /// SQ tail, CQ head and phase), and no null controller serves it. One
+    /// set of null controllers per `Gpu` at a time.
     ///
     /// # Errors
     ///
-    /// [`GpuError::NullControllerQueueUsed`] for a queue a launch has used;
-    /// driver errors from loading the module, allocating or launching.
-    pub fn start_null_controllers(
-        &self,
-        queues: &[&GpuQueue],
+    /// [`GpuError::NullControllerQueueUsed`] for a queue a launch has used,
+    /// that another null controller serves, or that appears twice;
+    /// [`GpuError::NullControllersRunning`] while another set runs; driver
+    /// errors from loading the module, allocating or launching.
+    pub fn start_null_controllers<'a>(
+        &'a self,
+        queues: &[&'a GpuQueue],
         ns_blocks: u64,
-    ) -> Result<NullControllers, GpuError> {
+    ) -> Result<NullControllers<'a>, GpuError> {
+        let _quiet = self.quiet.enter()?;
+        if !self.quiet.may_free() {
+            return Err(GpuError::NullControllersRunning);
+        }
         let mut descs = Vec::with_capacity(queues.len());
-        for q in queues {
-            if q.last_launch().is_some() {
+        for (i, q) in queues.iter().enumerate() {
+            let twice = queues[..i].iter().any(|p| std::ptr::eq(*p, *q));
+            if twice || q.last_launch().is_some() || q.null_served() {
                 return Err(GpuError::NullControllerQueueUsed { qid: q.qid() });
             }
             descs.push(q.null_descriptor());
         }
-        let _quiet = self.quiet.enter()?;
         let (module, func) = load_module(&self.ctx, TUTTI_NULL_PTX_C, TUTTI_NULL_ENTRY_C)?;
         let descs_len = size_of_val(descs.as_slice());
         let stop_at = descs_len.next_multiple_of(64);
@@ -111,8 +125,14 @@ impl Gpu {
         unsafe { result::launch_kernel(func, (blocks, 1, 1), (THREADS, 1, 1), 0, stream.raw, &mut params) }
             .map_err(drv("cuLaunchKernel"))?;
         self.quiet.persistent_kernel(true);
+        for q in queues {
+            q.set_null_served(true);
+        }
         Ok(NullControllers {
             quiet: self.quiet.clone(),
+            served: queues.to_vec(),
+            _gpu: std::marker::PhantomData,
+            gave_up: false,
             mem: ManuallyDrop::new(mem),
             reports_at,
             stop_at,
@@ -142,7 +162,7 @@ impl GpuQueue {
     }
 }
 
-impl NullControllers {
+impl NullControllers<'_> {
     /// Tells every warp to stop once its queue is idle, waits for them (at
     /// most 10 s), and returns one report per queue, in the order given to
     /// [`Gpu::start_null_controllers`].
@@ -171,6 +191,9 @@ impl NullControllers {
         if self.stopped {
             return Ok(());
         }
+        if self.gave_up {
+            return Err(GpuError::NullControllerStuck);
+        }
         // SAFETY: the stop word lies inside the allocation, 4-byte aligned;
         // the kernel only reads it.
         unsafe { std::ptr::write_volatile(self.mem.ptr.add(self.stop_at).cast::<u32>(), 1) };
@@ -184,17 +207,23 @@ impl NullControllers {
                 sys::CUresult::CUDA_ERROR_NOT_READY if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_micros(100));
                 }
-                sys::CUresult::CUDA_ERROR_NOT_READY => return Err(GpuError::NullControllerStuck),
+                sys::CUresult::CUDA_ERROR_NOT_READY => {
+                    self.gave_up = true;
+                    return Err(GpuError::NullControllerStuck);
+                }
                 _ => break,
             }
         }
         self.stopped = true;
         self.quiet.persistent_kernel(false);
+        for q in &self.served {
+            q.set_null_served(false);
+        }
         self.stream.sync()
     }
 }
 
-impl Drop for NullControllers {
+impl Drop for NullControllers<'_> {
     /// Stops the kernel before its memory goes; one that never ends keeps
     /// its memory (leaked) rather than freeing it under a running kernel.
     fn drop(&mut self) {

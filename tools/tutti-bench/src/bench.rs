@@ -172,7 +172,17 @@ fn gpu_runs(gpu: &gpu_io::Gpu, set: &GpuSetup, a: &GpuRateArgs) -> Result<GpuRun
     let secs = start.elapsed().as_secs_f64();
     let mut run = GpuRun { secs, probe, probe_skipped, cq_full: stalls() - stalls_before, null_served: None };
     if let Some(null) = null {
-        let reports = null.stop().map_err(err)?;
+        let reports = match null.stop() {
+            Ok(r) => r,
+            // Its memory, and every queue and buffer it may touch, must
+            // outlive a kernel that does not end: freeing them would hang
+            // behind it. Exit without running destructors.
+            Err(e @ gpu_io::GpuError::NullControllerStuck) => {
+                eprintln!("tutti-bench: {}; exiting without cleanup", err(e));
+                std::process::exit(1);
+            }
+            Err(e) => return Err(err(e)),
+        };
         run.null_served = Some(reports.iter().map(|r| r.served).sum());
         run.cq_full = reports.iter().map(|r| r.cq_full_polls).sum();
     }

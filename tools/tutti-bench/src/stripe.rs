@@ -146,7 +146,7 @@ fn print_points(a: &StripeArgs, points: &[StripePoint]) {
     );
     for p in points {
         println!(
-            "  {} drive(s): {:6.3} GB/s  ({:.2}x one drive, {:5.1}% of the modelled {:.1} GB/s), application CPU {:.3} s/GB",
+            "  {} drive(s): {:6.3} GB/s  ({:.2}x one drive, {:5.1}% of the modelled {:.1} GB/s), application CPU {:.4} s/GB",
             p.drives,
             p.gb_s,
             p.speedup_vs_one,
