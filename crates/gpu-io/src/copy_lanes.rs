@@ -9,9 +9,12 @@
 //!   in the order of their first copy, so any `COPY_LANES` of them in a row
 //!   (the drives of one stripe) copy side by side. A fence on a lane comes
 //!   after every copy queued on it before, whichever buffer they touch.
-//! - **Per-thread notes.** Each thread's noted copies are kept apart (two
-//!   threads may share a lane): a thread's fence queues only its own, so a
-//!   fence never completes before copies another thread has yet to queue.
+//! - **Notes per thread and memory.** Noted copies are kept apart by the
+//!   thread that noted them (two threads may share a lane) and by the
+//!   memory they touch: a memory's fence queues only the calling thread's
+//!   copies of that memory, so a fence never completes before copies
+//!   another thread has yet to queue, and a copy the driver refuses fails
+//!   the fence of the memory it touches, never reports another's as done.
 //! - **Batched copies.** A burst's copies are only noted when the
 //!   controller starts them; its fence queues them in one
 //!   `cuMemcpyBatchAsync` per run of one direction (one
@@ -45,7 +48,7 @@ use nvme_emu::{CopyFence, FenceState};
 use crate::gpu::{GpuError, Stream};
 use crate::launch::PinnedBuf;
 
-/// Copy streams per buffer: as many as a stripe has drives.
+/// Copy streams per `Gpu`: as many as a stripe has drives.
 pub(crate) const COPY_LANES: usize = 4;
 
 /// Bytes between two lanes' fence words (one cache line each).
@@ -100,7 +103,8 @@ pub(crate) struct CopyLanes {
     /// touches (its owner key).
     pending: [Mutex<Vec<(usize, usize, Deferred)>>; COPY_LANES],
     /// Whether `cuMemcpyBatchAsync` may be used (a driver of CUDA 12.8 or
-    /// later that has it; cleared if it refuses a batch as unsupported).
+    /// later that has it; cleared when it refuses a batch as unsupported or
+    /// invalid).
     batch: AtomicBool,
     /// The device's ordinal, for the batch's location hints.
     ordinal: i32,
@@ -213,7 +217,8 @@ impl CopyLanes {
 
     /// One `cuMemcpyBatchAsync` for `run` (one direction, stream order for
     /// the sources), or each copy alone if the driver refuses the batch
-    /// (then never again for this GPU).
+    /// (and no more batches on this GPU when the refusal is about the API
+    /// or the memory kind).
     fn issue_batch(&self, run: &[Deferred], stream: sys::CUstream) -> bool {
         let mut dsts: Vec<sys::CUdeviceptr> = run.iter().map(|c| c.dst).collect();
         let mut srcs: Vec<sys::CUdeviceptr> = run.iter().map(|c| c.src).collect();
