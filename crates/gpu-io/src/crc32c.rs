@@ -416,23 +416,8 @@ impl CrcScratchPool {
     /// Returns a scratch no launch uses any more; one too large or beyond
     /// the pool's size is freed inside the gate.
     fn give(&self, scratch: CrcScratch, quiet: &Quiesce) {
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         let small = scratch.dev.len <= CRC_SCRATCH_MAX && scratch.host.len <= CRC_SCRATCH_MAX;
-        // While a persistent kernel runs nothing is freed (see `Quiesce`).
-        if (small && free.len() < CRC_SCRATCH_KEPT) || !quiet.may_free() {
-            free.push(scratch);
-            return;
-        }
-        drop(free);
-        let gate = quiet.enter();
-        // A persistent kernel may have started while the gate was awaited
-        // (it starts inside the gate): keep the scratch then.
-        if !quiet.may_free() {
-            self.free.lock().unwrap_or_else(|p| p.into_inner()).push(scratch);
-            return;
-        }
-        drop(scratch);
-        drop(gate);
+        quiet.keep_or_free(&self.free, scratch, |pool| small && pool.len() < CRC_SCRATCH_KEPT);
     }
 }
 

@@ -445,6 +445,27 @@ impl Quiesce {
         self.persistent.load(std::sync::atomic::Ordering::Acquire) == 0
     }
 
+    /// Returns `item` (a launch slot, a checksum scratch) to the pool
+    /// `free` when `keep` says the pool wants it, or while a persistent
+    /// kernel runs; otherwise frees it inside the gate (re-checking there:
+    /// a persistent kernel starts inside the gate, and a free would wait
+    /// for it).
+    pub(crate) fn keep_or_free<T>(&self, free: &Mutex<Vec<T>>, item: T, keep: impl FnOnce(&[T]) -> bool) {
+        let mut pool = free.lock().unwrap_or_else(|p| p.into_inner());
+        if keep(&pool) || !self.may_free() {
+            pool.push(item);
+            return;
+        }
+        drop(pool);
+        let gate = self.enter();
+        if !self.may_free() {
+            free.lock().unwrap_or_else(|p| p.into_inner()).push(item);
+            return;
+        }
+        drop(item);
+        drop(gate);
+    }
+
     /// Takes the gate, then waits until every I/O kernel launched so far
     /// has ended (each command bounded by its launch's budget; the thread
     /// sleeps on each launch's event). Hold the guard across the memory

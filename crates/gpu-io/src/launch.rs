@@ -238,21 +238,8 @@ impl SlotPool {
     /// Returns a slot no launch uses any more; a large one, or one beyond
     /// the pool's size, is freed inside the gate.
     fn give(&self, slot: LaunchSlot, quiet: &Quiesce) {
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        // While a persistent kernel runs nothing is freed (see `Quiesce`).
-        if (slot.cap() <= POOL_SLOT_MAX && free.len() < POOL_SLOTS) || !quiet.may_free() {
-            free.push(slot);
-            return;
-        }
-        drop(free);
-        let _quiet = quiet.enter();
-        // A persistent kernel may have started while the gate was awaited
-        // (it starts inside the gate): keep the slot then.
-        if !quiet.may_free() {
-            self.free.lock().unwrap_or_else(|p| p.into_inner()).push(slot);
-            return;
-        }
-        drop(slot);
+        let small = slot.cap() <= POOL_SLOT_MAX;
+        quiet.keep_or_free(&self.free, slot, |pool| small && pool.len() < POOL_SLOTS);
     }
 }
 
