@@ -37,7 +37,7 @@ struct TuttiNullQueue {       // 48 bytes
 struct TuttiNullReport {      // 32 bytes, written once at exit
     unsigned long long served;         // CQEs posted
     unsigned long long cq_full_polls;  // polls that found SQEs waiting and no CQ slot
-    unsigned long long bad_doorbells;  // polls that read a tail doorbell out of range
+    unsigned long long bad_doorbells;  // polls that read a doorbell value out of range
     uint32_t sq_head;                  // SQ head at exit
     uint32_t cq_tail_phase;            // CQ tail at exit | phase << 31
 };
@@ -96,14 +96,23 @@ extern "C" __global__ void __launch_bounds__(128) tutti_null_ctrl(const TuttiNul
     uint32_t phase = q.cq_tail_phase >> 31;
     unsigned long long served = 0, cq_full = 0, bad = 0;
     uint32_t idle = 0;
+    // The last valid CQ head doorbell value (a value out of range is
+    // ignored, as a controller would, never taken modulo the size).
+    uint32_t cq_head_seen = tail_cq;
     for (;;) {
         uint32_t sq_tail = 0, cq_head = 0;
         if (lane == 0u) {
             sq_tail = load_acquire_sys((const uint32_t*)q.sq_doorbell);
-            cq_head = load_volatile((const uint32_t*)q.cq_doorbell);
+            cq_head = load_acquire_sys((const uint32_t*)q.cq_doorbell);
         }
         sq_tail = __shfl_sync(full, sq_tail, 0);
-        cq_head = __shfl_sync(full, cq_head, 0) % q.size;
+        cq_head = __shfl_sync(full, cq_head, 0);
+        if (cq_head < q.size) {
+            cq_head_seen = cq_head;
+        } else if (lane == 0u) {
+            bad++;
+        }
+        cq_head = cq_head_seen;
         uint32_t waiting = 0;
         if (sq_tail < q.size) {
             waiting = (sq_tail + q.size - head) % q.size;
@@ -130,10 +139,16 @@ extern "C" __global__ void __launch_bounds__(128) tutti_null_ctrl(const TuttiNul
         // Every lane's SQE reads come after lane 0's acquire of the tail.
         __syncwarp(full);
         uint32_t new_head = (head + n) % q.size;
+        uint32_t cid = 0, status = 0;
         if (lane < n) {
             const uint32_t* sqe = (const uint32_t*)(q.sq + (uint64_t)((head + lane) % q.size) * 64u);
-            uint32_t cid = load_volatile(sqe) >> 16;
-            uint32_t status = null_status(sqe, ns_blocks);
+            cid = load_volatile(sqe) >> 16;
+            status = null_status(sqe, ns_blocks);
+        }
+        // Every lane has read its SQE before any CQE (whose SQHD releases
+        // all n slots to the host) is written.
+        __syncwarp(full);
+        if (lane < n) {
             uint32_t slot = tail_cq + lane;
             uint32_t tag = phase;
             if (slot >= q.size) {
@@ -145,7 +160,9 @@ extern "C" __global__ void __launch_bounds__(128) tutti_null_ctrl(const TuttiNul
             store_volatile(cqe + 1, 0u);
             store_volatile(cqe + 2, new_head | (q.qid << 16));
             __threadfence_system();
-            store_volatile(cqe + 3, cid | (tag << 16) | (status << 17));
+            // Errors carry Do Not Retry, as the emulator's do.
+            uint32_t dnr = status != 0u ? (1u << 31) : 0u;
+            store_volatile(cqe + 3, cid | (tag << 16) | (status << 17) | dnr);
         }
         __syncwarp(full);
         head = new_head;

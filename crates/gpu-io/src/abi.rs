@@ -135,7 +135,8 @@ pub struct TuttiNullReport {
     /// Polls that found SQEs waiting and no free CQ slot (the host had not
     /// returned CQ entries with the CQ head doorbell).
     pub cq_full_polls: u64,
-    /// Polls that read an SQ tail doorbell value out of range (ignored).
+    /// Polls that read an SQ tail or CQ head doorbell value out of range
+    /// (ignored).
     pub bad_doorbells: u64,
     /// SQ head at exit.
     pub sq_head: u32,

@@ -629,7 +629,7 @@ fn null_controllers_on_the_gpu_serve_the_full_protocol() {
         match (want, s) {
             (None, GpuStatus::Success) => {}
             (Some(sc), GpuStatus::Nvme(status)) => {
-                assert_eq!((status.sct, status.sc), (0, sc), "request {i}")
+                assert_eq!((status.sct, status.sc, status.dnr), (0, sc, true), "request {i}")
             }
             _ => panic!("request {i}: {s:?}, expected {want:?}"),
         }
