@@ -1,6 +1,7 @@
 //! Latency of single operations, CPU execution against GPU execution, on
 //! the built-in four emulated drives (RAM, no timing model): one runtime
-//! read (896 KiB: one `qwen2.5-7b` block of 16 tokens, and 4 KiB), one
+//! read (896 KiB: one `qwen2.5-7b` block of 16 tokens; 128 KiB: one stripe
+//! unit, one command; and 4 KiB), one
 //! CRC32C of a block, and tutti-kv gets and puts of 1 and 4 blocks. Each
 //! line is p10 / p50 / p90 over 300 runs after 20 warm-up runs; the GPU
 //! half needs a CUDA GPU (skipped, with a line saying so, without one).
@@ -127,6 +128,7 @@ fn run(rt: &Arc<Runtime>, tag: &str) -> Result<(), String> {
         st[0].is_success().then_some(()).ok_or_else(|| format!("read failed: {:?}", st[0]))
     };
     time(&format!("{tag} runtime read 896 KiB"), || read(t, BLOCK as u64))?;
+    time(&format!("{tag} runtime read 128 KiB"), || read(t4, 128 << 10))?;
     time(&format!("{tag} runtime read 4 KiB"), || read(t4, 4096))?;
     match (rt.gpu(), &m.gpu) {
         (Some(g), Some(b)) => time("gpu CRC32C of 896 KiB", || {
