@@ -45,10 +45,7 @@ struct TuttiQueue {
     uint32_t size;         // entries of the SQ and of the CQ (QSIZE + 1)
     uint32_t qid;          // queue identifier (for SQID checks)
     uint32_t list_pages;   // PRP list pages available (threads that may use one)
-    uint32_t max_active;   // commands this launch may have in flight here: its
-                           // share of size - 1 when kernels on other streams
-                           // drive the queue at once (shares sum to at most
-                           // size - 1); 0 = size - 1, the whole queue
+    uint32_t _pad;
 };
 
 // Per-queue mutable state in device memory (initialised by the host).
@@ -468,12 +465,7 @@ __device__ __forceinline__ uint32_t wait_completion(const TuttiQueue& q, TuttiQu
 // One launch serves a batch over up to `nqueues` queue pairs (one block per
 // queue, the fused multi-drive kernel): block b handles the requests
 // order[offsets[b] .. offsets[b+1]] on queues[b], with at most
-// min(blockDim.x, max_active) commands outstanding, max_active being this
-// launch's share of the queue (0: all of size - 1). Kernels on other
-// streams may drive the same queue at once, each with its own share and
-// its own PRP list pages; the shares sum to at most size - 1 (the host
-// hands them out, crates/gpu-io/src/gpu.rs). So across every kernel on the
-// queue at most size - 1 commands are outstanding: the CQ cannot overflow,
+// min(blockDim.x, size - 1) commands outstanding. So the CQ cannot overflow,
 // and a ticket's SQ slot is free: the ticket `size` before it was fetched
 // (some ticket after that one has completed, and the controller fetches in
 // order), unless commands time out without ever being fetched.
@@ -490,8 +482,7 @@ extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, 
     TuttiQueueState* st = (TuttiQueueState*)q.state;
     uint32_t* ready = (uint32_t*)(st + 1);
     uint32_t* done = ready + q.size;  // 65536 entries
-    uint32_t share = q.max_active != 0u ? min(q.max_active, q.size - 1u) : q.size - 1u;
-    uint32_t active = min((uint32_t)blockDim.x, share);
+    uint32_t active = min((uint32_t)blockDim.x, q.size - 1u);
     if (threadIdx.x >= active) {
         return;
     }

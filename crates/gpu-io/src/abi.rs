@@ -21,8 +21,7 @@ pub struct TuttiQueue {
     pub pages: u64,
     /// Bytes in the data region.
     pub region_len: u64,
-    /// Device pointer: one 4 KiB PRP list page per thread of the block
-    /// (the pages of this launch's share of the queue).
+    /// Device pointer: one 4 KiB PRP list page per thread of the block.
     pub prp_lists: u64,
     /// Bus address (IOVA) of the first PRP list page, as the drive sees it.
     pub prp_lists_bus: u64,
@@ -30,13 +29,10 @@ pub struct TuttiQueue {
     pub size: u32,
     /// Queue identifier.
     pub qid: u32,
-    /// PRP list pages available (from `prp_lists` on).
+    /// PRP list pages available.
     pub list_pages: u32,
-    /// Commands this launch may have in flight on the queue: its share of
-    /// the `size - 1` entries when launches on other streams may drive the
-    /// queue at the same time (the shares sum to at most `size - 1`); 0
-    /// means `size - 1`, the whole queue.
-    pub max_active: u32,
+    /// Padding.
+    pub _pad: u32,
 }
 
 /// Per-queue state in device memory (`struct TuttiQueueState`, 56 bytes),

@@ -65,8 +65,9 @@ pub enum GpuError {
         /// Why it was refused.
         reason: String,
     },
-    /// [`Gpu::launch`] was given one queue pair twice (two blocks would
-    /// drive it, each as if it had the queue's share to itself).
+    /// [`Gpu::launch`] was given one queue pair twice: its two blocks
+    /// would each keep up to `size - 1` commands in flight on it and
+    /// overrun its SQ.
     #[error("I/O queue pair {qid} appears twice in one GPU launch: list each queue once")]
     QueueTwice {
         /// Queue identifier.
@@ -424,12 +425,8 @@ impl Stream {
 pub(crate) struct Quiesce {
     /// The end events of the launches in flight (on any stream).
     lock: Mutex<Vec<Arc<KernelEvent>>>,
-    /// The I/O kernels' own streams (launches that name no stream take
-    /// them in turn, so that two batches in flight overlap on their queues'
-    /// shares instead of queueing behind each other on one stream).
-    pub(crate) io: [Stream; OWN_IO_STREAMS],
-    /// Launches on the own streams so far (picks the next one).
-    next_io: std::sync::atomic::AtomicUsize,
+    /// The I/O kernels' own stream (launches that name no stream).
+    pub(crate) io: Stream,
     /// Kernels that run until told to stop (GPU null controllers): while
     /// one runs, reusable memory is kept rather than freed (a CUDA free
     /// may wait for every kernel, this one included).
@@ -437,14 +434,8 @@ pub(crate) struct Quiesce {
 }
 
 impl Quiesce {
-    pub(crate) fn new(io: [Stream; OWN_IO_STREAMS]) -> Self {
-        Self { lock: Mutex::new(Vec::new()), io, next_io: Default::default(), persistent: Default::default() }
-    }
-
-    /// The own I/O stream the next launch that names none takes.
-    pub(crate) fn own_stream(&self) -> sys::CUstream {
-        let i = self.next_io.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.io[i % OWN_IO_STREAMS].raw
+    pub(crate) fn new(io: Stream) -> Self {
+        Self { lock: Mutex::new(Vec::new()), io, persistent: Default::default() }
     }
 
     /// Counts a kernel that runs until told to stop (`+1`) or its end.
@@ -493,10 +484,8 @@ impl Quiesce {
             e.synchronize()?;
         }
         guard.clear();
-        for io in &self.io {
-            io.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-            io.sync()?;
-        }
+        self.io.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        self.io.sync()?;
         Ok(guard)
     }
 
@@ -685,7 +674,7 @@ impl Gpu {
                 .is_ok_and(|v| v == 1);
         let copy_lanes =
             CopyLanes::new(&ctx, stream_mem_ops, crate::copy_lanes::driver_has_batched_copies())?;
-        let quiet = Arc::new(Quiesce::new([Stream::new(&ctx)?, Stream::new(&ctx)?]));
+        let quiet = Arc::new(Quiesce::new(Stream::new(&ctx)?));
         let crc_stream = Stream::new(&ctx)?;
         Ok(Self {
             func,
@@ -782,34 +771,12 @@ pub struct GpuQueue {
     qp: Mutex<QueuePair>,
     /// Rewriting and reading `state` waits for running I/O kernels.
     quiet: Arc<Quiesce>,
-    /// Per share of the queue ([`QUEUE_SHARES`]): the last launch that
-    /// used it. A launch takes one share and first waits (on the GPU) for
-    /// that share's last launch, so that at most one kernel drives each
-    /// share and kernels on other streams overlap on the others.
-    shares: Mutex<ShareLaunches>,
-    /// Shares this queue is split into: [`QUEUE_SHARES`], or fewer for a
-    /// queue of fewer entries.
-    nshares: usize,
+    /// The end event of the last launch that used this queue: a launch on
+    /// another stream waits for it on the GPU first, so that two kernels
+    /// never drive one queue at once.
+    last: Mutex<Option<Arc<KernelEvent>>>,
     /// A GPU null controller serves this queue (`null_ctrl.rs`).
     null_served: std::sync::atomic::AtomicBool,
-}
-
-/// Launches that may drive one queue pair at the same time, from different
-/// streams: each takes a share of the queue's `size - 1` command slots and
-/// of its PRP list pages ([`TuttiQueue::max_active`]). Two, so that a batch
-/// launched while the previous one drains keeps the drive's queue full.
-pub(crate) const QUEUE_SHARES: usize = 2;
-
-/// The `Gpu`'s own I/O streams, taken in turn by launches that name none
-/// (as many as a queue has shares).
-pub(crate) const OWN_IO_STREAMS: usize = QUEUE_SHARES;
-
-/// The last launch on each share of a queue, and when it was taken (a
-/// count of launches on the queue).
-#[derive(Debug, Default)]
-struct ShareLaunches {
-    last: [Option<(u64, Arc<KernelEvent>)>; QUEUE_SHARES],
-    taken: u64,
 }
 
 /// Writes the GPU-side state of a queue whose host-side indexes are `qp`'s
@@ -832,17 +799,7 @@ fn write_initial_state(state: &DeviceMem, qp: &QueuePair) -> Result<(), GpuError
 impl GpuQueue {
     /// Maps `qp`'s SQ and CQ into the GPU and sets up its state from the
     /// pair's current indexes. `qp` must be idle (nothing outstanding).
-    /// Split into two shares: launches on two streams drive it at once,
-    /// each with up to half of its `size - 1` commands in flight.
     pub fn new(gpu: &Gpu, drive: &GpuDrive, qp: QueuePair) -> Result<Self, GpuError> {
-        Self::with_shares(gpu, drive, qp, QUEUE_SHARES)
-    }
-
-    /// As [`GpuQueue::new`], split into `shares` (clamped to 1..=2 and to
-    /// `size - 1`): 1 keeps the queue whole, for a caller that runs one
-    /// launch at a time and wants every slot for it (`tutti-bench
-    /// gpu-rate`); a second launch then waits for the first on the GPU.
-    pub fn with_shares(gpu: &Gpu, drive: &GpuDrive, qp: QueuePair, shares: usize) -> Result<Self, GpuError> {
         // Registrations and allocations: not while an I/O kernel runs.
         let _quiet = gpu.quiet.enter()?;
         let qid = qp.qid();
@@ -897,7 +854,7 @@ impl GpuQueue {
             size,
             qid: u32::from(qp.qid()),
             list_pages,
-            max_active: 0,
+            _pad: 0,
         };
         Ok(Self {
             desc,
@@ -910,8 +867,7 @@ impl GpuQueue {
             device: drive.device().clone(),
             qp: Mutex::new(qp),
             quiet: gpu.quiet.clone(),
-            shares: Mutex::new(ShareLaunches::default()),
-            nshares: shares.clamp(1, QUEUE_SHARES).min((size - 1) as usize),
+            last: Mutex::new(None),
             null_served: Default::default(),
         })
     }
@@ -939,51 +895,14 @@ impl GpuQueue {
         self.device.expect_doorbells();
     }
 
-    /// Picks the share a new launch takes: one never used or whose last
-    /// launch has ended, else the one taken longest ago. Returns it and the
-    /// end event the launch must wait for first (on the GPU), if any. Call
-    /// under the gate's lock, then [`GpuQueue::set_launch`].
-    pub(crate) fn pick_share(&self) -> (usize, Option<Arc<KernelEvent>>) {
-        let sh = self.shares.lock().unwrap_or_else(|p| p.into_inner());
-        let live = &sh.last[..self.nshares];
-        if let Some(free) = live.iter().position(|l| l.as_ref().is_none_or(|(_, e)| e.is_done())) {
-            return (free, None);
-        }
-        let oldest = (0..live.len()).min_by_key(|&i| live[i].as_ref().map_or(0, |(t, _)| *t)).unwrap_or(0);
-        (oldest, live[oldest].as_ref().map(|(_, e)| e.clone()))
+    /// The end event of the last launch on this queue.
+    pub(crate) fn last_launch(&self) -> Option<Arc<KernelEvent>> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Records `done` as the last launch on `share`, or on every share
-    /// (`None`: a launch that took the whole queue).
-    pub(crate) fn set_launch(&self, share: Option<usize>, done: &Arc<KernelEvent>) {
-        let mut sh = self.shares.lock().unwrap_or_else(|p| p.into_inner());
-        sh.taken += 1;
-        let t = sh.taken;
-        for i in share.map_or(0..self.nshares, |s| s..s + 1) {
-            sh.last[i] = Some((t, done.clone()));
-        }
-    }
-
-    /// The end events of the last launch on each share (a launch that
-    /// takes the whole queue waits for them all).
-    pub(crate) fn launches(&self) -> Vec<Arc<KernelEvent>> {
-        let sh = self.shares.lock().unwrap_or_else(|p| p.into_inner());
-        sh.last.iter().flatten().map(|(_, e)| e.clone()).collect()
-    }
-
-    /// Narrows a launch's descriptor of this queue to `share` (`None`: the
-    /// whole queue): its count of commands in flight and its PRP list
-    /// pages. The shares' counts sum to at most `size - 1` and their pages
-    /// are disjoint, so kernels on different shares never overrun the SQ
-    /// or the CQ, nor write one another's PRP lists.
-    pub(crate) fn narrow_to_share(&self, desc: &mut TuttiQueue, share: Option<usize>) {
-        let Some(i) = share else { return };
-        let n = self.nshares as u32;
-        let pages = self.desc.list_pages / n;
-        desc.max_active = (self.desc.size - 1) / n;
-        desc.list_pages = pages;
-        desc.prp_lists = self.desc.prp_lists + u64::from(i as u32 * pages) * 4096;
-        desc.prp_lists_bus = self.desc.prp_lists_bus + u64::from(i as u32 * pages) * 4096;
+    /// Records `done` as the last launch on this queue.
+    pub(crate) fn set_last_launch(&self, done: &Arc<KernelEvent>) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(done.clone());
     }
 
     /// Queue identifier.

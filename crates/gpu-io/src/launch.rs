@@ -160,7 +160,6 @@ struct Layout {
     /// Bytes in all.
     end: usize,
     n: usize,
-    nqueues: usize,
 }
 
 impl Layout {
@@ -172,7 +171,7 @@ impl Layout {
         let offsets = up(order + n * 4);
         let status = up(offsets + (nqueues + 1) * 4);
         let end = up(status + n * 4);
-        Self { queues, reqs, order, offsets, status, end, n, nqueues }
+        Self { queues, reqs, order, offsets, status, end, n }
     }
 }
 
@@ -248,9 +247,6 @@ impl SlotPool {
 struct LaunchInput<'a> {
     /// The entry point: `tutti_io`, or `tutti_ring_probe` (same parameters).
     func: sys::CUfunction,
-    /// Takes each queue whole (waiting for every launch on it), not one
-    /// of its shares.
-    whole: bool,
     descs: &'a [TuttiQueue],
     requests: &'a [TuttiRequest],
     order: &'a [u32],
@@ -379,7 +375,7 @@ impl Gpu {
         if stream == Some(0) {
             return Err(GpuError::LegacyStream);
         }
-        let raw = stream.map_or_else(|| self.quiet.own_stream(), |s| s as sys::CUstream);
+        let raw = stream.map_or(self.quiet.io.raw, |s| s as sys::CUstream);
         self.launch_with(self.func, queues, requests, threads_per_queue, budget, raw)
     }
 
@@ -395,10 +391,9 @@ impl Gpu {
         stream: sys::CUstream,
     ) -> Result<GpuLaunch, GpuError> {
         let (descs, order, offsets) = group_by_queue(queues, requests)?;
-        let threads = threads_per_queue.clamp(1, 1024);
-        // The probe's lockstep bursts assume the whole queue.
-        let whole = Some(func) == self.probe_func;
-        let input = LaunchInput { func, whole, descs: &descs, requests, order: &order, offsets: &offsets };
+        let max_size = queues.iter().map(|(q, _)| q.desc.size).max().unwrap_or(2);
+        let threads = threads_per_queue.clamp(1, 1024).min(max_size - 1);
+        let input = LaunchInput { func, descs: &descs, requests, order: &order, offsets: &offsets };
         let qs: Vec<&GpuQueue> = queues.iter().map(|(q, _)| *q).collect();
         self.start(&input, &qs, threads, budget, stream)
     }
@@ -427,7 +422,7 @@ impl Gpu {
         budget: Duration,
     ) -> Result<Vec<GpuStatus>, GpuError> {
         let func = self.probe_func.ok_or(GpuError::NoRingProbe)?;
-        self.launch_with(func, queues, requests, threads_per_queue, budget, self.quiet.own_stream())?.wait()
+        self.launch_with(func, queues, requests, threads_per_queue, budget, self.quiet.io.raw)?.wait()
     }
 
     /// Queues the upload, the kernel, the status copy and the end event on
@@ -443,6 +438,7 @@ impl Gpu {
         let n = input.requests.len();
         let layout = Layout::new(input.descs.len(), n);
         let mut slot = self.slots.take(self, layout.end)?;
+        slot.put(layout.queues, input.descs);
         slot.put(layout.reqs, input.requests);
         slot.put(layout.order, input.order);
         slot.put(layout.offsets, input.offsets);
@@ -455,11 +451,9 @@ impl Gpu {
             }
         };
         // No memory management may start between the launch and its
-        // listing in the gate; the shares are picked and recorded under the
-        // same lock, so two launches never take one share.
+        // listing in the gate.
         let mut running = self.quiet.lock();
-        let (shares, after, threads) = take_shares(input, queues, threads, &mut slot, &layout);
-        if let Err(e) = self.enqueue(input.func, &slot, &layout, &after, threads, budget, stream, &done) {
+        if let Err(e) = self.enqueue(input.func, &slot, &layout, queues, threads, budget, stream, &done) {
             // Whatever was queued must end before the slot is reused.
             // SAFETY: `stream` is live (this function's caller's contract).
             let _ = unsafe { result::stream::synchronize(stream) };
@@ -469,10 +463,10 @@ impl Gpu {
         }
         running.push(done.clone());
         // Recorded before the gate's lock is let go: a launch on the same
-        // share from another thread (which picks shares under that lock)
-        // must wait for this one, never for the one before it.
-        for (q, share) in queues.iter().zip(&shares) {
-            q.set_launch(*share, &done);
+        // queue from another thread (which reads `last_launch` under that
+        // lock) must wait for this one, never for the one before it.
+        for q in queues {
+            q.set_last_launch(&done);
         }
         drop(running);
         for q in queues {
@@ -488,18 +482,20 @@ impl Gpu {
         func: sys::CUfunction,
         slot: &LaunchSlot,
         l: &Layout,
-        after: &[Arc<KernelEvent>],
+        queues: &[&GpuQueue],
         threads: u32,
         budget: Duration,
         stream: sys::CUstream,
         done: &KernelEvent,
     ) -> Result<(), GpuError> {
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        for prev in after {
-            // SAFETY: both handles are live in this context.
-            unsafe { sys::cuStreamWaitEvent(stream, prev.raw(), 0) }
-                .result()
-                .map_err(drv("cuStreamWaitEvent"))?;
+        for q in queues {
+            if let Some(prev) = q.last_launch() {
+                // SAFETY: both handles are live in this context.
+                unsafe { sys::cuStreamWaitEvent(stream, prev.raw(), 0) }
+                    .result()
+                    .map_err(drv("cuStreamWaitEvent"))?;
+            }
         }
         // The kernel reads its inputs and writes its statuses in the slot's
         // mapped host memory (the launch makes the host's stores visible).
@@ -511,7 +507,7 @@ impl Gpu {
             d + l.offsets as u64,
             d + l.status as u64,
         );
-        let nqueues = u32::try_from(l.nqueues).unwrap_or(u32::MAX);
+        let nqueues = u32::try_from(queues.len()).unwrap_or(u32::MAX);
         let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
         let mut params: [*mut c_void; 7] = [
             (&pq as *const u64).cast_mut().cast(),
@@ -531,42 +527,6 @@ impl Gpu {
         // SAFETY: both handles are live in this context.
         unsafe { sys::cuEventRecord(done.raw(), stream) }.result().map_err(drv("cuEventRecord"))
     }
-}
-
-/// Picks each queue's share for a launch (all of it for `input.whole`),
-/// writes the descriptors narrowed to them into the slot, and returns the
-/// shares, the launches to wait for first, and the threads per block (at
-/// most the largest share: the others would exit at once). Call under the
-/// gate's lock.
-fn take_shares(
-    input: &LaunchInput<'_>,
-    queues: &[&GpuQueue],
-    threads: u32,
-    slot: &mut LaunchSlot,
-    layout: &Layout,
-) -> (Vec<Option<usize>>, Vec<Arc<KernelEvent>>, u32) {
-    let mut descs = input.descs.to_vec();
-    let mut shares = Vec::with_capacity(queues.len());
-    let mut after = Vec::new();
-    for (q, d) in queues.iter().zip(descs.iter_mut()) {
-        let share = if input.whole {
-            after.extend(q.launches());
-            None
-        } else {
-            let (share, prev) = q.pick_share();
-            after.extend(prev);
-            Some(share)
-        };
-        q.narrow_to_share(d, share);
-        shares.push(share);
-    }
-    let widest = descs
-        .iter()
-        .map(|d| if d.max_active == 0 { d.size - 1 } else { d.max_active.min(d.size - 1) })
-        .max()
-        .unwrap_or(1);
-    slot.put(layout.queues, &descs);
-    (shares, after, threads.min(widest).max(1))
 }
 
 /// Queue descriptors, request order by queue, per-queue offsets.

@@ -90,7 +90,7 @@ impl Gpu {
         let mut descs = Vec::with_capacity(queues.len());
         for (i, q) in queues.iter().enumerate() {
             let twice = queues[..i].iter().any(|p| std::ptr::eq(*p, *q));
-            if twice || !q.launches().is_empty() || q.null_served() {
+            if twice || q.last_launch().is_some() || q.null_served() {
                 return Err(GpuError::NullControllerQueueUsed { qid: q.qid() });
             }
             descs.push(q.null_descriptor());

@@ -313,8 +313,7 @@ fn gpu_setup(gpu: &gpu_io::Gpu, a: &GpuRateArgs) -> Result<GpuSetup, String> {
         let buf = DmaBuffer::new(&dev, 4096).map_err(err)?;
         for q in 1..=a.queues_per_drive as u16 {
             let qp = ctrl.create_io_queue_pair(q, a.queue_depth, (a.queue_depth - 1) as u16).map_err(err)?;
-            // Whole queues: one launch at a time, every slot to it.
-            set.queues.push(GpuQueue::with_shares(gpu, &gd, qp, 1).map_err(err)?);
+            set.queues.push(GpuQueue::new(gpu, &gd, qp).map_err(err)?);
             set.regions.push(GpuRegion::new(gpu, buf.mapping(), 4096).map_err(err)?);
         }
         set.drives.push(GpuRateDrive { emu, _ctrl: ctrl, _gpu_drive: gd, _buf: buf });
