@@ -275,7 +275,9 @@ fn a_command_the_emulator_never_completes_times_out_alone() {
     reqs.extend((0..16u64).map(|l| rw(nvm_opcode::READ, 1, l, l * 4096)));
     let t = std::time::Instant::now();
     let st = gpu.run(&[(&qa, &ra), (&qb, &rb)], &reqs, 31, Duration::from_millis(200)).unwrap();
-    assert!(t.elapsed() < Duration::from_secs(2), "the budget bounds the launch");
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(2), "the budget bounds the launch ({took:?})");
+    assert!(took >= Duration::from_millis(200), "the stuck command was given up before its budget ({took:?})");
     for (i, s) in st.iter().enumerate() {
         let want = if i == 7 { GpuStatus::Timeout } else { GpuStatus::Success };
         assert_eq!(*s, want, "request {i}");
