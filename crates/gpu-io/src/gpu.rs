@@ -73,6 +73,13 @@ pub enum GpuError {
         /// Queue identifier.
         qid: u16,
     },
+    /// [`GpuQueue::recreate`] on a queue whose rings are in GPU memory
+    /// ([`GpuQueue::with_device_rings`]): no controller can reach them.
+    #[error("I/O queue pair {qid} has its rings in GPU memory: only GPU null controllers serve it, it cannot be re-created on a controller")]
+    DeviceRings {
+        /// Queue identifier.
+        qid: u16,
+    },
     /// [`Gpu::launch`] was given no queues.
     #[error("a GPU launch needs at least one (GpuQueue, GpuRegion) pair; none was given")]
     NoQueues,
@@ -777,6 +784,9 @@ pub struct GpuQueue {
     last: Mutex<Option<Arc<KernelEvent>>>,
     /// A GPU null controller serves this queue (`null_ctrl.rs`).
     null_served: std::sync::atomic::AtomicBool,
+    /// SQ, CQ and both doorbells in GPU memory instead
+    /// ([`GpuQueue::with_device_rings`]); `None` for host-memory rings.
+    device_rings: Option<DeviceMem>,
 }
 
 /// Writes the GPU-side state of a queue whose host-side indexes are `qp`'s
@@ -797,6 +807,45 @@ fn write_initial_state(state: &DeviceMem, qp: &QueuePair) -> Result<(), GpuError
 }
 
 impl GpuQueue {
+    /// As [`GpuQueue::new`], but the kernels see the SQ, the CQ and both
+    /// doorbells in GPU memory (zeroed, `size` x 64 + `size` x 16 + 8
+    /// bytes) instead of `qp`'s host rings and the drive's register page:
+    /// the layout of BaM, where the queues live in GPU memory. Only a GPU
+    /// null controller ([`Gpu::start_null_controllers`]) can serve such a
+    /// queue: neither the emulator's threads nor the host can reach that
+    /// memory, so its drive must leave its I/O queues to the GPU
+    /// (`EmulatorConfig::io_queues_detached`). `qp` must be fresh (SQ tail
+    /// 0, CQ head 0, phase 1), as the rings start empty. For measuring the
+    /// submitter without PCIe in its loop (`tutti-bench gpu-rate --rings
+    /// device`); not a datapath.
+    ///
+    /// # Errors
+    ///
+    /// As [`GpuQueue::new`]; [`GpuError::QueueBusy`] for a pair that has
+    /// been used.
+    pub fn with_device_rings(gpu: &Gpu, drive: &GpuDrive, qp: QueuePair) -> Result<Self, GpuError> {
+        let (tail, head, phase) = (qp.sq().tail(), qp.cq().head(), qp.cq().phase());
+        if (tail, head, phase) != (0, 0, true) {
+            return Err(GpuError::QueueBusy { qid: qp.qid(), outstanding: qp.outstanding().max(1) });
+        }
+        let mut q = Self::new(gpu, drive, qp)?;
+        let _quiet = gpu.quiet.enter()?;
+        let size = q.desc.size as usize;
+        let rings = DeviceMem::zeroed(&gpu.ctx, size * 80 + 8)?;
+        q.desc.sq = rings.ptr;
+        q.desc.cq = rings.ptr + size as u64 * 64;
+        q.desc.sq_doorbell = rings.ptr + size as u64 * 80;
+        q.desc.cq_doorbell = q.desc.sq_doorbell + 4;
+        q.device_rings = Some(rings);
+        Ok(q)
+    }
+
+    /// Whether the SQ, CQ and doorbells are in GPU memory
+    /// ([`GpuQueue::with_device_rings`]).
+    pub fn has_device_rings(&self) -> bool {
+        self.device_rings.is_some()
+    }
+
     /// Maps `qp`'s SQ and CQ into the GPU and sets up its state from the
     /// pair's current indexes. `qp` must be idle (nothing outstanding).
     pub fn new(gpu: &Gpu, drive: &GpuDrive, qp: QueuePair) -> Result<Self, GpuError> {
@@ -869,6 +918,7 @@ impl GpuQueue {
             quiet: gpu.quiet.clone(),
             last: Mutex::new(None),
             null_served: Default::default(),
+            device_rings: None,
         })
     }
 
@@ -922,9 +972,13 @@ impl GpuQueue {
     ///
     /// # Errors
     ///
+    /// [`GpuError::DeviceRings`] for a queue with rings in GPU memory;
     /// [`GpuError::Recreate`] when the controller refuses the queue,
     /// [`GpuError::Driver`] when the state cannot be written.
     pub fn recreate(&self, ctrl: &mut Controller) -> Result<(), GpuError> {
+        if self.device_rings.is_some() {
+            return Err(GpuError::DeviceRings { qid: self.qid });
+        }
         let mut qp = self.qp.lock().unwrap_or_else(|p| p.into_inner());
         // The memset and copy below must not overlap another drive's I/O
         // kernel either (`Quiesce`).

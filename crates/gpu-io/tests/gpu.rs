@@ -277,7 +277,10 @@ fn a_command_the_emulator_never_completes_times_out_alone() {
     let st = gpu.run(&[(&qa, &ra), (&qb, &rb)], &reqs, 31, Duration::from_millis(200)).unwrap();
     let took = t.elapsed();
     assert!(took < Duration::from_secs(2), "the budget bounds the launch ({took:?})");
-    assert!(took >= Duration::from_millis(200), "the stuck command was given up before its budget ({took:?})");
+    assert!(
+        took >= Duration::from_millis(200),
+        "the stuck command was given up before its budget ({took:?})"
+    );
     for (i, s) in st.iter().enumerate() {
         let want = if i == 7 { GpuStatus::Timeout } else { GpuStatus::Success };
         assert_eq!(*s, want, "request {i}");
@@ -613,17 +616,45 @@ fn a_command_stuck_past_65536_newer_commands_never_shares_its_cid() {
 #[test]
 fn null_controllers_on_the_gpu_serve_the_full_protocol() {
     let Some(gpu) = gpu() else { return };
+    null_protocol(&gpu, false);
+}
+
+/// As above with the SQs, CQs and doorbells in GPU memory
+/// (`GpuQueue::with_device_rings`): the same statuses, reports and
+/// counters; such a queue cannot be re-created on a controller.
+#[test]
+fn null_controllers_serve_queues_whose_rings_are_in_gpu_memory() {
+    let Some(gpu) = gpu() else { return };
+    let mut drives = null_protocol(&gpu, true);
+    let qp = drives[0].ctrl.create_io_queue_pair(3, 16, 15).unwrap();
+    let q = GpuQueue::with_device_rings(&gpu, &drives[0].gpu_drive, qp).unwrap();
+    assert!(q.has_device_rings());
+    let e = q.recreate(&mut drives[0].ctrl).unwrap_err();
+    assert!(matches!(e, GpuError::DeviceRings { qid: 3 }), "{e}");
+}
+
+/// 20,000 reads over four queues of two detached drives served by GPU null
+/// controllers (rings in GPU memory for `device_rings`); returns the
+/// drives.
+fn null_protocol(gpu: &Gpu, device_rings: bool) -> Vec<Drive> {
     let mut drives: Vec<Drive> =
-        (0..2).map(|i| drive(&gpu, &format!("null{i}"), |c| c.io_queues_detached = true)).collect();
+        (0..2).map(|i| drive(gpu, &format!("null{i}"), |c| c.io_queues_detached = true)).collect();
     let mut queues = Vec::new();
     let mut bufs = Vec::new();
     let mut regions = Vec::new();
     for d in &mut drives {
         for qid in 1..=2u16 {
             let qp = d.ctrl.create_io_queue_pair(qid, 16, 15).unwrap();
-            queues.push(GpuQueue::new(&gpu, &d.gpu_drive, qp).unwrap());
+            queues.push(
+                if device_rings {
+                    GpuQueue::with_device_rings(gpu, &d.gpu_drive, qp)
+                } else {
+                    GpuQueue::new(gpu, &d.gpu_drive, qp)
+                }
+                .unwrap(),
+            );
             let buf = DmaBuffer::new(&d.dev, 4096).unwrap();
-            regions.push(GpuRegion::new(&gpu, buf.mapping(), 4096).unwrap());
+            regions.push(GpuRegion::new(gpu, buf.mapping(), 4096).unwrap());
             bufs.push(buf);
         }
     }
@@ -668,4 +699,7 @@ fn null_controllers_on_the_gpu_serve_the_full_protocol() {
         gpu.start_null_controllers(&refs, 65536),
         Err(GpuError::NullControllerQueueUsed { .. })
     ));
+    drop(refs);
+    drop(queues);
+    drives
 }

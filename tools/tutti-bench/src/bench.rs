@@ -39,6 +39,18 @@ pub enum RateController {
     GpuNull,
 }
 
+/// Where `gpu-rate`'s SQs, CQs and doorbells live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RateRings {
+    /// Host memory mapped into the GPU: the emulated controllers' rings
+    /// and register pages, every poll a PCIe round trip.
+    Host,
+    /// GPU memory (`GpuQueue::with_device_rings`, BaM's layout): only
+    /// with `--controller gpu-null`, which serves them from the GPU.
+    Device,
+}
+
 /// Options of `gpu-rate`.
 #[derive(Debug, Args)]
 pub struct GpuRateArgs {
@@ -59,6 +71,10 @@ pub struct GpuRateArgs {
     /// emulator's either way).
     #[arg(long, value_enum, default_value = "emulator")]
     pub controller: RateController,
+    /// Where the SQs, CQs and doorbells live: host memory (the emulated
+    /// controllers' own), or GPU memory (needs `--controller gpu-null`).
+    #[arg(long, value_enum, default_value = "host")]
+    pub rings: RateRings,
     /// Skip the bare ring probe (run by default first, on the same queues).
     #[arg(long)]
     pub no_probe: bool,
@@ -73,6 +89,7 @@ struct GpuRateResult {
     queues: u64,
     queue_depth: u32,
     controller: RateController,
+    rings: RateRings,
     gpu_commands: u64,
     gpu_seconds: f64,
     gpu_commands_per_second: f64,
@@ -106,6 +123,12 @@ struct GpuRun {
 /// their threads or by GPU null controllers); then one CPU thread runs the
 /// `rate` measurement on one controller, for the ratio.
 pub fn gpu_rate(a: &GpuRateArgs, stop: &Stop) -> Result<Ended, String> {
+    if a.rings == RateRings::Device && a.controller != RateController::GpuNull {
+        return Err(
+            "--rings device needs --controller gpu-null: the emulator's threads cannot reach GPU memory"
+                .into(),
+        );
+    }
     let gpu = gpu_io::Gpu::open(0).map_err(err)?;
     let run = {
         let set = gpu_setup(&gpu, a)?;
@@ -121,6 +144,7 @@ pub fn gpu_rate(a: &GpuRateArgs, stop: &Stop) -> Result<Ended, String> {
         queues: a.drives * a.queues_per_drive,
         queue_depth: a.queue_depth,
         controller: a.controller,
+        rings: a.rings,
         gpu_commands: a.commands,
         gpu_seconds: run.secs,
         gpu_commands_per_second: a.commands as f64 / run.secs,
@@ -220,8 +244,12 @@ fn print_rate(r: &GpuRateResult, a: &GpuRateArgs) {
         RateController::Emulator => "emulator threads",
         RateController::GpuNull => "GPU null controllers",
     };
+    let rings = match r.rings {
+        RateRings::Host => "rings in host memory",
+        RateRings::Device => "rings in GPU memory",
+    };
     println!(
-        "GPU: {} commands in {:.3} s = {:.2} M commands/s ({} controllers x {} queues of {}, one launch; I/O served by {device})",
+        "GPU: {} commands in {:.3} s = {:.2} M commands/s ({} controllers x {} queues of {}, one launch; I/O served by {device}; {rings})",
         r.gpu_commands,
         r.gpu_seconds,
         r.gpu_commands_per_second / 1e6,
@@ -313,7 +341,11 @@ fn gpu_setup(gpu: &gpu_io::Gpu, a: &GpuRateArgs) -> Result<GpuSetup, String> {
         let buf = DmaBuffer::new(&dev, 4096).map_err(err)?;
         for q in 1..=a.queues_per_drive as u16 {
             let qp = ctrl.create_io_queue_pair(q, a.queue_depth, (a.queue_depth - 1) as u16).map_err(err)?;
-            set.queues.push(GpuQueue::new(gpu, &gd, qp).map_err(err)?);
+            let q = match a.rings {
+                RateRings::Host => GpuQueue::new(gpu, &gd, qp),
+                RateRings::Device => GpuQueue::with_device_rings(gpu, &gd, qp),
+            };
+            set.queues.push(q.map_err(err)?);
             set.regions.push(GpuRegion::new(gpu, buf.mapping(), 4096).map_err(err)?);
         }
         set.drives.push(GpuRateDrive { emu, _ctrl: ctrl, _gpu_drive: gd, _buf: buf });
