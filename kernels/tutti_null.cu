@@ -6,17 +6,19 @@
 // thread leaves its I/O queues to this kernel: `io_queues_detached`).
 //
 // Per queue, a warp loops (NVMe Base 2.0 section 3.3 "Queue mechanics"):
-//  1. lane 0 reads the SQ tail doorbell (acquire: the SQEs before it were
-//     written before it) and the CQ head doorbell;
+//  1. lane 0 reads the SQ tail and CQ head doorbells (both loads in flight
+//     at once, then an acquire fence: the SQEs before the tail were
+//     written before it);
 //  2. it takes n = min(SQEs waiting, free CQ slots, 32) entries; a tail
 //     doorbell out of range is counted and ignored, as a controller would;
 //  3. lane i reads SQE head + i and checks it like the emulator's null
 //     backing: Read, Write and Flush of namespace 1 succeed, an LBA range
 //     past the namespace is LBA Out of Range, another namespace Invalid
 //     Namespace or Format, another opcode Invalid Command Opcode;
-//  4. lane i writes its CQE: dwords 0-2 (SQHD = the head after the n
-//     fetches, SQID), a system fence, then dword 3 (CID, phase tag,
-//     status), so that a host that sees the phase tag sees the body;
+//  4. lane i writes its CQE: dwords 0-1, then dwords 2 (SQHD = the head
+//     after the n fetches, SQID) and 3 (CID, phase tag, status) in one
+//     8-byte store, so that a host that reads them together (tutti_io's
+//     reaper) never sees the phase tag without its body;
 //  5. CQ slots are reused only after the CQ head doorbell returns them.
 // A warp polls `stop` (host memory) while idle and exits when it is set,
 // writing its queue's report.
@@ -50,12 +52,6 @@ struct TuttiNullReport {      // 32 bytes, written once at exit
 #define SC_INVALID_NAMESPACE 0x0Bu
 #define SC_LBA_OUT_OF_RANGE 0x80u
 
-__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
-    uint32_t v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
 __device__ __forceinline__ uint32_t load_volatile(const uint32_t* p) {
     return *(const volatile uint32_t*)p;
 }
@@ -64,10 +60,29 @@ __device__ __forceinline__ void store_volatile(uint32_t* p, uint32_t v) {
     *(volatile uint32_t*)p = v;
 }
 
-// The status field (SCT 0, generic) of the command in `sqe`.
-__device__ uint32_t null_status(const uint32_t* sqe, uint64_t ns_blocks) {
-    uint32_t opcode = load_volatile(sqe) & 0xFFu;
-    uint32_t nsid = load_volatile(sqe + 1);
+// One 16-byte load (four dwords of an SQE).
+__device__ __forceinline__ uint4 load_volatile_v4(const uint32_t* p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+// One 8-byte store, single-copy atomic (naturally aligned): a CQE's DW2
+// and DW3 written together, so a host that reads them together (the I/O
+// kernel's reaper) sees the phase tag with its body.
+__device__ __forceinline__ void store_volatile_u64(uint32_t* p, uint32_t lo, uint32_t hi) {
+    unsigned long long v = (unsigned long long)lo | ((unsigned long long)hi << 32);
+    asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// The status field (SCT 0, generic) of the command whose SQE dwords 0-3,
+// 8-11 and 12-15 are `a`, `b` and `c`.
+__device__ uint32_t null_status(uint4 a, uint4 b, uint4 c, uint64_t ns_blocks) {
+    uint32_t opcode = a.x & 0xFFu;
+    uint32_t nsid = a.y;
     if (opcode == NULL_OP_FLUSH) {
         return (nsid == 1u || nsid == 0xFFFFFFFFu) ? 0u : SC_INVALID_NAMESPACE;
     }
@@ -77,8 +92,8 @@ __device__ uint32_t null_status(const uint32_t* sqe, uint64_t ns_blocks) {
     if (nsid != 1u) {
         return SC_INVALID_NAMESPACE;
     }
-    uint64_t slba = (uint64_t)load_volatile(sqe + 10) | ((uint64_t)load_volatile(sqe + 11) << 32);
-    uint64_t nlb = (uint64_t)(load_volatile(sqe + 12) & 0xFFFFu) + 1u;
+    uint64_t slba = (uint64_t)b.z | ((uint64_t)b.w << 32);  // CDW10, CDW11
+    uint64_t nlb = (uint64_t)(c.x & 0xFFFFu) + 1u;          // CDW12 15:0, zero-based
     return (slba >= ns_blocks || nlb > ns_blocks - slba) ? SC_LBA_OUT_OF_RANGE : 0u;
 }
 
@@ -102,8 +117,11 @@ extern "C" __global__ void __launch_bounds__(128) tutti_null_ctrl(const TuttiNul
     for (;;) {
         uint32_t sq_tail = 0, cq_head = 0;
         if (lane == 0u) {
-            sq_tail = load_acquire_sys((const uint32_t*)q.sq_doorbell);
-            cq_head = load_acquire_sys((const uint32_t*)q.cq_doorbell);
+            // Both in flight at once, then one acquire fence: the SQEs
+            // before the tail were written before it.
+            sq_tail = load_volatile((const uint32_t*)q.sq_doorbell);
+            cq_head = load_volatile((const uint32_t*)q.cq_doorbell);
+            __threadfence_system();
         }
         sq_tail = __shfl_sync(full, sq_tail, 0);
         cq_head = __shfl_sync(full, cq_head, 0);
@@ -141,9 +159,11 @@ extern "C" __global__ void __launch_bounds__(128) tutti_null_ctrl(const TuttiNul
         uint32_t new_head = (head + n) % q.size;
         uint32_t cid = 0, status = 0;
         if (lane < n) {
+            // The three 16-byte pieces of the SQE it checks, in flight at once.
             const uint32_t* sqe = (const uint32_t*)(q.sq + (uint64_t)((head + lane) % q.size) * 64u);
-            cid = load_volatile(sqe) >> 16;
-            status = null_status(sqe, ns_blocks);
+            uint4 a = load_volatile_v4(sqe), b = load_volatile_v4(sqe + 8), c = load_volatile_v4(sqe + 12);
+            cid = a.x >> 16;
+            status = null_status(a, b, c, ns_blocks);
         }
         // Every lane has read its SQE before any CQE (whose SQHD releases
         // all n slots to the host) is written.
@@ -158,11 +178,10 @@ extern "C" __global__ void __launch_bounds__(128) tutti_null_ctrl(const TuttiNul
             uint32_t* cqe = (uint32_t*)(q.cq + (uint64_t)slot * 16u);
             store_volatile(cqe, 0u);
             store_volatile(cqe + 1, 0u);
-            store_volatile(cqe + 2, new_head | (q.qid << 16));
-            __threadfence_system();
-            // Errors carry Do Not Retry, as the emulator's do.
+            // Errors carry Do Not Retry, as the emulator's do. DW2 and DW3
+            // in one atomic store: the body is never seen without its tag.
             uint32_t dnr = status != 0u ? (1u << 31) : 0u;
-            store_volatile(cqe + 3, cid | (tag << 16) | (status << 17) | dnr);
+            store_volatile_u64(cqe + 2, new_head | (q.qid << 16), cid | (tag << 16) | (status << 17) | dnr);
         }
         __syncwarp(full);
         head = new_head;
