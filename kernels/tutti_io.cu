@@ -4,14 +4,13 @@
 // store, and poll the CQ by phase tag with a %globaltimer budget.
 //
 // Work is shared per warp: the lanes that wait together reserve their
-// tickets with one atomicAdd and try the queue lock once. The lock holder
-// reaps: it tests up to 32 CQ slots per round trip with independent 8-byte
-// loads (DW2 and DW3 of each CQE together), whatever the number of lanes
-// that hold the lock with it, delivers each posted CQE to the thread
+// tickets with one atomicAdd, try the queue lock once, and, holding it,
+// reap cooperatively: each lane tests one CQ slot, so a warp consumes up
+// to 32 posted CQEs per PCIe round trip, delivers each to the thread
 // waiting on its CID (dropping unknown, duplicate and late ones), and
-// writes the CQ head doorbell once per pass, before handing the pass's
-// completions out. crates/gpu-io/src/reap_model.rs models the reaping
-// window slot for slot on the CPU (tested in CI): keep the two in step.
+// writes the CQ head doorbell once per burst, before handing the burst's
+// completions out. crates/gpu-io/src/reap_model.rs models the reaping lane
+// for lane on the CPU (tested in CI): keep the two in step.
 //
 // Queue memory (SQ, CQ) and doorbells live in host memory mapped into the
 // GPU (the emulator's queues and register page), or, on real hardware, in
@@ -206,7 +205,7 @@ __device__ void publish(const TuttiQueue& q, TuttiQueueState* st, uint32_t* read
     }
 }
 
-// What the reaping passes of one lane_reap found.
+// What one pass of warp_reap found, summed over the group.
 struct ReapTally {
     uint32_t stale;     // CQEs dropped: unknown, duplicate or late CID, or another SQ's
     uint32_t bad_sqid;  // CQEs naming another SQ
@@ -214,125 +213,120 @@ struct ReapTally {
     uint32_t ahead;     // furthest valid SQHD, in entries past sq_head
 };
 
-// CQ slots one reaping pass tests: one independent 8-byte load each, all in
-// flight at once, so a pass costs one round trip to the CQ's memory
-// whatever the number of lanes that hold the lock.
-#define REAP_WINDOW 8u
-
-// An 8-byte load, single-copy atomic (naturally aligned): a CQE's DW2
-// (SQHD, SQID) and DW3 (CID, phase tag, status) read together, so a
-// phase tag seen as new comes with the DW2 written before it.
-__device__ __forceinline__ unsigned long long load_volatile_u64(uint64_t p) {
-    unsigned long long v;
-    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
-// One CQE taken (its phase tag as expected): checks its SQID and SQHD,
-// accumulates the tallies, and settles the outcome `was` of its delivery
-// (the compare-and-swap of its CID's cell from WAITING; FOREIGN when it
-// named another SQ and was not delivered).
-#define FOREIGN 0xFFFFFFFFu
-__device__ __forceinline__ void settle_cqe(const TuttiQueue& q, uint32_t dw2, uint32_t dw3, uint32_t was,
-                                           unsigned long long sq_head, unsigned long long published,
-                                           uint32_t* done, ReapTally& t) {
-    if (was == FOREIGN) {
+// One lane's CQE (its phase tag as expected, its body read): checks its
+// SQID and SQHD, and hands its completion to the command waiting on its CID.
+// Sets `ok_sqhd` when its SQHD is valid, with the distance in `ahead`.
+__device__ __forceinline__ void take_cqe(const TuttiQueue& q, uint32_t dw2, uint32_t dw3, unsigned long long sq_head,
+                                         unsigned long long published, uint32_t* done, uint32_t& stale,
+                                         uint32_t& bad_sqid, uint32_t& ok_sqhd, uint32_t& ahead) {
+    if ((dw2 >> 16) != q.qid) {
         // Not this SQ's: neither its SQHD nor its CID mean anything here.
-        t.bad_sqid++;
-        t.stale++;
+        bad_sqid = 1;
+        stale = 1;
         return;
     }
     // SQ head from SQHD (NVMe Base 2.0 4.2.1): the controller has fetched
     // every entry before it. It must lie in [sq_head, published].
     uint32_t sqhd = dw2 & 0xFFFFu;
-    uint32_t ahead = (sqhd + q.size - (uint32_t)(sq_head % q.size)) % q.size;
-    if (sqhd < q.size && sq_head + ahead <= published) {
-        // Entries are fetched in order: the largest distance is the newest head.
-        t.ahead = max(t.ahead, ahead);
-    } else {
-        t.bad_sqhd++;
-    }
-    // Only a command that waits for this CID took it; an unknown,
+    ahead = (sqhd + q.size - (uint32_t)(sq_head % q.size)) % q.size;
+    ok_sqhd = (sqhd < q.size && sq_head + ahead <= published) ? 1u : 0u;
+    uint32_t cid = dw3 & 0xFFFFu;
+    uint32_t value = (dw3 & 0xFFFE0000u) | 0x10000u | cid;
+    // Only a command that waits for this CID takes it; an unknown,
     // duplicate or late (timed-out) completion is counted and dropped. A
     // late one frees its CID: the drive has given it back.
+    uint32_t was = atomicCAS(&done[cid], WAITING, value);
     if (was != WAITING) {
-        t.stale++;
+        stale = 1;
         if (was == ABANDONED) {
-            atomicCAS(&done[dw3 & 0xFFFFu], ABANDONED, 0u);
+            atomicCAS(&done[cid], ABANDONED, 0u);
         }
     }
 }
 
-// One reaping pass by the lock holder: tests up to `window` CQ slots from
-// `head` (independent loads, one round trip), takes the run of posted
-// entries (phase tag as expected) from the first on (entries are posted in
-// order: a slot after a gap may have been written after the gap was read),
-// releases their slots with one CQ head doorbell, then hands each to the
-// command waiting on its CID; returns how many it took.
-__device__ uint32_t reap_pass(const TuttiQueue& q, unsigned long long head, uint32_t phase, uint32_t window,
-                              unsigned long long sq_head, unsigned long long published, uint32_t* done,
-                              ReapTally& t) {
-    uint32_t first = (uint32_t)(head % q.size);
-    unsigned long long e[REAP_WINDOW];
-#pragma unroll
-    for (uint32_t r = 0; r < REAP_WINDOW; r++) {
-        if (r < window) {
-            uint32_t slot = first + r;  // window <= size: at most one wrap
-            slot = slot >= q.size ? slot - q.size : slot;
-            e[r] = load_volatile_u64(q.cq + (uint64_t)slot * 16u + 8u);
+// One pass over up to g.n CQ slots from `head`: lane of rank r tests slot
+// head + r. The group takes the run of posted entries (phase tag as
+// expected) from the first on, releases their slots with one CQ head
+// doorbell, then each lane delivers its own; returns how many it took.
+// `window` caps the slots tested (so no slot is tested twice in one pass
+// when the CQ has fewer entries than the group has lanes).
+__device__ uint32_t reap_pass(const Group& g, const TuttiQueue& q, unsigned long long head, uint32_t phase,
+                              uint32_t window, unsigned long long sq_head, unsigned long long published,
+                              uint32_t* done, ReapTally& t) {
+    uint32_t slot = (uint32_t)(head % q.size) + g.rank;
+    uint32_t expected = slot >= q.size ? (phase ^ 1u) : phase;  // window <= size: at most one wrap
+    slot %= q.size;
+    const uint32_t* cqe = (const uint32_t*)(q.cq + (uint64_t)slot * 16u);
+    uint32_t dw3 = 0, dw2 = 0;
+    bool posted = false;
+    if (g.rank < window) {
+        // The dword with the phase tag first (acquire), then the body.
+        dw3 = load_acquire_sys(cqe + 3);
+        posted = ((dw3 >> 16) & 1u) == expected;
+        if (posted) {
+            dw2 = load_volatile(cqe + 2);
         }
     }
-    uint32_t take = 0;
-#pragma unroll
-    for (uint32_t r = 0; r < REAP_WINDOW; r++) {
-        uint32_t expected = first + r >= q.size ? (phase ^ 1u) : phase;
-        if (take == r && r < window && ((uint32_t)(e[r] >> 48) & 1u) == expected) {
-            take = r + 1u;
-        }
+    uint32_t gaps = g.mask & ~__ballot_sync(g.mask, posted);
+    // Entries are posted in order: only the run before the first gap counts
+    // (a slot after a gap may have been written after the gap was read).
+    uint32_t take = gaps ? __popc(g.mask & ((1u << (__ffs(gaps) - 1u)) - 1u)) : g.n;
+    // Every body taken has been read (the ballot consumes dw2) before the
+    // doorbell gives the slots back to the controller.
+    uint32_t foreign = __ballot_sync(g.mask, g.rank < take && (dw2 >> 16) != q.qid);
+    // Every lane's reads of its CQE are performed before the leader's
+    // doorbell store gives the slots back (memory ordering among the
+    // group's lanes, then a system-scope fence before the store).
+    __syncwarp(g.mask);
+    if (take != 0u && lane_id() == g.leader) {
+        // Released before the completions are handed out, so a waiter that
+        // submits again at once always finds a free CQ slot for its command.
+        __threadfence_system();
+        store_volatile((uint32_t*)q.cq_doorbell, (uint32_t)((head + take) % q.size));
+        __threadfence_system();
     }
-    if (take == 0u) {
-        return 0u;
+    __syncwarp(g.mask);
+    uint32_t stale = 0, bad_sqid = 0, ok_sqhd = 0, ahead = 0;
+    if (g.rank < take) {
+        take_cqe(q, dw2, dw3, sq_head, published, done, stale, bad_sqid, ok_sqhd, ahead);
     }
-    // Acquire for what the entries complete, and every body read (the
-    // values above were consumed) before the doorbell gives the slots
-    // back; released before the completions are handed out, so a waiter
-    // that submits again at once always finds a free CQ slot.
-    __threadfence_system();
-    store_volatile((uint32_t*)q.cq_doorbell, (uint32_t)((head + take) % q.size));
-    __threadfence_system();
-    // Every delivery first (independent atomics, all in flight), then
-    // their outcomes.
-    uint32_t was[REAP_WINDOW];
-#pragma unroll
-    for (uint32_t r = 0; r < REAP_WINDOW; r++) {
-        if (r < take) {
-            uint32_t dw2 = (uint32_t)e[r], dw3 = (uint32_t)(e[r] >> 32);
-            uint32_t cid = dw3 & 0xFFFFu;
-            was[r] = (dw2 >> 16) == q.qid ? atomicCAS(&done[cid], WAITING, (dw3 & 0xFFFE0000u) | 0x10000u | cid)
-                                          : FOREIGN;
-        }
-    }
-#pragma unroll
-    for (uint32_t r = 0; r < REAP_WINDOW; r++) {
-        if (r < take) {
-            settle_cqe(q, (uint32_t)e[r], (uint32_t)(e[r] >> 32), was[r], sq_head, published, done, t);
-        }
+    t.stale += __popc(__ballot_sync(g.mask, stale != 0u));
+    t.bad_sqid += __popc(foreign);
+    uint32_t good = __ballot_sync(g.mask, ok_sqhd != 0u);
+    uint32_t checked = __ballot_sync(g.mask, g.rank < take) & ~foreign;
+    t.bad_sqhd += __popc(checked & ~good);
+    // The furthest valid SQHD (entries are fetched in order, so the largest
+    // distance is the newest head).
+    for (uint32_t b = good; b != 0u; b &= b - 1u) {
+        uint32_t a = __shfl_sync(g.mask, ahead, __ffs(b) - 1u);
+        t.ahead = max(t.ahead, a);
     }
     return take;
 }
 
-// Reaping by the lock holder alone: it consumes every posted CQE at the
-// head, up to REAP_WINDOW slots per round trip (one CQ head doorbell per
-// pass), hands each completion to the command waiting on its CID, and
-// writes the state once. Caller holds the lock.
-__device__ void lane_reap(const TuttiQueue& q, TuttiQueueState* st, uint32_t* done) {
-    unsigned long long head = st->cq_head, sq_head = st->sq_head, published = st->published;
-    uint32_t phase = st->phase;
+// Warp-cooperative reaping: the group consumes every posted CQE at the
+// head, up to g.n slots per PCIe round trip (one CQ head doorbell per
+// pass), hands each completion to the command waiting on its CID, and the
+// leader writes the state once. The caller's group holds the lock.
+__device__ void warp_reap(const Group& g, const TuttiQueue& q, TuttiQueueState* st, uint32_t* done) {
+    // The leader read the state under the lock; the group gets it by shuffle.
+    unsigned long long head = 0, sq_head = 0, published = 0;
+    uint32_t phase = 0;
+    if (lane_id() == g.leader) {
+        head = st->cq_head;
+        sq_head = st->sq_head;
+        published = st->published;
+        phase = st->phase;
+    }
+    head = __shfl_sync(g.mask, head, g.leader);
+    sq_head = __shfl_sync(g.mask, sq_head, g.leader);
+    published = __shfl_sync(g.mask, published, g.leader);
+    phase = __shfl_sync(g.mask, phase, g.leader);
     ReapTally t = {0, 0, 0, 0};
     uint32_t consumed = 0;
     while (consumed < q.size) {
-        uint32_t window = min(REAP_WINDOW, q.size - consumed);
-        uint32_t take = reap_pass(q, head, phase, window, sq_head, published, done, t);
+        uint32_t window = min(g.n, q.size - consumed);
+        uint32_t take = reap_pass(g, q, head, phase, window, sq_head, published, done, t);
         if ((uint32_t)(head % q.size) + take >= q.size) {
             phase ^= 1u;
         }
@@ -342,7 +336,7 @@ __device__ void lane_reap(const TuttiQueue& q, TuttiQueueState* st, uint32_t* do
             break;
         }
     }
-    if (consumed) {
+    if (consumed && lane_id() == g.leader) {
         // (The CQ head doorbell was written by each pass.)
         st->cq_head = head;
         st->phase = phase;
@@ -365,9 +359,13 @@ __device__ __forceinline__ void group_progress(TuttiQueue const& q, TuttiQueueSt
     }
     if (lane_id() == g.leader) {
         publish(q, st, ready);  // ours, if an earlier ticket held it back
-        if (reap) {
-            lane_reap(q, st, done);
-        }
+    }
+    if (reap) {
+        __syncwarp(g.mask);
+        warp_reap(g, q, st, done);
+    }
+    __syncwarp(g.mask);
+    if (lane_id() == g.leader) {
         unlock(&st->lock);
     }
 }
@@ -473,7 +471,7 @@ __device__ __forceinline__ uint32_t wait_completion(const TuttiQueue& q, TuttiQu
 // order), unless commands time out without ever being fetched.
 // Every request gets its own status; the kernel returns when each one has
 // completed, failed or timed out.
-extern "C" __global__ void __launch_bounds__(1024) tutti_io(const TuttiQueue* queues, uint32_t nqueues, const TuttiRequest* reqs,
+extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, const TuttiRequest* reqs,
                                     const uint32_t* order, const uint32_t* offsets, uint32_t* status,
                                     uint64_t budget_ns) {
     uint32_t b = blockIdx.x;
