@@ -29,11 +29,6 @@
 
 #include <stdint.h>
 
-// The launch ABI's version, checked by crates/gpu-io/src/ptx.rs when a PTX
-// is loaded from TUTTI_IO_PTX: 2 = requests grouped by queue (reqs[k] is
-// the batch's request order[k]).
-extern "C" __device__ const uint32_t tutti_io_abi = 2;
-
 // One queue pair as the kernel sees it (88 bytes).
 struct TuttiQueue {
     uint64_t sq;           // device pointer: SQ base, `size` x 64 bytes
@@ -468,11 +463,8 @@ __device__ __forceinline__ uint32_t wait_completion(const TuttiQueue& q, TuttiQu
 }
 
 // One launch serves a batch over up to `nqueues` queue pairs (one block per
-// queue, the fused multi-drive kernel): block b handles the requests at
-// positions offsets[b] .. offsets[b+1] on queues[b]. The host lays the
-// requests out grouped by queue (reqs[k] is the batch's request order[k]),
-// so a block reads one contiguous run from the mapped host memory and a
-// thread's request and its status index come in one round trip; with at most
+// queue, the fused multi-drive kernel): block b handles the requests
+// order[offsets[b] .. offsets[b+1]] on queues[b], with at most
 // min(blockDim.x, size - 1) commands outstanding. So the CQ cannot overflow,
 // and a ticket's SQ slot is free: the ticket `size` before it was fetched
 // (some ticket after that one has completed, and the controller fetches in
@@ -495,8 +487,8 @@ extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, 
         return;
     }
     for (uint32_t k = offsets[b] + threadIdx.x; k < offsets[b + 1]; k += active) {
-        uint32_t i = order[k];    // the request's index in the batch (its status word)
-        TuttiRequest r = reqs[k];  // grouped by queue: not behind the load of i
+        uint32_t i = order[k];
+        TuttiRequest r = reqs[i];
         const uint64_t* pages = (const uint64_t*)q.pages;
         uint64_t end = r.mem_offset + r.len;
         if (r.len == 0 || end > q.region_len || end < r.mem_offset || (r.mem_offset & 3u)) {
@@ -595,7 +587,7 @@ extern "C" __global__ void tutti_ring_probe(const TuttiQueue* queues, uint32_t n
         uint32_t i = 0;
         if (t < nb) {
             i = order[first + base + t];
-            TuttiRequest r = reqs[first + base + t];  // grouped by queue, as tutti_io's
+            TuttiRequest r = reqs[i];
             uint32_t slot = (uint32_t)((tail + t) % q.size);
             uint64_t prp1 = r.mem_offset < q.region_len ? pages[r.mem_offset / PAGE] + (r.mem_offset % PAGE) : 0;
             uint32_t* sqe = (uint32_t*)(q.sq + (uint64_t)slot * 64u);

@@ -439,10 +439,7 @@ impl Gpu {
         let layout = Layout::new(input.descs.len(), n);
         let mut slot = self.slots.take(self, layout.end)?;
         slot.put(layout.queues, input.descs);
-        // Grouped by queue (the kernels read `reqs[k]` for position `k` of
-        // `order`): each block reads one contiguous run.
-        let grouped: Vec<TuttiRequest> = input.order.iter().map(|&i| input.requests[i as usize]).collect();
-        slot.put(layout.reqs, &grouped);
+        slot.put(layout.reqs, input.requests);
         slot.put(layout.order, input.order);
         slot.put(layout.offsets, input.offsets);
         slot.put(layout.status, &vec![STATUS_NOT_RUN; n]);

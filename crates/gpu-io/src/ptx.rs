@@ -32,15 +32,10 @@ pub(crate) const TUTTI_IO_PTX_C: &CStr = match CStr::from_bytes_with_nul(
 ///
 /// # Errors
 /// [`GpuError::KernelOverride`] when the file cannot be read, contains a
-/// NUL byte, lacks the `tutti_io` entry point, or declares another launch
-/// ABI (`tutti_io_abi`).
+/// NUL byte, or lacks the `tutti_io` entry point.
 pub(crate) fn io_ptx() -> Result<Cow<'static, CStr>, GpuError> {
     io_ptx_from(std::env::var_os("TUTTI_IO_PTX"))
 }
-
-/// The launch ABI a PTX must declare (`tutti_io_abi` in
-/// `kernels/tutti_io.cu`): version 2 reads the requests grouped by queue.
-const TUTTI_IO_ABI: &str = "tutti_io_abi = 2;";
 
 /// [`io_ptx`] for a given value of the variable (`None`: unset).
 fn io_ptx_from(path: Option<std::ffi::OsString>) -> Result<Cow<'static, CStr>, GpuError> {
@@ -52,9 +47,6 @@ fn io_ptx_from(path: Option<std::ffi::OsString>) -> Result<Cow<'static, CStr>, G
     let text = std::fs::read_to_string(&path).map_err(|e| refuse(e.to_string()))?;
     if !text.contains(&format!(".entry {TUTTI_IO_ENTRY}(")) {
         return Err(refuse(format!("no `.entry {TUTTI_IO_ENTRY}(` in the file")));
-    }
-    if !text.contains(TUTTI_IO_ABI) {
-        return Err(refuse(format!("no `{TUTTI_IO_ABI}`: built from an older kernel source")));
     }
     let c = CString::new(text).map_err(|_| refuse("the file contains a NUL byte".into()))?;
     tracing::warn!(path = %shown, source_sha256 = ?recorded_source_sha256(c.to_str().unwrap_or("")),
@@ -188,9 +180,7 @@ mod tests {
         assert!(
             refused(at("other.ptx", b".visible .entry something_else(")).contains("no `.entry tutti_io(`")
         );
-        let old = TUTTI_IO_PTX.replace(TUTTI_IO_ABI, "tutti_io_abi = 1;");
-        assert!(refused(at("old.ptx", old.as_bytes())).contains("older kernel source"));
-        assert!(refused(at("nul.ptx", b".visible .entry tutti_io(\0) tutti_io_abi = 2;")).contains("NUL"));
+        assert!(refused(at("nul.ptx", b".visible .entry tutti_io(\0)")).contains("NUL"));
         assert!(!refused(Some(OsString::from(dir.path().join("missing.ptx")))).is_empty());
     }
 
