@@ -114,6 +114,18 @@ __device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
     return v;
 }
 
+// A CQE's DW2 (SQHD, SQID) and DW3 (CID, phase tag, status) in one
+// naturally aligned 8-byte load, single-copy atomic, with acquire: a phase
+// tag seen as new comes with the DW2 written with or before it (the GPU
+// null controllers store both in one 8-byte store; a controller writes the
+// entry in one posted write), and what the entry completes is visible
+// after it. Returns DW2 | DW3 << 32.
+__device__ __forceinline__ unsigned long long load_acquire_sys_u64(const uint32_t* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
 __device__ __forceinline__ uint32_t load_volatile(const uint32_t* p) {
     return *(const volatile uint32_t*)p;
 }
@@ -260,11 +272,13 @@ __device__ uint32_t reap_pass(const Group& g, const TuttiQueue& q, unsigned long
     uint32_t dw3 = 0, dw2 = 0;
     bool posted = false;
     if (g.rank < window) {
-        // The dword with the phase tag first (acquire), then the body.
-        dw3 = load_acquire_sys(cqe + 3);
+        // DW2 and DW3 together (one 8-byte acquire load; see
+        // load_acquire_sys_u64), the body used only with a posted tag.
+        unsigned long long d = load_acquire_sys_u64(cqe + 2);
+        dw3 = (uint32_t)(d >> 32);
         posted = ((dw3 >> 16) & 1u) == expected;
         if (posted) {
-            dw2 = load_volatile(cqe + 2);
+            dw2 = (uint32_t)d;
         }
     }
     uint32_t gaps = g.mask & ~__ballot_sync(g.mask, posted);

@@ -2,23 +2,26 @@
 // per I/O queue pair, for measuring the submitter (`tutti_io`) at rates no
 // CPU-threaded emulator reaches (`tutti-bench gpu-rate --controller
 // gpu-null`). Not a datapath: no data moves. The rings and doorbells are
-// the same host memory `tutti_io` drives (an emulated controller's, whose
-// thread leaves its I/O queues to this kernel: `io_queues_detached`).
+// the ones `tutti_io` drives: an emulated controller's host memory (whose
+// thread leaves its I/O queues to this kernel: `io_queues_detached`), or
+// GPU memory (`GpuQueue::with_device_rings`, `gpu-rate --rings device`).
 //
 // Per queue, a warp loops (NVMe Base 2.0 section 3.3 "Queue mechanics"):
 //  1. lane 0 reads the SQ tail and CQ head doorbells (both loads in flight
 //     at once, then an acquire fence: the SQEs before the tail were
 //     written before it);
-//  2. it takes n = min(SQEs waiting, free CQ slots, 32) entries; a tail
-//     doorbell out of range is counted and ignored, as a controller would;
+//  2. it takes n = min(SQEs waiting, free CQ slots, 32) entries; a tail or
+//     head doorbell value out of range is counted and ignored, as a
+//     controller would;
 //  3. lane i reads SQE head + i and checks it like the emulator's null
 //     backing: Read, Write and Flush of namespace 1 succeed, an LBA range
 //     past the namespace is LBA Out of Range, another namespace Invalid
 //     Namespace or Format, another opcode Invalid Command Opcode;
 //  4. lane i writes its CQE: dwords 0-1, then dwords 2 (SQHD = the head
 //     after the n fetches, SQID) and 3 (CID, phase tag, status) in one
-//     8-byte store, so that a host that reads them together (tutti_io's
-//     reaper) never sees the phase tag without its body;
+//     8-byte store; tutti_io's reaper reads dwords 2 and 3 with one 8-byte
+//     acquire load, so it never sees the phase tag without its body (both
+//     accesses naturally aligned, single-copy atomic);
 //  5. CQ slots are reused only after the CQ head doorbell returns them.
 // A warp polls `stop` (host memory) while idle and exits when it is set,
 // writing its queue's report.

@@ -135,8 +135,9 @@ pub struct TuttiNullReport {
     /// Polls that found SQEs waiting and no free CQ slot (the host had not
     /// returned CQ entries with the CQ head doorbell).
     pub cq_full_polls: u64,
-    /// Polls that read an SQ tail or CQ head doorbell value out of range
-    /// (ignored).
+    /// Doorbell values read out of range (ignored): one per doorbell per
+    /// poll, so a poll that finds both the SQ tail and the CQ head out of
+    /// range counts 2.
     pub bad_doorbells: u64,
     /// SQ head at exit.
     pub sq_head: u32,

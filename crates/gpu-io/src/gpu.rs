@@ -73,6 +73,15 @@ pub enum GpuError {
         /// Queue identifier.
         qid: u16,
     },
+    /// [`GpuQueue::with_device_rings`] was given a queue pair that has been
+    /// used (SQ tail, CQ head or phase not at their initial values).
+    #[error(
+        "I/O queue pair {qid} has been used: rings in GPU memory start empty, so they take a fresh pair"
+    )]
+    QueueNotFresh {
+        /// Queue identifier.
+        qid: u16,
+    },
     /// [`GpuQueue::recreate`] on a queue whose rings are in GPU memory
     /// ([`GpuQueue::with_device_rings`]): no controller can reach them.
     #[error("I/O queue pair {qid} has its rings in GPU memory: only GPU null controllers serve it, it cannot be re-created on a controller")]
@@ -821,12 +830,12 @@ impl GpuQueue {
     ///
     /// # Errors
     ///
-    /// As [`GpuQueue::new`]; [`GpuError::QueueBusy`] for a pair that has
-    /// been used.
+    /// As [`GpuQueue::new`]; [`GpuError::QueueNotFresh`] for a pair that
+    /// has been used (its rings would start empty in GPU memory).
     pub fn with_device_rings(gpu: &Gpu, drive: &GpuDrive, qp: QueuePair) -> Result<Self, GpuError> {
         let (tail, head, phase) = (qp.sq().tail(), qp.cq().head(), qp.cq().phase());
         if (tail, head, phase) != (0, 0, true) {
-            return Err(GpuError::QueueBusy { qid: qp.qid(), outstanding: qp.outstanding().max(1) });
+            return Err(GpuError::QueueNotFresh { qid: qp.qid() });
         }
         let mut q = Self::new(gpu, drive, qp)?;
         let _quiet = gpu.quiet.enter()?;

@@ -6,7 +6,8 @@
 //! posts their CQEs in order with the SQHD and SQID a controller writes;
 //! no data moves. The rings and doorbells are the ones [`GpuQueue`]s
 //! drive: an emulated controller's whose thread leaves its I/O queues alone
-//! (`nvme_emu::EmulatorConfig::io_queues_detached`).
+//! (`nvme_emu::EmulatorConfig::io_queues_detached`), in host memory, or in
+//! GPU memory ([`GpuQueue::with_device_rings`]).
 //!
 //! While the controllers run, a kernel of theirs occupies the GPU until
 //! [`NullControllers::stop`]: start them after every registration the run

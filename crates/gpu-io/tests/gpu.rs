@@ -642,9 +642,11 @@ fn null_protocol(gpu: &Gpu, device_rings: bool) -> Vec<Drive> {
     let mut queues = Vec::new();
     let mut bufs = Vec::new();
     let mut regions = Vec::new();
-    for d in &mut drives {
+    let mut tail_doorbells = Vec::new();
+    for (di, d) in drives.iter_mut().enumerate() {
         for qid in 1..=2u16 {
             let qp = d.ctrl.create_io_queue_pair(qid, 16, 15).unwrap();
+            tail_doorbells.push((di, qp.sq().doorbell_offset()));
             queues.push(
                 if device_rings {
                     GpuQueue::with_device_rings(gpu, &d.gpu_drive, qp)
@@ -693,6 +695,12 @@ fn null_protocol(gpu: &Gpu, device_rings: bool) -> Vec<Drive> {
     for d in &drives {
         let s = d.emu.stats();
         assert_eq!(s.commands, s.admin_commands, "the emulators' threads served no I/O: {s:?}");
+    }
+    // The SQ tail doorbells in the register pages moved only if the rings
+    // are the host's: 5,000 commands per queue of 16 leave the tail at 8.
+    for (i, &(di, at)) in tail_doorbells.iter().enumerate() {
+        let tail = drives[di].dev.bar0().read32(at).unwrap();
+        assert_eq!(tail, if device_rings { 0 } else { 8 }, "queue {i}'s tail doorbell in the register page");
     }
     // A used queue is refused.
     assert!(matches!(
