@@ -4,8 +4,11 @@
 // store, and poll the CQ by phase tag with a %globaltimer budget.
 //
 // Work is shared per warp: the lanes that wait together reserve their
-// tickets with one atomicAdd, try the queue lock once, and, holding it,
-// reap cooperatively: each lane tests one CQ slot, so a warp consumes up
+// tickets with one atomicAdd and try each of the queue's two locks once:
+// holding the publication lock, the group's leader publishes the SQ tail;
+// holding the reap lock, the group reaps cooperatively (publication never
+// waits behind a reaper's round trip to the CQ): each lane tests one CQ
+// slot, so a warp consumes up
 // to 32 posted CQEs per PCIe round trip, delivers each to the thread
 // waiting on its CID (dropping unknown, duplicate and late ones), and
 // writes the CQ head doorbell once per burst, before handing the burst's
