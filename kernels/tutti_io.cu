@@ -4,8 +4,11 @@
 // store, and poll the CQ by phase tag with a %globaltimer budget.
 //
 // Work is shared per warp: the lanes that wait together reserve their
-// tickets with one atomicAdd, try the queue lock once, and, holding it,
-// reap cooperatively: each lane tests one CQ slot, so a warp consumes up
+// tickets with one atomicAdd and try each of the queue's two locks once:
+// holding the publication lock, the group's leader publishes the SQ tail;
+// holding the reap lock, the group reaps cooperatively (publication never
+// waits behind a reaper's round trip to the CQ): each lane tests one CQ
+// slot, so a warp consumes up
 // to 32 posted CQEs per PCIe round trip, delivers each to the thread
 // waiting on its CID (dropping unknown, duplicate and late ones), and
 // writes the CQ head doorbell once per burst, before handing the burst's
@@ -52,7 +55,7 @@ struct TuttiQueue {
 // Counters are monotonic (mod 2^32); ring index = counter % size.
 // Tickets are 64-bit so that `ticket % size` never jumps at a wrap.
 struct TuttiQueueState {
-    uint32_t lock;                 // lock guarding publication and reaping
+    uint32_t lock;                 // lock guarding publication (published, the SQ tail)
     uint32_t cid_next;             // next CID to try (mod 65536)
     unsigned long long reserve;    // next SQ ticket to hand out
     unsigned long long published;  // tickets published to the controller (SQ tail)
@@ -62,6 +65,8 @@ struct TuttiQueueState {
     uint32_t stale;                // CQEs whose CID matched no waiting command
     uint32_t bad_sqid;             // CQEs naming another SQ
     uint32_t bad_sqhd;             // CQEs whose SQHD lies outside [sq_head, tail]
+    uint32_t reap_lock;            // lock guarding reaping (cq_head, phase, sq_head, counters)
+    uint32_t _pad;
     // followed by: uint32_t ready[size]; uint32_t done[65536] (by CID).
 };
 
@@ -124,6 +129,14 @@ __device__ __forceinline__ unsigned long long load_acquire_sys_u64(const uint32_
     unsigned long long v;
     asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
+}
+
+__device__ __forceinline__ void store_volatile_u64(unsigned long long* p, unsigned long long v) {
+    *(volatile unsigned long long*)p = v;
+}
+
+__device__ __forceinline__ unsigned long long load_volatile_u64(const unsigned long long* p) {
+    return *(const volatile unsigned long long*)p;
 }
 
 __device__ __forceinline__ uint32_t load_volatile(const uint32_t* p) {
@@ -200,7 +213,7 @@ __device__ __forceinline__ bool group_try_lock(const Group& g, uint32_t* l) {
 }
 
 // Publishes every contiguous filled slot from `published` on and rings the
-// SQ tail doorbell once. Caller holds the lock. The tail only moves forward,
+// SQ tail doorbell once. Caller holds the publication lock. The tail only moves forward,
 // and only over slots whose SQE stores are complete.
 __device__ void publish(const TuttiQueue& q, TuttiQueueState* st, uint32_t* ready) {
     unsigned long long p = st->published;
@@ -209,10 +222,12 @@ __device__ void publish(const TuttiQueue& q, TuttiQueueState* st, uint32_t* read
         p++;
     }
     if (p != start) {
-        // Orders the SQE stores (made visible by their writers' fences)
-        // and this thread's view before the doorbell store, system-wide.
+        // The new tail first (reapers, under the other lock, read it after
+        // the CQEs it makes valid), then a fence that orders the SQE stores
+        // (made visible by their writers' fences) and this thread's view
+        // before the doorbell store, system-wide.
+        store_volatile_u64(&st->published, p);
         __threadfence_system();
-        st->published = p;
         store_volatile((uint32_t*)q.sq_doorbell, (uint32_t)(p % q.size));
     }
 }
@@ -263,7 +278,7 @@ __device__ __forceinline__ void take_cqe(const TuttiQueue& q, uint32_t dw2, uint
 // `window` caps the slots tested (so no slot is tested twice in one pass
 // when the CQ has fewer entries than the group has lanes).
 __device__ uint32_t reap_pass(const Group& g, const TuttiQueue& q, unsigned long long head, uint32_t phase,
-                              uint32_t window, unsigned long long sq_head, unsigned long long published,
+                              uint32_t window, unsigned long long sq_head, const TuttiQueueState* st,
                               uint32_t* done, ReapTally& t) {
     uint32_t slot = (uint32_t)(head % q.size) + g.rank;
     uint32_t expected = slot >= q.size ? (phase ^ 1u) : phase;  // window <= size: at most one wrap
@@ -292,6 +307,14 @@ __device__ uint32_t reap_pass(const Group& g, const TuttiQueue& q, unsigned long
     // doorbell store gives the slots back (memory ordering among the
     // group's lanes, then a system-scope fence before the store).
     __syncwarp(g.mask);
+    // The SQ tail, read after the entries (publication runs under the other
+    // lock and stores it before ringing the doorbell): every valid SQHD in
+    // them lies at or below it.
+    unsigned long long published = 0;
+    if (lane_id() == g.leader) {
+        published = load_volatile_u64(&st->published);
+    }
+    published = __shfl_sync(g.mask, published, g.leader);
     if (take != 0u && lane_id() == g.leader) {
         // Released before the completions are handed out, so a waiter that
         // submits again at once always finds a free CQ slot for its command.
@@ -321,26 +344,25 @@ __device__ uint32_t reap_pass(const Group& g, const TuttiQueue& q, unsigned long
 // Warp-cooperative reaping: the group consumes every posted CQE at the
 // head, up to g.n slots per PCIe round trip (one CQ head doorbell per
 // pass), hands each completion to the command waiting on its CID, and the
-// leader writes the state once. The caller's group holds the lock.
+// leader writes the state once. The caller's group holds the reap lock.
 __device__ void warp_reap(const Group& g, const TuttiQueue& q, TuttiQueueState* st, uint32_t* done) {
-    // The leader read the state under the lock; the group gets it by shuffle.
-    unsigned long long head = 0, sq_head = 0, published = 0;
+    // The leader read the state under the reap lock; the group gets it by
+    // shuffle.
+    unsigned long long head = 0, sq_head = 0;
     uint32_t phase = 0;
     if (lane_id() == g.leader) {
         head = st->cq_head;
         sq_head = st->sq_head;
-        published = st->published;
         phase = st->phase;
     }
     head = __shfl_sync(g.mask, head, g.leader);
     sq_head = __shfl_sync(g.mask, sq_head, g.leader);
-    published = __shfl_sync(g.mask, published, g.leader);
     phase = __shfl_sync(g.mask, phase, g.leader);
     ReapTally t = {0, 0, 0, 0};
     uint32_t consumed = 0;
     while (consumed < q.size) {
         uint32_t window = min(g.n, q.size - consumed);
-        uint32_t take = reap_pass(g, q, head, phase, window, sq_head, published, done, t);
+        uint32_t take = reap_pass(g, q, head, phase, window, sq_head, st, done, t);
         if ((uint32_t)(head % q.size) + take >= q.size) {
             phase ^= 1u;
         }
@@ -362,25 +384,25 @@ __device__ void warp_reap(const Group& g, const TuttiQueue& q, TuttiQueueState* 
 }
 
 // The group publishes what is ready and, when `reap` is set, reaps: one
-// lock attempt per group instead of one per thread.
+// attempt per group instead of one per thread at each of two locks, so
+// that publication (GPU memory and one doorbell store) never waits behind
+// a reaper's round trip to the CQ.
 __device__ __forceinline__ void group_progress(TuttiQueue const& q, TuttiQueueState* st, uint32_t* ready, uint32_t* done,
                                                bool reap) {
     Group g = group_here();
     // Uniform across the group even if the compiler merged call sites.
     reap = __any_sync(g.mask, reap);
-    if (!group_try_lock(g, &st->lock)) {
-        return;
-    }
-    if (lane_id() == g.leader) {
+    if (group_try_lock(g, &st->lock) && lane_id() == g.leader) {
         publish(q, st, ready);  // ours, if an earlier ticket held it back
+        unlock(&st->lock);
     }
-    if (reap) {
+    if (reap && group_try_lock(g, &st->reap_lock)) {
         __syncwarp(g.mask);
         warp_reap(g, q, st, done);
-    }
-    __syncwarp(g.mask);
-    if (lane_id() == g.leader) {
-        unlock(&st->lock);
+        __syncwarp(g.mask);
+        if (lane_id() == g.leader) {
+            unlock(&st->reap_lock);
+        }
     }
 }
 

@@ -35,12 +35,12 @@ pub struct TuttiQueue {
     pub _pad: u32,
 }
 
-/// Per-queue state in device memory (`struct TuttiQueueState`, 56 bytes),
+/// Per-queue state in device memory (`struct TuttiQueueState`, 64 bytes),
 /// followed by `ready: [u32; size]` and `done: [u32; 65536]`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TuttiQueueState {
-    /// Lock word.
+    /// Publication lock word (the SQ tail).
     pub lock: u32,
     /// Next CID the kernel tries (mod 65536; a CID is taken only from a
     /// free completion cell).
@@ -63,6 +63,10 @@ pub struct TuttiQueueState {
     pub bad_sqid: u32,
     /// CQEs whose SQHD lay outside `[sq_head, tail]`.
     pub bad_sqhd: u32,
+    /// Reaping lock word (the CQ head and the fields reaping writes).
+    pub reap_lock: u32,
+    /// Padding.
+    pub _pad: u32,
 }
 
 /// Entries of the per-CID completion table after the ready array.
@@ -152,7 +156,7 @@ const _: () = assert!(core::mem::offset_of!(TuttiNullReport, sq_head) == 24);
 const _: () = assert!(size_of::<TuttiCrcItem>() == 16);
 const _: () = assert!(core::mem::offset_of!(TuttiCrcItem, len) == 8);
 const _: () = assert!(size_of::<TuttiQueue>() == 88);
-const _: () = assert!(size_of::<TuttiQueueState>() == 56);
+const _: () = assert!(size_of::<TuttiQueueState>() == 64);
 const _: () = assert!(size_of::<TuttiRequest>() == 32);
 const _: () = assert!(core::mem::offset_of!(TuttiQueue, size) == 72);
 const _: () = assert!(core::mem::offset_of!(TuttiQueueState, reserve) == 8);
