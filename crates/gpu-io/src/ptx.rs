@@ -1,10 +1,29 @@
-//! The committed PTX of `kernels/`: `tutti_io` (GPU-initiated NVMe I/O)
-//! and `tutti_crc32c` (checksums of GPU-resident ranges).
+//! The committed PTX of `kernels/`: `tutti_io` (GPU-initiated NVMe I/O),
+//! `tutti_crc32c` (checksums of GPU-resident ranges) and `tutti_null` (GPU
+//! null controllers, a benchmark's device).
 
 use std::borrow::Cow;
 use std::ffi::{CStr, CString};
 
 use crate::gpu::GpuError;
+
+/// A committed PTX file of `kernels/` (`$name`, e.g. `"tutti_io"`) with a
+/// terminating NUL, as `cuModuleLoadData` takes it: a NUL inside the PTX
+/// fails the build rather than a load at run time.
+macro_rules! nul_terminated_ptx {
+    ($name:literal) => {
+        match CStr::from_bytes_with_nul(
+            concat!(include_str!(concat!("../../../kernels/", $name, ".ptx")), "\0").as_bytes(),
+        ) {
+            Ok(c) => c,
+            Err(_) => panic!(concat!(
+                "kernels/",
+                $name,
+                ".ptx contains a NUL byte: rebuild it with kernels/build.sh"
+            )),
+        }
+    };
+}
 
 /// PTX of `kernels/tutti_io.cu` (built by `kernels/build.sh`; its first line
 /// records the SHA-256 of the source it was built from).
@@ -18,12 +37,7 @@ pub const TUTTI_IO_ENTRY: &str = "tutti_io";
 /// run time.
 ///
 /// [`Gpu::open`]: crate::Gpu::open
-pub(crate) const TUTTI_IO_PTX_C: &CStr = match CStr::from_bytes_with_nul(
-    concat!(include_str!("../../../kernels/tutti_io.ptx"), "\0").as_bytes(),
-) {
-    Ok(c) => c,
-    Err(_) => panic!("kernels/tutti_io.ptx contains a NUL byte: rebuild it with kernels/build.sh"),
-};
+pub(crate) const TUTTI_IO_PTX_C: &CStr = nul_terminated_ptx!("tutti_io");
 
 /// The I/O kernel's PTX: [`TUTTI_IO_PTX`], or, for kernel development, the
 /// file named by the environment variable `TUTTI_IO_PTX` (a PTX built from
@@ -72,12 +86,7 @@ pub const TUTTI_CRC32C_PTX: &str = include_str!("../../../kernels/tutti_crc32c.p
 pub const TUTTI_CRC32C_ENTRY: &str = "tutti_crc32c";
 
 /// [`TUTTI_CRC32C_PTX`] with a terminating NUL (see [`TUTTI_IO_PTX_C`]).
-pub(crate) const TUTTI_CRC32C_PTX_C: &CStr = match CStr::from_bytes_with_nul(
-    concat!(include_str!("../../../kernels/tutti_crc32c.ptx"), "\0").as_bytes(),
-) {
-    Ok(c) => c,
-    Err(_) => panic!("kernels/tutti_crc32c.ptx contains a NUL byte: rebuild it with kernels/build.sh"),
-};
+pub(crate) const TUTTI_CRC32C_PTX_C: &CStr = nul_terminated_ptx!("tutti_crc32c");
 
 /// [`TUTTI_CRC32C_ENTRY`] as a C string, for `cuModuleGetFunction`.
 pub(crate) const TUTTI_CRC32C_ENTRY_C: &CStr = c"tutti_crc32c";
@@ -92,12 +101,7 @@ pub const TUTTI_NULL_PTX: &str = include_str!("../../../kernels/tutti_null.ptx")
 pub const TUTTI_NULL_ENTRY: &str = "tutti_null_ctrl";
 
 /// [`TUTTI_NULL_PTX`] with a terminating NUL (see [`TUTTI_IO_PTX_C`]).
-pub(crate) const TUTTI_NULL_PTX_C: &CStr = match CStr::from_bytes_with_nul(
-    concat!(include_str!("../../../kernels/tutti_null.ptx"), "\0").as_bytes(),
-) {
-    Ok(c) => c,
-    Err(_) => panic!("kernels/tutti_null.ptx contains a NUL byte: rebuild it with kernels/build.sh"),
-};
+pub(crate) const TUTTI_NULL_PTX_C: &CStr = nul_terminated_ptx!("tutti_null");
 
 /// [`TUTTI_NULL_ENTRY`] as a C string, for `cuModuleGetFunction`.
 pub(crate) const TUTTI_NULL_ENTRY_C: &CStr = c"tutti_null_ctrl";
