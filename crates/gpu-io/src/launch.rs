@@ -45,9 +45,9 @@ const WAIT_SPIN: Duration = Duration::from_micros(20);
 /// Smallest slot allocated.
 const SLOT_MIN: usize = 64 << 10;
 
-/// A CUDA event that marks the end of one launch (`BLOCKING_SYNC`, no
-/// timing). Shared by the launch, the gate's list of launches in flight and
-/// the queues the launch used.
+/// A CUDA event that marks the end of one launch (`BLOCKING_SYNC`; with
+/// timing only for a timed launch's pair of events). Shared by the launch,
+/// the gate's list of launches in flight and the queues the launch used.
 #[derive(Debug)]
 pub(crate) struct KernelEvent {
     raw: sys::CUevent,
@@ -61,11 +61,13 @@ unsafe impl Send for KernelEvent {}
 unsafe impl Sync for KernelEvent {}
 
 impl KernelEvent {
-    fn new(ctx: &Arc<cudarc::driver::CudaContext>) -> Result<Self, GpuError> {
+    fn new(ctx: &Arc<cudarc::driver::CudaContext>, timing: bool) -> Result<Self, GpuError> {
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         let mut raw: sys::CUevent = std::ptr::null_mut();
-        let flags = sys::CUevent_flags_enum::CU_EVENT_BLOCKING_SYNC as u32
-            | sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32;
+        let mut flags = sys::CUevent_flags_enum::CU_EVENT_BLOCKING_SYNC as u32;
+        if !timing {
+            flags |= sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32;
+        }
         // SAFETY: `raw` is a valid out-pointer.
         unsafe { sys::cuEventCreate(&mut raw, flags) }.result().map_err(drv("cuEventCreate"))?;
         Ok(Self { raw, ctx: ctx.clone() })
@@ -81,6 +83,18 @@ impl KernelEvent {
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         // SAFETY: a live event of this context.
         unsafe { sys::cuEventSynchronize(self.raw) }.result().map_err(drv("cuEventSynchronize"))
+    }
+
+    /// GPU time from `start` to this event, both recorded with timing and
+    /// both complete.
+    fn elapsed_since(&self, start: &KernelEvent) -> Result<Duration, GpuError> {
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let mut ms = 0f32;
+        // SAFETY: two live events of this context; `ms` is a valid out-pointer.
+        unsafe { sys::cuEventElapsedTime_v2(&mut ms, start.raw, self.raw) }
+            .result()
+            .map_err(drv("cuEventElapsedTime"))?;
+        Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
     }
 
     /// `true` once the work before the event has ended; never blocks.
@@ -251,6 +265,8 @@ struct LaunchInput<'a> {
     requests: &'a [TuttiRequest],
     order: &'a [u32],
     offsets: &'a [u32],
+    /// Record a timing event before the kernel ([`GpuLaunch::wait_timed`]).
+    timed: bool,
 }
 
 /// A launched batch, until [`GpuLaunch::wait`].
@@ -260,6 +276,8 @@ pub struct GpuLaunch {
     slot: Option<LaunchSlot>,
     layout: Layout,
     done: Arc<KernelEvent>,
+    /// Recorded just before the kernel, for a timed launch.
+    started: Option<KernelEvent>,
     pool: Arc<SlotPool>,
     quiet: Arc<Quiesce>,
 }
@@ -283,7 +301,16 @@ impl GpuLaunch {
     /// and returns one status per request, in order. The calling thread
     /// polls for at most 20 us, then sleeps in the driver (a
     /// `BLOCKING_SYNC` event): it does not spin a core while the GPU works.
-    pub fn wait(mut self) -> Result<Vec<GpuStatus>, GpuError> {
+    pub fn wait(self) -> Result<Vec<GpuStatus>, GpuError> {
+        self.wait_timed().map(|(statuses, _)| statuses)
+    }
+
+    /// As [`GpuLaunch::wait`], with the GPU time of the kernel itself (from
+    /// an event recorded on its stream just before it to the one after it)
+    /// for a launch from [`Gpu::launch_timed`]; `None` for other launches.
+    /// Excludes the host's work of the launch (grouping the requests,
+    /// filling the slot) and any wait for earlier launches on its queues.
+    pub fn wait_timed(mut self) -> Result<(Vec<GpuStatus>, Option<Duration>), GpuError> {
         // A launch about to end is taken without a sleep and wake-up.
         let spin_until = Instant::now() + WAIT_SPIN;
         while !self.done.is_done() && Instant::now() < spin_until {
@@ -296,7 +323,12 @@ impl GpuLaunch {
             (Ok(()), None) => Ok(Vec::new()),
         };
         self.release(statuses.is_ok());
-        statuses
+        let statuses = statuses?;
+        let kernel = match &self.started {
+            Some(start) => Some(self.done.elapsed_since(start)?),
+            None => None,
+        };
+        Ok((statuses, kernel))
     }
 
     /// Unlists the launch from the gate and returns its slot to the pool
@@ -351,6 +383,20 @@ impl Gpu {
         unsafe { self.launch_on(queues, requests, threads_per_queue, budget, None) }
     }
 
+    /// As [`Gpu::launch`], with CUDA timing events around the kernel:
+    /// [`GpuLaunch::wait_timed`] returns its GPU time. For benchmarks
+    /// (`tutti-bench gpu-rate`), which want the device's rate apart from the
+    /// host's work of preparing a launch.
+    pub fn launch_timed(
+        &self,
+        queues: &[(&GpuQueue, &GpuRegion)],
+        requests: &[TuttiRequest],
+        threads_per_queue: u32,
+        budget: Duration,
+    ) -> Result<GpuLaunch, GpuError> {
+        self.launch_with(self.func, queues, requests, threads_per_queue, budget, self.quiet.io.raw, true)
+    }
+
     /// As [`Gpu::launch`], on the caller's CUDA stream `stream` (a
     /// `CUstream` of this GPU's primary context, as a number: PyTorch's
     /// `torch.cuda.Stream.cuda_stream`, CuPy's `Stream.ptr`), or on this
@@ -376,11 +422,13 @@ impl Gpu {
             return Err(GpuError::LegacyStream);
         }
         let raw = stream.map_or(self.quiet.io.raw, |s| s as sys::CUstream);
-        self.launch_with(self.func, queues, requests, threads_per_queue, budget, raw)
+        self.launch_with(self.func, queues, requests, threads_per_queue, budget, raw, false)
     }
 
     /// Groups the batch by queue and starts `func` (`tutti_io` or
-    /// `tutti_ring_probe`, same parameters) over it on `stream`.
+    /// `tutti_ring_probe`, same parameters) over it on `stream`, with timing
+    /// events around the kernel when `timed`.
+    #[allow(clippy::too_many_arguments)]
     fn launch_with(
         &self,
         func: sys::CUfunction,
@@ -389,11 +437,12 @@ impl Gpu {
         threads_per_queue: u32,
         budget: Duration,
         stream: sys::CUstream,
+        timed: bool,
     ) -> Result<GpuLaunch, GpuError> {
         let (descs, order, offsets) = group_by_queue(queues, requests)?;
         let max_size = queues.iter().map(|(q, _)| q.desc.size).max().unwrap_or(2);
         let threads = threads_per_queue.clamp(1, 1024).min(max_size - 1);
-        let input = LaunchInput { func, descs: &descs, requests, order: &order, offsets: &offsets };
+        let input = LaunchInput { func, descs: &descs, requests, order: &order, offsets: &offsets, timed };
         let qs: Vec<&GpuQueue> = queues.iter().map(|(q, _)| *q).collect();
         self.start(&input, &qs, threads, budget, stream)
     }
@@ -409,7 +458,8 @@ impl Gpu {
     /// and a request's status only says whether its CQE arrived
     /// ([`GpuStatus::Success`], whatever the CQE's status) or not
     /// ([`GpuStatus::Timeout`]; then the queue's state is no longer known
-    /// and it must not be used again).
+    /// and it must not be used again). Also returns the probe kernel's GPU
+    /// time (as [`GpuLaunch::wait_timed`]).
     ///
     /// # Errors
     /// As [`Gpu::launch`], and [`GpuError::NoRingProbe`] when the loaded
@@ -420,9 +470,11 @@ impl Gpu {
         requests: &[TuttiRequest],
         threads_per_queue: u32,
         budget: Duration,
-    ) -> Result<Vec<GpuStatus>, GpuError> {
+    ) -> Result<(Vec<GpuStatus>, Duration), GpuError> {
         let func = self.probe_func.ok_or(GpuError::NoRingProbe)?;
-        self.launch_with(func, queues, requests, threads_per_queue, budget, self.quiet.io.raw)?.wait()
+        let launch = self.launch_with(func, queues, requests, threads_per_queue, budget, self.quiet.io.raw, true)?;
+        let (statuses, kernel) = launch.wait_timed()?;
+        Ok((statuses, kernel.unwrap_or_default()))
     }
 
     /// Queues the upload, the kernel, the status copy and the end event on
@@ -443,8 +495,12 @@ impl Gpu {
         slot.put(layout.order, input.order);
         slot.put(layout.offsets, input.offsets);
         slot.put(layout.status, &vec![STATUS_NOT_RUN; n]);
-        let done = match KernelEvent::new(&self.ctx) {
-            Ok(e) => Arc::new(e),
+        let events = KernelEvent::new(&self.ctx, input.timed).and_then(|done| {
+            let started = if input.timed { Some(KernelEvent::new(&self.ctx, true)?) } else { None };
+            Ok((Arc::new(done), started))
+        });
+        let (done, started) = match events {
+            Ok(e) => e,
             Err(e) => {
                 self.slots.give(slot, &self.quiet);
                 return Err(e);
@@ -453,7 +509,8 @@ impl Gpu {
         // No memory management may start between the launch and its
         // listing in the gate.
         let mut running = self.quiet.lock();
-        if let Err(e) = self.enqueue(input.func, &slot, &layout, queues, threads, budget, stream, &done) {
+        let events = (started.as_ref(), &*done);
+        if let Err(e) = self.enqueue(input.func, &slot, &layout, queues, threads, budget, stream, events) {
             // Whatever was queued must end before the slot is reused.
             // SAFETY: `stream` is live (this function's caller's contract).
             let _ = unsafe { result::stream::synchronize(stream) };
@@ -472,10 +529,12 @@ impl Gpu {
         for q in queues {
             q.expect_doorbells();
         }
-        Ok(GpuLaunch { slot: Some(slot), layout, done, pool: self.slots.clone(), quiet: self.quiet.clone() })
+        Ok(GpuLaunch { slot: Some(slot), layout, done, started, pool: self.slots.clone(), quiet: self.quiet.clone() })
     }
 
-    /// The driver calls of a launch, in stream order.
+    /// The driver calls of a launch, in stream order: waits for earlier
+    /// launches on its queues, the start event (timed launches), the
+    /// kernel, the end event.
     #[allow(clippy::too_many_arguments)]
     fn enqueue(
         &self,
@@ -486,7 +545,7 @@ impl Gpu {
         threads: u32,
         budget: Duration,
         stream: sys::CUstream,
-        done: &KernelEvent,
+        (started, done): (Option<&KernelEvent>, &KernelEvent),
     ) -> Result<(), GpuError> {
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         for q in queues {
@@ -509,6 +568,10 @@ impl Gpu {
         );
         let nqueues = u32::try_from(queues.len()).unwrap_or(u32::MAX);
         let budget_ns = u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX);
+        if let Some(start) = started {
+            // SAFETY: both handles are live in this context.
+            unsafe { sys::cuEventRecord(start.raw(), stream) }.result().map_err(drv("cuEventRecord"))?;
+        }
         let mut params: [*mut c_void; 7] = [
             (&pq as *const u64).cast_mut().cast(),
             (&nqueues as *const u32).cast_mut().cast(),

@@ -546,18 +546,28 @@ fn the_ring_probe_completes_every_entry_and_leaves_the_queue_usable() {
     // 1000 one-block reads: 33 bursts of 31 and a last one of 7, wrapping
     // the 32-entry rings many times.
     let probe: Vec<_> = (0..1000u64).map(|k| rw(nvm_opcode::READ, 0, k % 4096, (k % n) * 4096)).collect();
-    let st = gpu.run_ring_probe(&[(&q, &region)], &probe, 31, BUDGET).unwrap();
+    let host = std::time::Instant::now();
+    let (st, kernel) = gpu.run_ring_probe(&[(&q, &region)], &probe, 31, BUDGET).unwrap();
     assert!(st.iter().all(|s| *s == GpuStatus::Success), "{st:?}");
+    assert!(kernel > Duration::ZERO && kernel <= host.elapsed(), "probe kernel time {kernel:?}");
     let data: Vec<u8> = (0..n).flat_map(pattern).collect();
     buf.write_bytes(0, &data).unwrap();
     let writes: Vec<_> = (0..n).map(|b| rw(nvm_opcode::WRITE, 0, b, b * 4096)).collect();
     assert!(gpu.run(&[(&q, &region)], &writes, 31, BUDGET).unwrap().iter().all(|s| *s == GpuStatus::Success));
     buf.fill(0);
     let reads: Vec<_> = (0..n).map(|b| rw(nvm_opcode::READ, 0, b, b * 4096)).collect();
-    assert!(gpu.run(&[(&q, &region)], &reads, 31, BUDGET).unwrap().iter().all(|s| *s == GpuStatus::Success));
+    // A timed launch reports its kernel's GPU time, within the host's view
+    // of the whole launch; an untimed one none.
+    let host = std::time::Instant::now();
+    let (st, kernel) = gpu.launch_timed(&[(&q, &region)], &reads, 31, BUDGET).unwrap().wait_timed().unwrap();
+    let kernel = kernel.expect("a timed launch has a kernel time");
+    assert!(kernel > Duration::ZERO && kernel <= host.elapsed(), "kernel time {kernel:?}");
+    assert!(st.iter().all(|s| *s == GpuStatus::Success));
     let mut got = vec![0u8; (n * 4096) as usize];
     buf.read_bytes(0, &mut got).unwrap();
     assert!(got == data);
+    let (_, untimed) = gpu.launch(&[(&q, &region)], &reads, 31, BUDGET).unwrap().wait_timed().unwrap();
+    assert_eq!(untimed, None);
     assert_eq!(q.protocol_counters().unwrap(), GpuQueueCounters::default());
     assert_eq!(d.emu.stats().cq_full_stalls, 0);
 }

@@ -91,11 +91,22 @@ struct GpuRateResult {
     controller: RateController,
     rings: RateRings,
     gpu_commands: u64,
-    gpu_seconds: f64,
+    /// The protocol kernel's GPU time (CUDA events on its stream, just
+    /// before and after it), seconds.
+    gpu_kernel_seconds: f64,
+    /// `gpu_commands` over `gpu_kernel_seconds`: the device-side rate.
     gpu_commands_per_second: f64,
+    /// The whole launch as the host sees it (grouping the requests by
+    /// queue, filling the launch slot, the kernel, reading the statuses
+    /// back), seconds.
+    gpu_launch_seconds: f64,
+    /// `gpu_commands` over `gpu_launch_seconds`.
+    gpu_launch_commands_per_second: f64,
     /// Entries per second of the bare ring probe over the same queues and
-    /// requests (`None`: skipped or unavailable).
+    /// requests, by its kernel's GPU time (`None`: skipped or unavailable).
     probe_entries_per_second: Option<f64>,
+    /// The same, by the probe's whole launch as the host sees it.
+    probe_launch_entries_per_second: Option<f64>,
     /// Why the probe did not run, when it did not.
     probe_skipped: Option<String>,
     /// "CQ full" stalls the emulated controllers counted in the protocol
@@ -111,8 +122,10 @@ struct GpuRateResult {
 
 /// The GPU part of `gpu-rate`: rates of the probe and the protocol run.
 struct GpuRun {
-    secs: f64,
-    probe: Option<f64>,
+    /// The protocol launch: kernel GPU time, whole launch on the host.
+    secs: Timed,
+    /// The probe's entries per second, by kernel time and by whole launch.
+    probe: Option<(f64, f64)>,
     probe_skipped: Option<String>,
     cq_full: u64,
     null_served: Option<u64>,
@@ -146,14 +159,17 @@ pub fn gpu_rate(a: &GpuRateArgs, stop: &Stop) -> Result<Ended, String> {
         controller: a.controller,
         rings: a.rings,
         gpu_commands: a.commands,
-        gpu_seconds: run.secs,
-        gpu_commands_per_second: a.commands as f64 / run.secs,
-        probe_entries_per_second: run.probe,
+        gpu_kernel_seconds: run.secs.kernel,
+        gpu_commands_per_second: a.commands as f64 / run.secs.kernel,
+        gpu_launch_seconds: run.secs.launch,
+        gpu_launch_commands_per_second: a.commands as f64 / run.secs.launch,
+        probe_entries_per_second: run.probe.map(|p| p.0),
+        probe_launch_entries_per_second: run.probe.map(|p| p.1),
         probe_skipped: run.probe_skipped,
         cq_full_stalls: run.cq_full,
         null_served: run.null_served,
         cpu_commands_per_second: cpu,
-        ratio: a.commands as f64 / run.secs / cpu,
+        ratio: a.commands as f64 / run.secs.kernel / cpu,
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
@@ -192,8 +208,9 @@ fn gpu_runs(gpu: &gpu_io::Gpu, set: &GpuSetup, a: &GpuRateArgs) -> Result<GpuRun
     let stalls = || set.drives.iter().map(|d| d.emu.stats().cq_full_stalls).sum::<u64>();
     let stalls_before = stalls();
     let start = Instant::now();
-    let st = gpu.run(&batch, &reqs, a.queue_depth - 1, Duration::from_secs(10)).map_err(err)?;
-    let secs = start.elapsed().as_secs_f64();
+    let launch = gpu.launch_timed(&batch, &reqs, a.queue_depth - 1, Duration::from_secs(10)).map_err(err)?;
+    let (st, kernel) = launch.wait_timed().map_err(err)?;
+    let secs = Timed { kernel: kernel.unwrap_or_default().as_secs_f64(), launch: start.elapsed().as_secs_f64() };
     let mut run = GpuRun { secs, probe, probe_skipped, cq_full: stalls() - stalls_before, null_served: None };
     if let Some(null) = null {
         let reports = match null.stop() {
@@ -218,6 +235,14 @@ fn gpu_runs(gpu: &gpu_io::Gpu, set: &GpuSetup, a: &GpuRateArgs) -> Result<GpuRun
         ));
     }
     Ok(run)
+}
+
+/// Seconds one launch took: its kernel on the GPU (CUDA events), and the
+/// whole launch on the host.
+#[derive(Debug, Clone, Copy)]
+struct Timed {
+    kernel: f64,
+    launch: f64,
 }
 
 /// Logical blocks of `gpu-rate`'s namespaces (4 KiB blocks).
@@ -249,21 +274,27 @@ fn print_rate(r: &GpuRateResult, a: &GpuRateArgs) {
         RateRings::Device => "rings in GPU memory",
     };
     println!(
-        "GPU: {} commands in {:.3} s = {:.2} M commands/s ({} controllers x {} queues of {}, one launch; I/O served by {device}; {rings})",
+        "GPU: {} commands, kernel {:.4} s = {:.2} M commands/s ({} controllers x {} queues of {}, one launch; I/O served by {device}; {rings})",
         r.gpu_commands,
-        r.gpu_seconds,
+        r.gpu_kernel_seconds,
         r.gpu_commands_per_second / 1e6,
         r.drives,
         a.queues_per_drive,
         r.queue_depth
     );
-    match (r.probe_entries_per_second, &r.probe_skipped) {
-        (Some(p), _) => println!(
-            "bare ring probe, same queues and requests: {:.2} M entries/s; protocol/probe = {:.2}",
+    println!(
+        "     whole launch on the host (grouping, slot, kernel, statuses): {:.4} s = {:.2} M commands/s",
+        r.gpu_launch_seconds,
+        r.gpu_launch_commands_per_second / 1e6
+    );
+    match (r.probe_entries_per_second, r.probe_launch_entries_per_second, &r.probe_skipped) {
+        (Some(p), Some(pl), _) => println!(
+            "bare ring probe, same queues and requests: kernel {:.2} M entries/s (whole launch {:.2}); protocol/probe = {:.2}",
             p / 1e6,
+            pl / 1e6,
             r.gpu_commands_per_second / p
         ),
-        (None, why) => println!("bare ring probe: not run ({})", why.as_deref().unwrap_or("")),
+        (_, _, why) => println!("bare ring probe: not run ({})", why.as_deref().unwrap_or("")),
     }
     match r.null_served {
         None => println!("CQ full stalls during the GPU run: {}", r.cq_full_stalls),
@@ -280,17 +311,17 @@ fn print_rate(r: &GpuRateResult, a: &GpuRateArgs) {
 }
 
 /// Times the bare ring probe (`Gpu::run_ring_probe`) over the batch: its
-/// entries per second, or why it could not run (a module without the
-/// probe). A probe request that never completed is an error: the queues
+/// entries per second by kernel time and by whole launch, or why it could
+/// not run (a module without the probe). A probe request that never completed is an error: the queues
 /// would then be unusable for the protocol run after it.
 fn ring_probe(
     gpu: &gpu_io::Gpu,
     batch: &[(&gpu_io::GpuQueue, &gpu_io::GpuRegion)],
     reqs: &[gpu_io::abi::TuttiRequest],
     threads: u32,
-) -> Result<Result<f64, String>, String> {
+) -> Result<Result<(f64, f64), String>, String> {
     let start = Instant::now();
-    let st = match gpu.run_ring_probe(batch, reqs, threads, Duration::from_secs(10)) {
+    let (st, kernel) = match gpu.run_ring_probe(batch, reqs, threads, Duration::from_secs(10)) {
         Ok(st) => st,
         Err(e @ gpu_io::GpuError::NoRingProbe) => return Ok(Err(err(e))),
         Err(e) => return Err(err(e)),
@@ -300,7 +331,8 @@ fn ring_probe(
     if lost > 0 {
         return Err(format!("the ring probe lost {lost} completions"));
     }
-    Ok(Ok(reqs.len() as f64 / secs))
+    let n = reqs.len() as f64;
+    Ok(Ok((n / kernel.as_secs_f64().max(1e-9), n / secs)))
 }
 
 /// One emulated controller of `gpu-rate`, with its GPU mapping and buffer.
