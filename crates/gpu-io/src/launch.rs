@@ -40,8 +40,21 @@ use crate::gpu::{MAX_QUEUES_PER_LAUNCH, MAX_REQUESTS_PER_LAUNCH};
 const POOL_SLOTS: usize = 8;
 /// Slots above this size are freed after use rather than kept.
 const POOL_SLOT_MAX: usize = 16 << 20;
-/// How long [`GpuLaunch::wait`] polls before it sleeps on the event.
+/// How long [`GpuLaunch::wait`] polls before it sleeps on the event, unless
+/// `TUTTI_GPU_WAIT_SPIN_US` says otherwise ([`wait_spin`]).
 const WAIT_SPIN: Duration = Duration::from_micros(20);
+
+/// [`WAIT_SPIN`], or `TUTTI_GPU_WAIT_SPIN_US` (microseconds) when set to a
+/// number: a tuning knob for latency (longer spins) against host CPU.
+fn wait_spin() -> Duration {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        std::env::var("TUTTI_GPU_WAIT_SPIN_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(WAIT_SPIN, Duration::from_micros)
+    })
+}
 /// Smallest slot allocated.
 const SLOT_MIN: usize = 64 << 10;
 
@@ -312,7 +325,7 @@ impl GpuLaunch {
     /// filling the slot) and any wait for earlier launches on its queues.
     pub fn wait_timed(mut self) -> Result<(Vec<GpuStatus>, Option<Duration>), GpuError> {
         // A launch about to end is taken without a sleep and wake-up.
-        let spin_until = Instant::now() + WAIT_SPIN;
+        let spin_until = Instant::now() + wait_spin();
         while !self.done.is_done() && Instant::now() < spin_until {
             std::hint::spin_loop();
         }

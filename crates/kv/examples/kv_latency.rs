@@ -1,7 +1,9 @@
 //! Latency of single operations, CPU execution against GPU execution, on
 //! the built-in four emulated drives (RAM, no timing model): one runtime
-//! read (896 KiB: one `qwen2.5-7b` block of 16 tokens; 128 KiB: one stripe
-//! unit, one command; and 4 KiB), one
+//! read (896 KiB: one `qwen2.5-7b` block of 16 tokens; 512 KiB: four stripe
+//! units, one command per drive; 128 KiB: one stripe unit, one command; and
+//! 4 KiB; with GPU execution also 896 KiB into host memory, which the
+//! emulator moves with a memcpy instead of CUDA copies), one
 //! CRC32C of a block, and tutti-kv gets and puts of 1 and 4 blocks. Each
 //! line is p10 / p50 / p90 over 300 runs after 20 warm-up runs; the GPU
 //! half needs a CUDA GPU (skipped, with a line saying so, without one).
@@ -68,6 +70,8 @@ struct Memory {
     gpu: Option<GpuBuffer>,
     kv: KvMemory,
     rt: MemoryHandle,
+    /// With GPU execution, `host` registered with the runtime too.
+    rt_host: Option<MemoryHandle>,
 }
 
 fn memory(rt: &Arc<Runtime>, kv: &KvStore) -> Result<Memory, String> {
@@ -99,7 +103,13 @@ fn memory(rt: &Arc<Runtime>, kv: &KvStore) -> Result<Memory, String> {
             ),
         }
     };
-    Ok(Memory { host, gpu, kv: kvm, rt: rtm })
+    let rt_host = match &gpu {
+        // SAFETY: as above: `host` lives in the returned value.
+        #[allow(unsafe_code)]
+        Some(_) => Some(unsafe { rt.register_memory(host.as_mut_ptr(), len) }.map_err(|x| e(&x))?),
+        None => None,
+    };
+    Ok(Memory { host, gpu, kv: kvm, rt: rtm, rt_host })
 }
 
 /// The `i`th 32-byte key.
@@ -122,12 +132,17 @@ fn run(rt: &Arc<Runtime>, tag: &str) -> Result<(), String> {
         rt.open("tutti://kv/100").map_err(|e| e.to_string())?,
         rt.open("tutti://kv/101").map_err(|e| e.to_string())?,
     );
-    let read = |target, len: u64| -> Result<(), String> {
-        let op = rt.submit(&[Request::read(target, 0, len, m.rt, 0)]).op().ok_or("read refused")?;
+    let read_into = |target, len: u64, mem: MemoryHandle| -> Result<(), String> {
+        let op = rt.submit(&[Request::read(target, 0, len, mem, 0)]).op().ok_or("read refused")?;
         let st = rt.wait(op, WAIT).map_err(|e| e.to_string())?;
         st[0].is_success().then_some(()).ok_or_else(|| format!("read failed: {:?}", st[0]))
     };
+    let read = |target, len: u64| read_into(target, len, m.rt);
     time(&format!("{tag} runtime read 896 KiB"), || read(t, BLOCK as u64))?;
+    if let Some(h) = m.rt_host {
+        time("gpu runtime read 896 KiB to host", || read_into(t, BLOCK as u64, h))?;
+    }
+    time(&format!("{tag} runtime read 512 KiB"), || read(t4, 512 << 10))?;
     time(&format!("{tag} runtime read 128 KiB"), || read(t4, 128 << 10))?;
     time(&format!("{tag} runtime read 4 KiB"), || read(t4, 4096))?;
     match (rt.gpu(), &m.gpu) {
