@@ -41,8 +41,12 @@ const POOL_SLOTS: usize = 8;
 /// Slots above this size are freed after use rather than kept.
 const POOL_SLOT_MAX: usize = 16 << 20;
 /// How long [`GpuLaunch::wait`] polls before it sleeps on the event, unless
-/// `TUTTI_GPU_WAIT_SPIN_US` says otherwise ([`wait_spin`]).
-const WAIT_SPIN: Duration = Duration::from_micros(20);
+/// `TUTTI_GPU_WAIT_SPIN_US` says otherwise ([`wait_spin`]). Long enough for
+/// a one-block load (a read of up to about 1 MiB and its checksum): a wake
+/// from `cuEventSynchronize` cost about 30 us on the H200 machine (an
+/// 896 KiB GPU read 131 -> 102 us p50 with a 2 ms spin; docs/benchmarks.md,
+/// "Launch waits"), while a long launch spins for at most this once.
+const WAIT_SPIN: Duration = Duration::from_micros(300);
 
 /// [`WAIT_SPIN`], or `TUTTI_GPU_WAIT_SPIN_US` (microseconds) when set to a
 /// number: a tuning knob for latency (longer spins) against host CPU.
@@ -312,8 +316,9 @@ impl GpuLaunch {
 
     /// Waits for the kernel (bounded by the launch's per-command budget)
     /// and returns one status per request, in order. The calling thread
-    /// polls for at most 20 us, then sleeps in the driver (a
-    /// `BLOCKING_SYNC` event): it does not spin a core while the GPU works.
+    /// polls for at most 300 us (`TUTTI_GPU_WAIT_SPIN_US`), then sleeps in
+    /// the driver (a `BLOCKING_SYNC` event): it does not spin a core
+    /// through a long launch.
     pub fn wait(self) -> Result<Vec<GpuStatus>, GpuError> {
         self.wait_timed().map(|(statuses, _)| statuses)
     }
