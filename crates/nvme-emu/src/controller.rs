@@ -452,21 +452,36 @@ impl Controller {
         if self.state != State::Enabled {
             return Ok(work);
         }
+        // The I/O SQs together are one burst: the commands this iteration
+        // fetches from all of them share one fence per memory (one batched
+        // copy call and one fence call per memory, not per SQ: a load whose
+        // commands go round-robin over a drive's queues would otherwise pay
+        // the driver's calls once per queue).
         let io_sqs = if self.config.io_queues_detached { 0 } else { self.active_sqs.len() };
+        let mut r = Ok(());
         for i in 0..io_sqs {
             let Some(&qid) = self.active_sqs.get(i) else {
                 break;
             };
-            work |= self.drain_sq(sh, dma, media, qid, now)?;
+            match self.drain_sq_burst(sh, dma, media, qid, now) {
+                Ok(w) => work |= w,
+                Err(e) => {
+                    r = Err(e);
+                    break;
+                }
+            }
             if self.state != State::Enabled {
                 break;
             }
         }
-        Ok(work)
+        self.end_burst(dma);
+        r.map(|()| work)
     }
 
     /// Reads SQ `qid`'s tail doorbell and executes up to [`BATCH`] commands
     /// (one burst: their asynchronous copies get their fences at the end).
+    /// The admin SQ's; the I/O SQs share one burst per poll iteration
+    /// ([`Controller::poll_enabled`]).
     fn drain_sq(
         &mut self,
         sh: &Shared,

@@ -182,7 +182,8 @@ pub trait PageLocker {
 pub trait HostPin: Send + std::fmt::Debug {}
 
 /// The copies started asynchronously during one burst (the commands one
-/// poll iteration executed from one SQ) and the memories they touch (held,
+/// poll iteration executed from the admin SQ, or from all I/O SQs) and the
+/// memories they touch (held,
 /// so that an unmap cannot release them while a copy runs): one fence per
 /// memory, shared by the burst's commands.
 #[derive(Debug)]

@@ -6,10 +6,11 @@
 //! but its CQE is posted only once a fence recorded after its copies has
 //! completed: a completion still means that the data is there, as on a real
 //! device. The fence is per burst: the commands one poll iteration executes
-//! from one SQ share one fence per memory, made after the last of them
-//! (one fence per memory per burst, not per command: with `gpu-io`, the
-//! burst's copies go in one batched call and the fence is a word the GPU
-//! writes after them, or a CUDA event). The timing model applies on top: a modelled command's due time
+//! from all I/O SQs (or from the admin SQ) share one fence per memory, made
+//! after the last of them (one fence per memory per burst, not per command
+//! or per SQ: with `gpu-io`, the burst's copies go in one batched call and
+//! the fence is a word the GPU writes after them, or a CUDA event). The
+//! timing model applies on top: a modelled command's due time
 //! is fixed at fetch, and its CQE is posted at the later of that time and
 //! the end of its copies.
 //!

@@ -232,6 +232,45 @@ fn commands_of_one_burst_share_one_fence_and_complete_after_it() {
 }
 
 #[test]
+fn commands_fetched_from_two_sqs_in_one_poll_share_one_fence() {
+    let data = pattern(2 * BLOCK, 11);
+    let mem = Gated::new(vec![0; 2 * BLOCK]);
+    let (mut h, mut q1, base) = setup(config("dma-two-sqs"), &mem);
+    let mut q2 = h.create_io(2, 16);
+    h.emu.write_media(1, 0, &data).unwrap();
+    // Both doorbells rung back to back while the controller naps: both
+    // SQs are then drained in one poll iteration, and their commands are
+    // one burst with one fence (before, one fence per SQ). A poll between
+    // the two stores would see them apart, so the round is repeated: one
+    // round with a single fence is enough, and none ever had one before.
+    let mut single = false;
+    for round in 0..5u64 {
+        std::thread::sleep(Duration::from_millis(60));
+        let before = mem.fences.load(Ordering::SeqCst);
+        let started = mem.started.load(Ordering::SeqCst);
+        q1.push(rw(0x02, 1, 0, 1, base, 0));
+        q2.push(rw(0x02, 1, 1, 1, base + BLOCK as u64, 0));
+        ring(&h, &q1);
+        ring(&h, &q2);
+        wait_for(|| (mem.started.load(Ordering::SeqCst) == started + 2).then_some(())).unwrap();
+        // The fences follow the drains: let the iteration end (the gate
+        // stays closed, so nothing else happens meanwhile).
+        std::thread::sleep(Duration::from_millis(20));
+        let fences = mem.fences.load(Ordering::SeqCst) - before;
+        single |= fences == 1;
+        mem.release();
+        assert_eq!(take_cqe(&h, &mut q1).status(), Status::SUCCESS, "round {round}");
+        assert_eq!(take_cqe(&h, &mut q2).status(), Status::SUCCESS, "round {round}");
+        assert_eq!(*mem.data.lock().unwrap(), data, "round {round}");
+        mem.data.lock().unwrap().fill(0);
+        if single {
+            break;
+        }
+    }
+    assert!(single, "the two SQs' commands never shared a fence");
+}
+
+#[test]
 fn a_failed_copy_completes_its_command_with_data_transfer_error() {
     let mem = Gated::new(vec![0; BLOCK]);
     let (h, mut q, base) = setup(config("dma-fail"), &mem);
