@@ -84,6 +84,56 @@ fn task_offsets(items: &[TuttiCrcItem]) -> Result<Vec<u32>, GpuError> {
     Ok(offsets)
 }
 
+/// `(device pointer, length)` ranges as kernel items, or
+/// [`GpuError::Crc32cBadRange`] for one too long or wrapping.
+fn raw_items(ranges: &[(u64, usize)]) -> Result<Vec<TuttiCrcItem>, GpuError> {
+    let mut items = Vec::with_capacity(ranges.len());
+    for (item, &(ptr, len)) in ranges.iter().enumerate() {
+        let len64 = len as u64;
+        if len64 > MAX_CRC32C_LEN || ptr.checked_add(len64).is_none() {
+            return Err(GpuError::Crc32cBadRange { item, ptr, len });
+        }
+        items.push(TuttiCrcItem { ptr, len: len64 });
+    }
+    Ok(items)
+}
+
+/// A checksum launch queued behind another launch
+/// ([`Gpu::crc32c_raw_after`]), until [`PendingCrc32c::wait`]. Dropped
+/// without a wait, it waits for the checksum stream (its scratch must not
+/// be reused while the kernel may run).
+#[derive(Debug)]
+#[must_use = "the checksums are only read by wait()"]
+pub struct PendingCrc32c {
+    gpu: Arc<Gpu>,
+    /// `None` for no ranges, or once waited on.
+    launch: Option<(CrcScratch, CrcLayout)>,
+}
+
+impl PendingCrc32c {
+    /// Waits for the checksum launch (and for everything queued on the
+    /// checksum stream before it) and returns one CRC32C per range, in
+    /// order.
+    ///
+    /// # Errors
+    ///
+    /// [`GpuError::Driver`] when CUDA reports a failure of the stream.
+    pub fn wait(mut self) -> Result<Vec<u32>, GpuError> {
+        match self.launch.take() {
+            Some((scratch, layout)) => self.gpu.finish_crc32c(scratch, &layout),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
+impl Drop for PendingCrc32c {
+    fn drop(&mut self) {
+        if let Some((scratch, layout)) = self.launch.take() {
+            let _ = self.gpu.finish_crc32c(scratch, &layout);
+        }
+    }
+}
+
 /// A CUDA event for timing the kernel; destroyed on drop.
 struct Event {
     raw: sys::CUevent,
@@ -189,14 +239,7 @@ impl Gpu {
     /// [`GpuError::Crc32cBadRange`] for a length above [`MAX_CRC32C_LEN`] or
     /// a range that wraps the address space, otherwise as [`Gpu::crc32c`].
     pub unsafe fn crc32c_raw(&self, ranges: &[(u64, usize)]) -> Result<Vec<u32>, GpuError> {
-        let mut items = Vec::with_capacity(ranges.len());
-        for (item, &(ptr, len)) in ranges.iter().enumerate() {
-            let len64 = len as u64;
-            if len64 > MAX_CRC32C_LEN || ptr.checked_add(len64).is_none() {
-                return Err(GpuError::Crc32cBadRange { item, ptr, len });
-            }
-            items.push(TuttiCrcItem { ptr, len: len64 });
-        }
+        let items = raw_items(ranges)?;
         // SAFETY: forwarded from this function's contract.
         Ok(unsafe { self.run_crc32c(&items, false) }?.0)
     }
@@ -219,23 +262,99 @@ impl Gpu {
         if items.is_empty() {
             return Ok((Vec::new(), Duration::ZERO));
         }
-        let offsets = task_offsets(items)?;
-        let layout = CrcLayout::new(items.len(), offsets[items.len()] as usize);
         let events = if timed { Some((Event::new(&self.ctx)?, Event::new(&self.ctx)?)) } else { None };
-        let mut scratch = self.crc_scratch.take(self, &layout)?;
-        // SAFETY: the items' memory is readable (this function's contract).
-        let r = unsafe { self.crc_launch(&mut scratch, &layout, items, &offsets, events.as_ref()) };
-        // Whatever was queued has ended before the scratch is reused.
-        let synced = self.crc_stream.sync();
-        let out = if r.is_ok() && synced.is_ok() { scratch.results(&layout) } else { Vec::new() };
-        self.crc_scratch.give(scratch, &self.quiet);
-        r?;
-        synced?;
+        // SAFETY: forwarded from this function's contract; no event to wait for.
+        let (scratch, layout) = unsafe { self.start_crc32c(items, events.as_ref(), None) }?;
+        let out = self.finish_crc32c(scratch, &layout)?;
         let took = match &events {
             Some((start, end)) => start.until(end)?,
             None => Duration::ZERO,
         };
         Ok((out, took))
+    }
+
+    /// Takes a scratch and queues one checksum launch over `items` on the
+    /// checksum stream, behind the event `after` when given. On an error
+    /// the stream has been synchronised and the scratch returned.
+    ///
+    /// # Safety
+    ///
+    /// As [`Gpu::run_crc32c`], until [`Gpu::finish_crc32c`] has returned;
+    /// `after`, if given, is a live event of this context.
+    unsafe fn start_crc32c(
+        &self,
+        items: &[TuttiCrcItem],
+        events: Option<&(Event, Event)>,
+        after: Option<sys::CUevent>,
+    ) -> Result<(CrcScratch, CrcLayout), GpuError> {
+        let offsets = task_offsets(items)?;
+        let layout = CrcLayout::new(items.len(), offsets[items.len()] as usize);
+        let mut scratch = self.crc_scratch.take(self, &layout)?;
+        let r = match after {
+            Some(ev) => self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent")).and_then(|()| {
+                // SAFETY: a live stream and, by this function's contract, a
+                // live event of this context.
+                unsafe { sys::cuStreamWaitEvent(self.crc_stream.raw, ev, 0) }
+                    .result()
+                    .map_err(drv("cuStreamWaitEvent"))
+            }),
+            None => Ok(()),
+        };
+        // SAFETY: the items' memory is readable (this function's contract).
+        let r = r.and_then(|()| unsafe { self.crc_launch(&mut scratch, &layout, items, &offsets, events) });
+        if let Err(e) = r {
+            // Whatever was queued has ended before the scratch is reused.
+            let _ = self.crc_stream.sync();
+            self.crc_scratch.give(scratch, &self.quiet);
+            return Err(e);
+        }
+        Ok((scratch, layout))
+    }
+
+    /// Waits for the checksum stream (every launch queued on it so far),
+    /// reads the results of the launch that used `scratch` and returns the
+    /// scratch to the pool.
+    fn finish_crc32c(&self, scratch: CrcScratch, layout: &CrcLayout) -> Result<Vec<u32>, GpuError> {
+        // Whatever was queued has ended before the scratch is reused.
+        let synced = self.crc_stream.sync();
+        let out = if synced.is_ok() { scratch.results(layout) } else { Vec::new() };
+        self.crc_scratch.give(scratch, &self.quiet);
+        synced.map(|()| out)
+    }
+
+    /// As [`Gpu::crc32c_raw`], without waiting: the launch is queued on the
+    /// checksum stream behind `after`, the end event of another launch of
+    /// this GPU (for example [`GpuLaunch::event`](crate::GpuLaunch::event)
+    /// of the load that fills the ranges), so the checksum starts on the
+    /// GPU as soon as that launch ends, with no host round trip in between.
+    /// [`PendingCrc32c::wait`] returns the checksums.
+    ///
+    /// The checksum stream then waits for that event: the event's stream
+    /// must never wait for work queued later on the checksum stream, and
+    /// the launch behind the event must end (an I/O launch always does,
+    /// within its budget).
+    ///
+    /// # Safety
+    ///
+    /// As [`Gpu::crc32c_raw`], until the returned value has been waited on
+    /// or dropped; `after` must be a live `CUevent` of this `Gpu`'s context
+    /// (recorded or not) when this is called.
+    ///
+    /// # Errors
+    ///
+    /// As [`Gpu::crc32c_raw`].
+    pub unsafe fn crc32c_raw_after(
+        self: &Arc<Self>,
+        ranges: &[(u64, usize)],
+        after: u64,
+    ) -> Result<PendingCrc32c, GpuError> {
+        let items = raw_items(ranges)?;
+        if items.is_empty() {
+            return Ok(PendingCrc32c { gpu: self.clone(), launch: None });
+        }
+        // SAFETY: forwarded from this function's contract.
+        let launch = unsafe { self.start_crc32c(&items, None, Some(after as sys::CUevent)) }?;
+        Ok(PendingCrc32c { gpu: self.clone(), launch: Some(launch) })
     }
 
     /// Writes the launch's inputs into the scratch's pinned host memory and

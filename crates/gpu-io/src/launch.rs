@@ -490,7 +490,8 @@ impl Gpu {
         budget: Duration,
     ) -> Result<(Vec<GpuStatus>, Duration), GpuError> {
         let func = self.probe_func.ok_or(GpuError::NoRingProbe)?;
-        let launch = self.launch_with(func, queues, requests, threads_per_queue, budget, self.quiet.io.raw, true)?;
+        let launch =
+            self.launch_with(func, queues, requests, threads_per_queue, budget, self.quiet.io.raw, true)?;
         let (statuses, kernel) = launch.wait_timed()?;
         Ok((statuses, kernel.unwrap_or_default()))
     }
@@ -547,7 +548,14 @@ impl Gpu {
         for q in queues {
             q.expect_doorbells();
         }
-        Ok(GpuLaunch { slot: Some(slot), layout, done, started, pool: self.slots.clone(), quiet: self.quiet.clone() })
+        Ok(GpuLaunch {
+            slot: Some(slot),
+            layout,
+            done,
+            started,
+            pool: self.slots.clone(),
+            quiet: self.quiet.clone(),
+        })
     }
 
     /// The driver calls of a launch, in stream order: waits for earlier

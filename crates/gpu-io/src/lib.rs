@@ -38,7 +38,7 @@ mod null_ctrl;
 pub mod ptx;
 mod reap_model;
 
-pub use crc32c::{GpuRange, CRC32C_CHUNK_BYTES, MAX_CRC32C_LEN, MAX_CRC32C_TASKS};
+pub use crc32c::{GpuRange, PendingCrc32c, CRC32C_CHUNK_BYTES, MAX_CRC32C_LEN, MAX_CRC32C_TASKS};
 pub use gpu::{
     Gpu, GpuBuffer, GpuDrive, GpuError, GpuQueue, GpuQueueCounters, GpuRegion, GpuStatus,
     MAX_QUEUES_PER_LAUNCH, MAX_REQUESTS_PER_LAUNCH,

@@ -70,6 +70,89 @@ fn commit_rounds_flush_gpu_executed_drives_with_a_write_cache() {
     }
 }
 
+/// A payload byte flipped on the media: the get into GPU memory (whose
+/// checksum kernel is queued behind the load's kernel) reports a mismatch
+/// with the stored and the computed CRC, and the CPU's CRC of the bytes
+/// that arrived is the computed one.
+#[test]
+fn a_flipped_payload_byte_loaded_into_gpu_memory_is_a_checksum_mismatch() {
+    let Some(rt) = gpu_runtime(1) else { return };
+    let gpu = rt.gpu().expect("a GPU runtime has a GPU").clone();
+    let kv = KvStore::open(rt.clone(), &OpenOptions::new("kv")).unwrap();
+    let buf = GpuBuffer::zeroed(&gpu, OBJ).unwrap();
+    let mut data = vec![0u8; OBJ];
+    fill(&mut data, 77, 1);
+    buf.copy_in(0, &data).unwrap();
+    // SAFETY: `buf` outlives the registration and is written only by the
+    // store's I/O while registered.
+    #[allow(unsafe_code)]
+    let m = unsafe { kv.register_gpu(buf.device_ptr(), OBJ).unwrap() };
+    let v = Value { memory: &m, offset: 0, len: OBJ as u64 };
+    assert_eq!(kv.put_sync(&[Put { key: key(77), value: v }], T).unwrap(), vec![ItemStatus::Ok]);
+    // The payload on the one drive: the 4 KiB-aligned block that starts
+    // with its first bytes (the pattern does not repeat).
+    let emu = rt.emulator(&rt.drive_names()[0]).unwrap();
+    let mut media = vec![0u8; 64 << 20];
+    emu.read_media(1, 0, &mut media).unwrap();
+    let at = (0..media.len() / 4096)
+        .map(|b| b * 4096)
+        .find(|&o| media[o..o + 4096] == data[..4096])
+        .expect("the payload is on the media");
+    let flip = at + OBJ / 2 + 3;
+    emu.write_media(1, flip as u64, &[media[flip] ^ 0x10]).unwrap();
+    buf.copy_in(0, &vec![0u8; OBJ]).unwrap();
+    let st = kv.get_sync(&[Get { key: key(77), into: v }], T).unwrap();
+    let mut back = vec![0u8; OBJ];
+    buf.copy_out(0, &mut back).unwrap();
+    assert_eq!(back[OBJ / 2 + 3], data[OBJ / 2 + 3] ^ 0x10, "the flipped byte arrived");
+    let want =
+        ItemStatus::ChecksumMismatch { stored: crc32c::crc32c(&data), computed: crc32c::crc32c(&back) };
+    assert_eq!(st, vec![want]);
+    kv.unregister(m).unwrap();
+}
+
+/// A get into GPU memory dropped without a wait (its checksum queued behind
+/// its load): the store lets the memory go once the load has ended, and
+/// the next get of the same object is a verified hit.
+#[test]
+fn a_dropped_get_into_gpu_memory_releases_it_after_its_load() {
+    let Some(rt) = gpu_runtime(2) else { return };
+    let gpu = rt.gpu().expect("a GPU runtime has a GPU").clone();
+    let kv = KvStore::open(rt.clone(), &OpenOptions::new("kv")).unwrap();
+    let (src, dst) = (GpuBuffer::zeroed(&gpu, OBJ).unwrap(), GpuBuffer::zeroed(&gpu, OBJ).unwrap());
+    let mut data = vec![0u8; OBJ];
+    fill(&mut data, 5, 2);
+    src.copy_in(0, &data).unwrap();
+    // SAFETY: both buffers outlive their registrations.
+    #[allow(unsafe_code)]
+    let (ms, md) = unsafe {
+        (kv.register_gpu(src.device_ptr(), OBJ).unwrap(), kv.register_gpu(dst.device_ptr(), OBJ).unwrap())
+    };
+    let put = Put { key: key(5), value: Value { memory: &ms, offset: 0, len: OBJ as u64 } };
+    assert_eq!(kv.put_sync(&[put], T).unwrap(), vec![ItemStatus::Ok]);
+    let get = Get { key: key(5), into: Value { memory: &md, offset: 0, len: OBJ as u64 } };
+    drop(kv.get(&[get]).unwrap());
+    let st = kv.get_sync(&[get], T).unwrap();
+    assert_eq!(st, vec![ItemStatus::Hit { len: OBJ as u64 }]);
+    let mut back = vec![0u8; OBJ];
+    dst.copy_out(0, &mut back).unwrap();
+    assert!(back == data);
+    // The orphan's load has ended: its memory is free within the bound.
+    let end = std::time::Instant::now() + BOUND;
+    let mut md = Some(md);
+    while let Some(m) = md.take() {
+        match kv.unregister(m) {
+            Ok(()) => {}
+            Err(tutti_kv::KvError::MemoryInUse) if std::time::Instant::now() < end => {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                md = Some(m);
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    kv.unregister(ms).unwrap();
+}
+
 /// Puts 8 objects from GPU memory, gets them back into GPU and host memory.
 fn round_trip(rt: Arc<Runtime>) {
     let gpu = rt.gpu().expect("a GPU runtime has a GPU").clone();

@@ -210,7 +210,8 @@ fn gpu_runs(gpu: &gpu_io::Gpu, set: &GpuSetup, a: &GpuRateArgs) -> Result<GpuRun
     let start = Instant::now();
     let launch = gpu.launch_timed(&batch, &reqs, a.queue_depth - 1, Duration::from_secs(10)).map_err(err)?;
     let (st, kernel) = launch.wait_timed().map_err(err)?;
-    let secs = Timed { kernel: kernel.unwrap_or_default().as_secs_f64(), launch: start.elapsed().as_secs_f64() };
+    let secs =
+        Timed { kernel: kernel.unwrap_or_default().as_secs_f64(), launch: start.elapsed().as_secs_f64() };
     let mut run = GpuRun { secs, probe, probe_skipped, cq_full: stalls() - stalls_before, null_served: None };
     if let Some(null) = null {
         let reports = match null.stop() {
