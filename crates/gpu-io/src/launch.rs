@@ -40,24 +40,35 @@ use crate::gpu::{MAX_QUEUES_PER_LAUNCH, MAX_REQUESTS_PER_LAUNCH};
 const POOL_SLOTS: usize = 8;
 /// Slots above this size are freed after use rather than kept.
 const POOL_SLOT_MAX: usize = 16 << 20;
-/// How long [`GpuLaunch::wait`] polls before it sleeps on the event, unless
-/// `TUTTI_GPU_WAIT_SPIN_US` says otherwise ([`wait_spin`]). Long enough for
-/// a one-block load (a read of up to about 1 MiB and its checksum): a wake
-/// from `cuEventSynchronize` cost about 30 us on the H200 machine (an
-/// 896 KiB GPU read 131 -> 102 us p50 with a 2 ms spin; docs/benchmarks.md,
-/// "Launch waits"), while a long launch spins for at most this once.
+/// How long [`GpuLaunch::wait`] polls before it sleeps on the event, for a
+/// launch of at most [`SHORT_LAUNCH_BYTES`] ([`wait_spin`]). Long enough
+/// for a load of a few blocks (reads of up to a few MiB): a wake from
+/// `cuEventSynchronize` cost about 30 us on the H200 machine (an 896 KiB
+/// GPU read 131 -> 102 us p50 with a 2 ms spin; docs/benchmarks.md,
+/// "Launch waits").
 const WAIT_SPIN: Duration = Duration::from_micros(300);
 
-/// [`WAIT_SPIN`], or `TUTTI_GPU_WAIT_SPIN_US` (microseconds) when set to a
-/// number: a tuning knob for latency (longer spins) against host CPU.
-fn wait_spin() -> Duration {
-    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| {
+/// How long the wait polls for a larger launch, which runs for
+/// milliseconds: a short poll, then the sleep (its wake costs little
+/// against the launch, and the host CPU stays free).
+const WAIT_SPIN_LONG: Duration = Duration::from_micros(20);
+
+/// Launches that move at most this many bytes poll for [`WAIT_SPIN`].
+const SHORT_LAUNCH_BYTES: u64 = 8 << 20;
+
+/// How long to poll before sleeping, for a launch that moves `bytes`:
+/// `TUTTI_GPU_WAIT_SPIN_US` (microseconds, any launch) when set to a
+/// number, a tuning knob for latency against host CPU; otherwise
+/// [`WAIT_SPIN`] up to [`SHORT_LAUNCH_BYTES`] and [`WAIT_SPIN_LONG`] above.
+fn wait_spin(bytes: u64) -> Duration {
+    static SPIN: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    let set = *SPIN.get_or_init(|| {
         std::env::var("TUTTI_GPU_WAIT_SPIN_US")
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
-            .map_or(WAIT_SPIN, Duration::from_micros)
-    })
+            .map(Duration::from_micros)
+    });
+    set.unwrap_or(if bytes <= SHORT_LAUNCH_BYTES { WAIT_SPIN } else { WAIT_SPIN_LONG })
 }
 /// Smallest slot allocated.
 const SLOT_MIN: usize = 64 << 10;
@@ -292,6 +303,8 @@ pub struct GpuLaunch {
     /// `None` once waited on (back in the pool).
     slot: Option<LaunchSlot>,
     layout: Layout,
+    /// Bytes the launch's requests move (sets the wait's poll).
+    bytes: u64,
     done: Arc<KernelEvent>,
     /// Recorded just before the kernel, for a timed launch.
     started: Option<KernelEvent>,
@@ -316,7 +329,8 @@ impl GpuLaunch {
 
     /// Waits for the kernel (bounded by the launch's per-command budget)
     /// and returns one status per request, in order. The calling thread
-    /// polls for at most 300 us (`TUTTI_GPU_WAIT_SPIN_US`), then sleeps in
+    /// polls for at most 300 us (launches of up to 8 MiB; 20 us for larger
+    /// ones; `TUTTI_GPU_WAIT_SPIN_US` sets another bound), then sleeps in
     /// the driver (a `BLOCKING_SYNC` event): it does not spin a core
     /// through a long launch.
     pub fn wait(self) -> Result<Vec<GpuStatus>, GpuError> {
@@ -330,7 +344,7 @@ impl GpuLaunch {
     /// filling the slot) and any wait for earlier launches on its queues.
     pub fn wait_timed(mut self) -> Result<(Vec<GpuStatus>, Option<Duration>), GpuError> {
         // A launch about to end is taken without a sleep and wake-up.
-        let spin_until = Instant::now() + wait_spin();
+        let spin_until = Instant::now() + wait_spin(self.bytes);
         while !self.done.is_done() && Instant::now() < spin_until {
             std::hint::spin_loop();
         }
@@ -548,9 +562,11 @@ impl Gpu {
         for q in queues {
             q.expect_doorbells();
         }
+        let bytes = input.requests.iter().map(|r| u64::from(r.len)).sum();
         Ok(GpuLaunch {
             slot: Some(slot),
             layout,
+            bytes,
             done,
             started,
             pool: self.slots.clone(),
