@@ -9,10 +9,9 @@
 #                              committed PTX differs (stale or hand-edited)
 set -euo pipefail
 cd "$(dirname "$0")"
-# compute_75 (Turing): the oldest target CUDA 13 still accepts; the kernel needs
-# sm_70 or later for independent thread scheduling (the
-# per-queue lock is taken by threads of one warp) and %globaltimer. The
-# driver JIT-compiles it for the GPU at hand (sm_90 on an H200).
+# compute_75 (Turing): the oldest target CUDA 13 still accepts; the kernels
+# need sm_70 or later for __nanosleep and %globaltimer. The driver
+# JIT-compiles them for the GPU at hand (sm_90 on an H200).
 ARCH=${ARCH:-compute_75}
 build() {
     local src=$1 out=$2

@@ -1,19 +1,18 @@
 // tutti_io.cu: GPU threads submit NVMe commands and poll their completions
-// themselves: build the 64-byte SQE, reserve an SQ slot, publish the SQ tail
+// themselves: build the 64-byte SQE, take an SQ slot, publish the SQ tail
 // in order behind a system-scope fence, ring the doorbell with one 32-bit
 // store, and poll the CQ by phase tag with a %globaltimer budget.
 //
-// Work is shared per warp: the lanes that wait together reserve their
-// tickets with one atomicAdd and try each of the queue's two locks once:
-// holding the publication lock, the group's leader publishes the SQ tail;
-// holding the reap lock, the group reaps cooperatively (publication never
-// waits behind a reaper's round trip to the CQ): each lane tests one CQ
-// slot, so a warp consumes up
-// to 32 posted CQEs per PCIe round trip, delivers each to the thread
-// waiting on its CID (dropping unknown, duplicate and late ones), and
-// writes the CQ head doorbell once per burst, before handing the burst's
-// completions out. crates/gpu-io/src/reap_model.rs models the reaping lane
-// for lane on the CPU (tested in CI): keep the two in step.
+// One block serves one queue pair for the whole launch and owns its state
+// (in shared memory; no locks). Its threads work in lockstep rounds: the
+// threads with a command ready take consecutive SQ slots and write their
+// SQEs, one thread publishes them all with one SQ doorbell store; then
+// each thread tests one CQ slot, so the block consumes up to blockDim.x
+// posted CQEs per PCIe round trip, delivers each to the thread waiting on
+// its CID (dropping unknown, duplicate and late ones) and returns them
+// with one CQ head doorbell store. crates/gpu-io/src/reap_model.rs models
+// the reaping thread for thread on the CPU (tested in CI): keep the two in
+// step.
 //
 // Queue memory (SQ, CQ) and doorbells live in host memory mapped into the
 // GPU (the emulator's queues and register page), or, on real hardware, in
@@ -24,8 +23,7 @@
 // Built to PTX by kernels/build.sh (nvcc -arch=compute_75 -ptx); the PTX is
 // committed so CI machines need no CUDA toolkit. Oldest architecture the PTX
 // targets: sm_75 (Turing; CUDA 13 dropped Volta). The code itself needs
-// sm_70+ for independent thread scheduling (a per-queue
-// lock taken by threads of one warp) and %globaltimer.
+// sm_70+ for __nanosleep and %globaltimer.
 //
 // ABI shared with crates/gpu-io/src/abi.rs: keep the two in sync (sizes are
 // checked there).
@@ -51,11 +49,12 @@ struct TuttiQueue {
     uint32_t _pad;
 };
 
-// Per-queue mutable state in device memory (initialised by the host).
-// Counters are monotonic (mod 2^32); ring index = counter % size.
-// Tickets are 64-bit so that `ticket % size` never jumps at a wrap.
+// Per-queue mutable state in device memory (initialised by the host), read
+// by the block that serves the queue at the start of a launch and written
+// back at its end. Counters are monotonic (mod 2^32); ring index = counter
+// % size. They are 64-bit so that `counter % size` never jumps at a wrap.
 struct TuttiQueueState {
-    uint32_t lock;                 // lock guarding publication (published, the SQ tail)
+    uint32_t lock;                 // unused (zero): one block owns the queue
     uint32_t cid_next;             // next CID to try (mod 65536)
     unsigned long long reserve;    // next SQ ticket to hand out
     unsigned long long published;  // tickets published to the controller (SQ tail)
@@ -65,12 +64,13 @@ struct TuttiQueueState {
     uint32_t stale;                // CQEs whose CID matched no waiting command
     uint32_t bad_sqid;             // CQEs naming another SQ
     uint32_t bad_sqhd;             // CQEs whose SQHD lies outside [sq_head, tail]
-    uint32_t reap_lock;            // lock guarding reaping (cq_head, phase, sq_head, counters)
+    uint32_t reap_lock;            // unused (zero)
     uint32_t _pad;
-    // followed by: uint32_t ready[size]; uint32_t done[65536] (by CID).
+    // followed by: uint32_t ready[size] (unused); uint32_t done[65536] (by CID).
 };
 
-// done[cid]: 0 = free; WAITING = a submitted command waits for it;
+// done[cid]: 0 = free; CLAIMED (below) = a thread holds it for a command
+// not yet submitted; WAITING = a submitted command waits for it;
 // ABANDONED = its command timed out and the drive may still complete it (the
 // CID stays out of use until that late CQE comes, or the queue is
 // recreated); anything else = its completion: status field (31:17) |
@@ -153,110 +153,50 @@ __device__ __forceinline__ void store_volatile_v4(uint32_t* p, uint32_t a, uint3
                  : "memory");
 }
 
-// Try-lock: a thread that finds the lock taken skips the work, because the
-// holder publishes and reaps for every thread of the queue, and every waiter
-// retries on its next poll.
-__device__ __forceinline__ bool try_lock(uint32_t* l) {
-    if (atomicCAS(l, 0u, 1u) != 0u) {
-        return false;
-    }
-    // Acquire: what the previous holder wrote is visible.
-    __threadfence();
-    return true;
-}
+// done[cid] while a thread holds a CID whose command is not submitted yet
+// (it waits for an SQ slot): a CQE naming it is dropped as stale, never
+// taken for the command (WAITING is stored just before the SQE is
+// written, so before any doorbell covers it).
+#define CLAIMED 3u
 
-__device__ __forceinline__ void unlock(uint32_t* l) {
-    __threadfence();
-    atomicExch(l, 0u);
-}
-
-__device__ __forceinline__ uint32_t lane_id() {
-    uint32_t l;
-    asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
-    return l;
-}
-
-// Position of this lane among the lanes of `mask` below it (0-based).
-__device__ __forceinline__ uint32_t rank_in(uint32_t mask) {
-    return __popc(mask & ((1u << lane_id()) - 1u));
-}
-
-// The lanes of this warp that execute this call together (the "group").
-// Every warp-cooperative step below starts from one such mask and then keeps
-// control flow uniform across it (decisions are broadcast from the group's
-// leader, its lowest lane), so every lane of the mask reaches each *_sync.
-// Requires sm_70+ independent thread scheduling.
-struct Group {
-    uint32_t mask;
-    uint32_t leader;  // lowest lane of mask
-    uint32_t rank;    // this lane's position in mask
-    uint32_t n;       // lanes in mask
+// The queue's state while one block serves it (shared memory). A queue is
+// served by one block of one launch at a time (a launch lists a queue
+// once; launches on a queue are ordered by the host), so the block owns
+// it: no locks; the block's threads take turns in lockstep rounds
+// separated by barriers.
+struct BlockQueue {
+    unsigned long long tail;     // SQ entries published (monotonic)
+    unsigned long long head;     // CQ entries consumed (monotonic)
+    unsigned long long sq_head;  // SQ entries the controller has fetched (SQHD)
+    uint32_t phase;              // phase tag expected at head
+    uint32_t cid_next;           // next CID to try
+    uint32_t stale;              // CQEs dropped (unknown, duplicate, late, foreign)
+    uint32_t bad_sqid;           // CQEs naming another SQ
+    uint32_t bad_sqhd;           // CQEs whose SQHD lay outside [sq_head, tail]
+    uint32_t want;               // threads asking for an SQ slot this round
+    uint32_t gap;                // first CQ slot of this round's window not posted
+    uint32_t ahead;              // furthest valid SQHD this round, entries past sq_head
 };
 
-__device__ __forceinline__ Group group_here() {
-    Group g;
-    g.mask = __activemask();
-    g.leader = __ffs(g.mask) - 1u;
-    g.rank = rank_in(g.mask);
-    g.n = __popc(g.mask);
-    return g;
-}
-
-// The leader tries the queue lock for the whole group; every lane learns the
-// outcome.
-__device__ __forceinline__ bool group_try_lock(const Group& g, uint32_t* l) {
-    uint32_t got = 0;
-    if (lane_id() == g.leader) {
-        got = try_lock(l) ? 1u : 0u;
-    }
-    return __shfl_sync(g.mask, got, g.leader) != 0u;
-}
-
-// Publishes every contiguous filled slot from `published` on and rings the
-// SQ tail doorbell once. Caller holds the publication lock. The tail only moves forward,
-// and only over slots whose SQE stores are complete.
-__device__ void publish(const TuttiQueue& q, TuttiQueueState* st, uint32_t* ready) {
-    unsigned long long p = st->published;
-    unsigned long long start = p;
-    while (load_volatile(&ready[p % q.size]) == (uint32_t)(p + 1u)) {
-        p++;
-    }
-    if (p != start) {
-        // The new tail first (reapers, under the other lock, read it after
-        // the CQEs it makes valid), then a fence that orders the SQE stores
-        // (made visible by their writers' fences) and this thread's view
-        // before the doorbell store, system-wide.
-        store_volatile_u64(&st->published, p);
-        __threadfence_system();
-        store_volatile((uint32_t*)q.sq_doorbell, (uint32_t)(p % q.size));
-    }
-}
-
-// What one pass of warp_reap found, summed over the group.
-struct ReapTally {
-    uint32_t stale;     // CQEs dropped: unknown, duplicate or late CID, or another SQ's
-    uint32_t bad_sqid;  // CQEs naming another SQ
-    uint32_t bad_sqhd;  // CQEs whose SQHD lies outside [sq_head, published]
-    uint32_t ahead;     // furthest valid SQHD, in entries past sq_head
-};
-
-// One lane's CQE (its phase tag as expected, its body read): checks its
-// SQID and SQHD, and hands its completion to the command waiting on its CID.
-// Sets `ok_sqhd` when its SQHD is valid, with the distance in `ahead`.
-__device__ __forceinline__ void take_cqe(const TuttiQueue& q, uint32_t dw2, uint32_t dw3, unsigned long long sq_head,
-                                         unsigned long long published, uint32_t* done, uint32_t& stale,
-                                         uint32_t& bad_sqid, uint32_t& ok_sqhd, uint32_t& ahead) {
+// One lane's CQE (its phase tag as expected): checks its SQID and SQHD
+// and hands its completion to the command waiting on its CID.
+__device__ __forceinline__ void take_cqe(const TuttiQueue& q, BlockQueue& s, uint32_t* done, uint32_t dw2,
+                                         uint32_t dw3) {
     if ((dw2 >> 16) != q.qid) {
         // Not this SQ's: neither its SQHD nor its CID mean anything here.
-        bad_sqid = 1;
-        stale = 1;
+        atomicAdd(&s.bad_sqid, 1u);
+        atomicAdd(&s.stale, 1u);
         return;
     }
     // SQ head from SQHD (NVMe Base 2.0 4.2.1): the controller has fetched
-    // every entry before it. It must lie in [sq_head, published].
+    // every entry before it. It must lie in [sq_head, tail].
     uint32_t sqhd = dw2 & 0xFFFFu;
-    ahead = (sqhd + q.size - (uint32_t)(sq_head % q.size)) % q.size;
-    ok_sqhd = (sqhd < q.size && sq_head + ahead <= published) ? 1u : 0u;
+    uint32_t ahead = (sqhd + q.size - (uint32_t)(s.sq_head % q.size)) % q.size;
+    if (sqhd < q.size && s.sq_head + ahead <= s.tail) {
+        atomicMax(&s.ahead, ahead);
+    } else {
+        atomicAdd(&s.bad_sqhd, 1u);
+    }
     uint32_t cid = dw3 & 0xFFFFu;
     uint32_t value = (dw3 & 0xFFFE0000u) | 0x10000u | cid;
     // Only a command that waits for this CID takes it; an unknown,
@@ -264,249 +204,204 @@ __device__ __forceinline__ void take_cqe(const TuttiQueue& q, uint32_t dw2, uint
     // late one frees its CID: the drive has given it back.
     uint32_t was = atomicCAS(&done[cid], WAITING, value);
     if (was != WAITING) {
-        stale = 1;
+        atomicAdd(&s.stale, 1u);
         if (was == ABANDONED) {
             atomicCAS(&done[cid], ABANDONED, 0u);
         }
     }
 }
 
-// One pass over up to g.n CQ slots from `head`: lane of rank r tests slot
-// head + r. The group takes the run of posted entries (phase tag as
-// expected) from the first on, releases their slots with one CQ head
-// doorbell, then each lane delivers its own; returns how many it took.
-// `window` caps the slots tested (so no slot is tested twice in one pass
-// when the CQ has fewer entries than the group has lanes).
-__device__ uint32_t reap_pass(const Group& g, const TuttiQueue& q, unsigned long long head, uint32_t phase,
-                              uint32_t window, unsigned long long sq_head, const TuttiQueueState* st,
-                              uint32_t* done, ReapTally& t) {
-    uint32_t slot = (uint32_t)(head % q.size) + g.rank;
-    uint32_t expected = slot >= q.size ? (phase ^ 1u) : phase;  // window <= size: at most one wrap
-    slot %= q.size;
-    const uint32_t* cqe = (const uint32_t*)(q.cq + (uint64_t)slot * 16u);
-    uint32_t dw3 = 0, dw2 = 0;
+// One reaping pass of the block: thread t < window tests CQ slot head + t
+// (DW2|DW3 in one 8-byte acquire load); the block takes the run of posted
+// entries before the first gap (entries are posted in order; a slot after
+// a gap may have been written after the gap was read) and delivers each.
+// Returns how many it took; thread 0 then writes the CQ head doorbell once.
+// crates/gpu-io/src/reap_model.rs models this pass on the CPU (tested in
+// CI): keep the two in step.
+__device__ uint32_t block_reap(const TuttiQueue& q, BlockQueue& s, uint32_t* done, uint32_t window) {
+    uint32_t t = threadIdx.x;
+    uint32_t dw2 = 0, dw3 = 0;
     bool posted = false;
-    if (g.rank < window) {
-        // DW2 and DW3 together (one 8-byte acquire load; see
-        // load_acquire_sys_u64), the body used only with a posted tag.
+    if (t < window) {
+        uint32_t pos = (uint32_t)(s.head % q.size) + t;
+        uint32_t expected = pos >= q.size ? (s.phase ^ 1u) : s.phase;  // window <= size: one wrap at most
+        const uint32_t* cqe = (const uint32_t*)(q.cq + (uint64_t)(pos % q.size) * 16u);
         unsigned long long d = load_acquire_sys_u64(cqe + 2);
         dw3 = (uint32_t)(d >> 32);
+        dw2 = (uint32_t)d;
         posted = ((dw3 >> 16) & 1u) == expected;
-        if (posted) {
-            dw2 = (uint32_t)d;
+        if (!posted) {
+            atomicMin(&s.gap, t);
         }
     }
-    uint32_t gaps = g.mask & ~__ballot_sync(g.mask, posted);
-    // Entries are posted in order: only the run before the first gap counts
-    // (a slot after a gap may have been written after the gap was read).
-    uint32_t take = gaps ? __popc(g.mask & ((1u << (__ffs(gaps) - 1u)) - 1u)) : g.n;
-    // Every body taken has been read (the ballot consumes dw2) before the
-    // doorbell gives the slots back to the controller.
-    uint32_t foreign = __ballot_sync(g.mask, g.rank < take && (dw2 >> 16) != q.qid);
-    // Every lane's reads of its CQE are performed before the leader's
-    // doorbell store gives the slots back (memory ordering among the
-    // group's lanes, then a system-scope fence before the store).
-    __syncwarp(g.mask);
-    // The SQ tail, read after the entries (publication runs under the other
-    // lock and stores it before ringing the doorbell): every valid SQHD in
-    // them lies at or below it.
-    unsigned long long published = 0;
-    if (lane_id() == g.leader) {
-        published = load_volatile_u64(&st->published);
+    __syncthreads();
+    uint32_t take = s.gap;
+    if (t < take) {
+        take_cqe(q, s, done, dw2, dw3);
     }
-    published = __shfl_sync(g.mask, published, g.leader);
-    if (take != 0u && lane_id() == g.leader) {
-        // Released before the completions are handed out, so a waiter that
-        // submits again at once always finds a free CQ slot for its command.
-        __threadfence_system();
-        store_volatile((uint32_t*)q.cq_doorbell, (uint32_t)((head + take) % q.size));
-        __threadfence_system();
-    }
-    __syncwarp(g.mask);
-    uint32_t stale = 0, bad_sqid = 0, ok_sqhd = 0, ahead = 0;
-    if (g.rank < take) {
-        take_cqe(q, dw2, dw3, sq_head, published, done, stale, bad_sqid, ok_sqhd, ahead);
-    }
-    t.stale += __popc(__ballot_sync(g.mask, stale != 0u));
-    t.bad_sqid += __popc(foreign);
-    uint32_t good = __ballot_sync(g.mask, ok_sqhd != 0u);
-    uint32_t checked = __ballot_sync(g.mask, g.rank < take) & ~foreign;
-    t.bad_sqhd += __popc(checked & ~good);
-    // The furthest valid SQHD (entries are fetched in order, so the largest
-    // distance is the newest head).
-    for (uint32_t b = good; b != 0u; b &= b - 1u) {
-        uint32_t a = __shfl_sync(g.mask, ahead, __ffs(b) - 1u);
-        t.ahead = max(t.ahead, a);
-    }
+    // Every CQE taken has been read before the doorbell gives its slot
+    // back (the barrier, then a system-scope fence before the store).
+    __syncthreads();
     return take;
 }
 
-// Warp-cooperative reaping: the group consumes every posted CQE at the
-// head, up to g.n slots per PCIe round trip (one CQ head doorbell per
-// pass), hands each completion to the command waiting on its CID, and the
-// leader writes the state once. The caller's group holds the reap lock.
-__device__ void warp_reap(const Group& g, const TuttiQueue& q, TuttiQueueState* st, uint32_t* done) {
-    // The leader read the state under the reap lock; the group gets it by
-    // shuffle.
-    unsigned long long head = 0, sq_head = 0;
-    uint32_t phase = 0;
-    if (lane_id() == g.leader) {
-        head = st->cq_head;
-        sq_head = st->sq_head;
-        phase = st->phase;
-    }
-    head = __shfl_sync(g.mask, head, g.leader);
-    sq_head = __shfl_sync(g.mask, sq_head, g.leader);
-    phase = __shfl_sync(g.mask, phase, g.leader);
-    ReapTally t = {0, 0, 0, 0};
-    uint32_t consumed = 0;
-    while (consumed < q.size) {
-        uint32_t window = min(g.n, q.size - consumed);
-        uint32_t take = reap_pass(g, q, head, phase, window, sq_head, st, done, t);
-        if ((uint32_t)(head % q.size) + take >= q.size) {
-            phase ^= 1u;
-        }
-        head += take;
-        consumed += take;
-        if (take < window) {
-            break;
-        }
-    }
-    if (consumed && lane_id() == g.leader) {
-        // (The CQ head doorbell was written by each pass.)
-        st->cq_head = head;
-        st->phase = phase;
-        st->sq_head = sq_head + t.ahead;
-        st->stale += t.stale;
-        st->bad_sqid += t.bad_sqid;
-        st->bad_sqhd += t.bad_sqhd;
-    }
-}
+// A command a thread holds between taking its request and the end of its
+// wait.
+struct Cmd {
+    uint32_t i;          // request index (into reqs and status)
+    uint32_t cid;        // its CID (done[cid] CLAIMED, then WAITING)
+    uint32_t op_nlb;     // opcode (7:0) | NLB, zero-based (31:16)
+    uint32_t nsid;       // namespace
+    uint64_t slba;       // starting LBA
+    uint64_t prp1, prp2; // its PRPs
+    uint64_t since;      // %globaltimer when it started waiting (for a slot, then for its CQE)
+};
 
-// The group publishes what is ready and, when `reap` is set, reaps: one
-// attempt per group instead of one per thread at each of two locks, so
-// that publication (GPU memory and one doorbell store) never waits behind
-// a reaper's round trip to the CQ.
-__device__ __forceinline__ void group_progress(TuttiQueue const& q, TuttiQueueState* st, uint32_t* ready, uint32_t* done,
-                                               bool reap) {
-    Group g = group_here();
-    // Uniform across the group even if the compiler merged call sites.
-    reap = __any_sync(g.mask, reap);
-    if (group_try_lock(g, &st->lock) && lane_id() == g.leader) {
-        publish(q, st, ready);  // ours, if an earlier ticket held it back
-        unlock(&st->lock);
-    }
-    if (reap && group_try_lock(g, &st->reap_lock)) {
-        __syncwarp(g.mask);
-        warp_reap(g, q, st, done);
-        __syncwarp(g.mask);
-        if (lane_id() == g.leader) {
-            unlock(&st->reap_lock);
+// Takes the next valid request of this thread from `k` on: checks it,
+// builds its PRPs (a PRP list in this thread's own list page, which no
+// other command uses until this one has completed: a thread has one
+// command at a time) and claims a CID. Requests that fail a check get
+// their status at once. Returns false when none is left.
+__device__ bool next_cmd(const TuttiQueue& q, BlockQueue& s, uint32_t* done, const TuttiRequest* reqs,
+                         const uint32_t* order, uint32_t* status, uint32_t& k, uint32_t end, uint32_t step,
+                         Cmd& c) {
+    const uint64_t* pages = (const uint64_t*)q.pages;
+    for (; k < end; k += step) {
+        uint32_t i = order[k];
+        TuttiRequest r = reqs[i];
+        uint64_t last = r.mem_offset + r.len;
+        if (r.len == 0 || last > q.region_len || last < r.mem_offset || (r.mem_offset & 3u)) {
+            status[i] = TUTTI_BAD_REQUEST;
+            continue;
         }
-    }
-}
-
-// A ticket for this lane: one atomicAdd per group of lanes reserving
-// together, each lane getting the next in rank order.
-__device__ __forceinline__ unsigned long long reserve_ticket(TuttiQueueState* st) {
-    Group g = group_here();
-    unsigned long long base = 0;
-    if (lane_id() == g.leader) {
-        base = atomicAdd(&st->reserve, (unsigned long long)g.n);
-    }
-    return __shfl_sync(g.mask, base, g.leader) + g.rank;
-}
-
-// Claims a free CID (a cell at 0) for this lane: the group takes
-// consecutive candidates from cid_next with one atomicAdd; a lane whose
-// candidate is held tries the following ones alone. Returns false when a
-// whole cycle of 65536 candidates found none free.
-__device__ __forceinline__ bool claim_cid(TuttiQueueState* st, uint32_t* done, uint32_t& cid) {
-    Group g = group_here();
-    uint32_t base = 0;
-    if (lane_id() == g.leader) {
-        base = atomicAdd(&st->cid_next, g.n);
-    }
-    uint32_t c = (__shfl_sync(g.mask, base, g.leader) + g.rank) & 0xFFFFu;
-    for (uint32_t tries = 0; tries < 65536u; tries++) {
-        if (atomicCAS(&done[c], 0u, WAITING) == 0u) {
-            cid = c;
-            return true;
+        // PRPs (NVMe Base 2.0 4.1.1): PRP1 with its in-page offset; PRP2
+        // unused, a data page, or a PRP list.
+        c.prp1 = pages[r.mem_offset / PAGE] + (r.mem_offset % PAGE);
+        c.prp2 = 0;
+        uint64_t first = PAGE - (r.mem_offset % PAGE);
+        if (r.len > first) {
+            uint64_t more = (r.len - first + PAGE - 1) / PAGE;  // pages after PRP1's
+            uint64_t p0 = r.mem_offset / PAGE + 1;
+            if (more == 1) {
+                c.prp2 = pages[p0];
+            } else if (more <= PAGE / 8 && threadIdx.x < q.list_pages) {
+                uint64_t* list = (uint64_t*)(q.prp_lists + (uint64_t)threadIdx.x * PAGE);
+                for (uint64_t e = 0; e < more; e++) {
+                    *(volatile uint64_t*)&list[e] = pages[p0 + e];
+                }
+                c.prp2 = q.prp_lists_bus + (uint64_t)threadIdx.x * PAGE;
+            } else {
+                status[i] = TUTTI_UNSUPPORTED;
+                continue;
+            }
         }
-        c = atomicAdd(&st->cid_next, 1u) & 0xFFFFu;
+        // A free CID (cell at 0), held as CLAIMED until the command is
+        // submitted; a whole cycle of held ones: NO_CID.
+        bool got = false;
+        for (uint32_t tries = 0; tries < 65536u && !got; tries++) {
+            c.cid = atomicAdd(&s.cid_next, 1u) & 0xFFFFu;
+            got = atomicCAS(&done[c.cid], 0u, CLAIMED) == 0u;
+        }
+        if (!got) {
+            status[i] = TUTTI_NO_CID;
+            continue;
+        }
+        c.i = i;
+        c.op_nlb = (uint32_t)r.opcode | (r.nlb << 16);
+        c.nsid = r.nsid;
+        c.slba = r.slba;
+        c.since = globaltimer();
+        k += step;
+        return true;
     }
     return false;
 }
 
 // Builds the SQE in its slot (NVMe Base 2.0 4.2; NVM Read/Write CDW10-12)
 // with four 16-byte stores.
-__device__ __forceinline__ void write_sqe(const TuttiQueue& q, uint32_t slot, const TuttiRequest& r, uint32_t cid,
-                                          uint64_t prp1, uint64_t prp2) {
+__device__ __forceinline__ void write_sqe(const TuttiQueue& q, uint32_t slot, const Cmd& c) {
     uint32_t* sqe = (uint32_t*)(q.sq + (uint64_t)slot * 64u);
-    uint32_t dw[16];
-    dw[0] = (uint32_t)r.opcode | (cid << 16);  // OPC, FUSE=0, PSDT=0 (PRP), CID
-    dw[1] = r.nsid;
-    dw[2] = 0;
-    dw[3] = 0;
-    dw[4] = 0;  // MPTR
-    dw[5] = 0;
-    dw[6] = (uint32_t)prp1;
-    dw[7] = (uint32_t)(prp1 >> 32);
-    dw[8] = (uint32_t)prp2;
-    dw[9] = (uint32_t)(prp2 >> 32);
-    dw[10] = (uint32_t)r.slba;
-    dw[11] = (uint32_t)(r.slba >> 32);
-    dw[12] = r.nlb & 0xFFFFu;
-    dw[13] = 0;
-    dw[14] = 0;
-    dw[15] = 0;
-    for (int j = 0; j < 16; j += 4) {
-        store_volatile_v4(&sqe[j], dw[j], dw[j + 1], dw[j + 2], dw[j + 3]);
-    }
+    // CDW0: OPC, FUSE = 0, PSDT = 0 (PRPs), CID; NSID; CDW2-3 reserved.
+    store_volatile_v4(&sqe[0], (c.op_nlb & 0xFFu) | (c.cid << 16), c.nsid, 0, 0);
+    // MPTR (unused), PRP1.
+    store_volatile_v4(&sqe[4], 0, 0, (uint32_t)c.prp1, (uint32_t)(c.prp1 >> 32));
+    // PRP2, SLBA (CDW10-11).
+    store_volatile_v4(&sqe[8], (uint32_t)c.prp2, (uint32_t)(c.prp2 >> 32), (uint32_t)c.slba,
+                      (uint32_t)(c.slba >> 32));
+    // CDW12: NLB (15:0); CDW13-15 zero.
+    store_volatile_v4(&sqe[12], c.op_nlb >> 16, 0, 0, 0);
 }
 
-// Polls for the completion of the command with this CID, reaping for
-// everyone, within the budget; returns its status word (0 = success, the
-// NVMe status field, or TUTTI_TIMEOUT) and frees its completion cell.
-__device__ __forceinline__ uint32_t wait_completion(const TuttiQueue& q, TuttiQueueState* st, uint32_t* ready,
-                                                    uint32_t* done, uint32_t cid, uint64_t budget_ns) {
-    uint64_t deadline = globaltimer() + budget_ns;
-    uint32_t result = TUTTI_TIMEOUT;
-    for (;;) {
-        uint32_t v = load_volatile(&done[cid]);
-        if (v != WAITING) {
-            result = v >> 17;  // NVMe status field; 0 = success
-            // Only this thread writes a cell it claimed once it is no
-            // longer WAITING (reapers only CAS from WAITING).
-            store_volatile(&done[cid], 0u);
-            break;
+// Ends a command whose completion arrived or whose budget ran out: its
+// status, and its CID freed (or held as ABANDONED: the drive may still
+// complete it, and the CID stays out of use until then). Returns whether
+// it ended.
+__device__ __forceinline__ bool settle(uint32_t* done, uint32_t* status, const Cmd& c, uint64_t budget_ns) {
+    uint32_t v = load_volatile(&done[c.cid]);
+    if (v == WAITING) {
+        if (globaltimer() - c.since <= budget_ns) {
+            return false;
         }
-        group_progress(q, st, ready, done, true);
-        if (globaltimer() > deadline) {
-            // Stop waiting; if the completion lands at this instant, take
-            // it. Otherwise the CID stays held (ABANDONED) until the drive
-            // gives it back with a late CQE.
-            uint32_t late = atomicCAS(&done[cid], WAITING, ABANDONED);
-            if (late != WAITING) {
-                result = late >> 17;
-                store_volatile(&done[cid], 0u);
-            }
-            break;
+        // If the completion lands at this instant, take it.
+        v = atomicCAS(&done[c.cid], WAITING, ABANDONED);
+        if (v == WAITING) {
+            status[c.i] = TUTTI_TIMEOUT;
+            return true;
         }
-        __nanosleep(256);
     }
-    return result;
+    status[c.i] = v >> 17;  // NVMe status field; 0 = success
+    // Only this thread writes a cell it claimed once it is no longer
+    // WAITING (the reaper only CASes from WAITING).
+    store_volatile(&done[c.cid], 0u);
+    return true;
+}
+
+// Reads the queue's state into shared memory (thread 0) at the start of a
+// launch.
+__device__ __forceinline__ void load_state(const TuttiQueueState* st, BlockQueue& s, uint32_t window) {
+    s.tail = st->published;
+    s.head = st->cq_head;
+    s.sq_head = st->sq_head;
+    s.phase = st->phase;
+    s.cid_next = st->cid_next;
+    s.stale = 0;
+    s.bad_sqid = 0;
+    s.bad_sqhd = 0;
+    s.want = 0;
+    s.gap = window;
+    s.ahead = 0;
+}
+
+// Writes the queue's state back (thread 0) at the end of a launch: every
+// ticket published, the CQ head, the SQ head, the counters added.
+__device__ __forceinline__ void store_state(TuttiQueueState* st, const BlockQueue& s) {
+    st->reserve = s.tail;
+    st->published = s.tail;
+    st->cq_head = s.head;
+    st->sq_head = s.sq_head;
+    st->phase = s.phase;
+    st->cid_next = s.cid_next;
+    st->stale += s.stale;
+    st->bad_sqid += s.bad_sqid;
+    st->bad_sqhd += s.bad_sqhd;
 }
 
 // One launch serves a batch over up to `nqueues` queue pairs (one block per
 // queue, the fused multi-drive kernel): block b handles the requests
-// order[offsets[b] .. offsets[b+1]] on queues[b], with at most
-// min(blockDim.x, size - 1) commands outstanding. So the CQ cannot overflow,
-// and a ticket's SQ slot is free: the ticket `size` before it was fetched
-// (some ticket after that one has completed, and the controller fetches in
-// order), unless commands time out without ever being fetched.
-// Every request gets its own status; the kernel returns when each one has
-// completed, failed or timed out.
+// order[offsets[b] .. offsets[b+1]] on queues[b]. Its threads below
+// min(blockDim.x, size - 1) each carry one command at a time (so the CQ
+// never overflows), and the block works in lockstep rounds:
+//  1. each thread without a command takes its next request (checks, PRPs,
+//     a claimed CID); those that have one get consecutive SQ slots from
+//     the tail, as many as the SQ has free (from the SQ head the SQHDs
+//     report), write their SQEs and fence them system-wide;
+//  2. thread 0 publishes the new tail with one SQ doorbell store;
+//  3. the block reaps one window of CQ slots (block_reap) and thread 0
+//     returns the slots taken with one CQ head doorbell store;
+//  4. each thread whose completion arrived writes its status; one whose
+//     budget ran out writes TIMEOUT and abandons its CID.
+// The kernel returns when every request has a status. Every request waits
+// at most `budget_ns` for an SQ slot and then for its completion.
 extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, const TuttiRequest* reqs,
                                     const uint32_t* order, const uint32_t* offsets, uint32_t* status,
                                     uint64_t budget_ns) {
@@ -514,69 +409,91 @@ extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, 
     if (b >= nqueues) {
         return;
     }
+    __shared__ BlockQueue s;
     const TuttiQueue q = queues[b];
     TuttiQueueState* st = (TuttiQueueState*)q.state;
-    uint32_t* ready = (uint32_t*)(st + 1);
-    uint32_t* done = ready + q.size;  // 65536 entries
+    uint32_t* done = (uint32_t*)(st + 1) + q.size;  // after ready[size] (unused): 65536 cells
     uint32_t active = min((uint32_t)blockDim.x, q.size - 1u);
-    if (threadIdx.x >= active) {
-        return;
+    uint32_t window_max = min((uint32_t)blockDim.x, q.size);
+    if (threadIdx.x == 0) {
+        load_state(st, s, window_max);
     }
-    for (uint32_t k = offsets[b] + threadIdx.x; k < offsets[b + 1]; k += active) {
-        uint32_t i = order[k];
-        TuttiRequest r = reqs[i];
-        const uint64_t* pages = (const uint64_t*)q.pages;
-        uint64_t end = r.mem_offset + r.len;
-        if (r.len == 0 || end > q.region_len || end < r.mem_offset || (r.mem_offset & 3u)) {
-            status[i] = TUTTI_BAD_REQUEST;
-            continue;
+    __syncthreads();
+    uint32_t k = offsets[b] + threadIdx.x, end = offsets[b + 1];
+    if (threadIdx.x >= active) {
+        k = end;  // no requests: this thread only takes part in the rounds
+    }
+    Cmd c;
+    bool held = false;     // c is taken and waits for an SQ slot
+    bool inflight = false; // c is submitted and waits for its completion
+    for (;;) {
+        // 1. Submission.
+        if (!held && !inflight) {
+            held = next_cmd(q, s, done, reqs, order, status, k, end, active, c);
         }
-        // PRPs (NVMe Base 2.0 4.1.1): PRP1 with its in-page offset; PRP2
-        // unused, a data page, or a PRP list. The list lives in this
-        // thread's own list page, which no other command uses until this
-        // one has completed (a thread has one command in flight).
-        uint64_t prp1 = pages[r.mem_offset / PAGE] + (r.mem_offset % PAGE);
-        uint64_t first = PAGE - (r.mem_offset % PAGE);
-        uint64_t prp2 = 0;
-        if (r.len > first) {
-            uint64_t more = (r.len - first + PAGE - 1) / PAGE;  // pages after PRP1's
-            uint64_t p0 = r.mem_offset / PAGE + 1;
-            if (more == 1) {
-                prp2 = pages[p0];
-            } else if (more <= PAGE / 8 && threadIdx.x < q.list_pages) {
-                uint64_t* list = (uint64_t*)(q.prp_lists + (uint64_t)threadIdx.x * PAGE);
-                for (uint64_t e = 0; e < more; e++) {
-                    *(volatile uint64_t*)&list[e] = pages[p0 + e];
-                }
-                prp2 = q.prp_lists_bus + (uint64_t)threadIdx.x * PAGE;
-            } else {
-                status[i] = TUTTI_UNSUPPORTED;
-                continue;
+        uint32_t rank = 0;
+        if (held) {
+            rank = atomicAdd(&s.want, 1u);
+        }
+        __syncthreads();
+        unsigned long long tail = s.tail;
+        uint32_t free_slots = (uint32_t)(s.sq_head + q.size - 1u - tail);  // tail - sq_head <= size - 1
+        uint32_t nsub = min(s.want, free_slots);
+        if (held && rank < nsub) {
+            store_volatile(&done[c.cid], WAITING);
+            write_sqe(q, (uint32_t)((tail + rank) % q.size), c);
+            // The SQE, its PRP list and WAITING are visible system-wide
+            // before the doorbell (stored after the barrier below).
+            __threadfence_system();
+            held = false;
+            inflight = true;
+            c.since = globaltimer();
+        } else if (held && globaltimer() - c.since > budget_ns) {
+            // No SQ slot within the budget (the drive fetches nothing).
+            status[c.i] = TUTTI_TIMEOUT;
+            store_volatile(&done[c.cid], 0u);
+            held = false;
+        }
+        __syncthreads();
+        // 2. Publication, and the window of this round's reaping.
+        unsigned long long pending = tail + nsub - s.head;  // CQEs expected (late ones included)
+        uint32_t window = (uint32_t)min((unsigned long long)window_max, ((pending + 32u) / 32u) * 32u);
+        if (threadIdx.x == 0) {
+            s.want = 0;
+            s.gap = window;
+            if (nsub != 0) {
+                s.tail = tail + nsub;
+                __threadfence_system();
+                store_volatile((uint32_t*)q.sq_doorbell, (uint32_t)(s.tail % q.size));
             }
         }
-
-        // Claim a free CID (its completion cell set to WAITING before the
-        // command can complete), then reserve a ticket: SQ slot = ticket %
-        // size.
-        uint32_t cid = 0;
-        if (!claim_cid(st, done, cid)) {
-            status[i] = TUTTI_NO_CID;
-            continue;
+        __syncthreads();
+        // 3. Reaping.
+        uint32_t take = block_reap(q, s, done, window);
+        if (threadIdx.x == 0 && take != 0) {
+            __threadfence_system();
+            store_volatile((uint32_t*)q.cq_doorbell, (uint32_t)((s.head + take) % q.size));
+            if ((uint32_t)(s.head % q.size) + take >= q.size) {
+                s.phase ^= 1u;
+            }
+            s.head += take;
+            s.sq_head += s.ahead;
+            s.ahead = 0;
         }
-        unsigned long long ticket = reserve_ticket(st);
-        uint32_t slot = (uint32_t)(ticket % q.size);
-
-        write_sqe(q, slot, r, cid, prp1, prp2);
-        // The SQE (and its PRP list) is complete and visible system-wide
-        // before its slot is marked ready (whoever publishes rings the
-        // doorbell after it).
-        __threadfence_system();
-        store_volatile(&ready[slot], (uint32_t)(ticket + 1u));
-
-        group_progress(q, st, ready, done, false);
-
-        uint32_t result = wait_completion(q, st, ready, done, cid, budget_ns);
-        status[i] = result;
+        // 4. Completions (each thread its own cell, written by the reap
+        // before the barrier in block_reap).
+        if (inflight && settle(done, status, c, budget_ns)) {
+            inflight = false;
+        }
+        if (!__syncthreads_or(held || inflight || k < end)) {
+            break;
+        }
+        if (take == 0 && nsub == 0) {
+            __nanosleep(128);
+        }
+    }
+    if (threadIdx.x == 0) {
+        store_state(st, s);
     }
 }
 

@@ -1,8 +1,8 @@
-//! A CPU model of the kernel's warp-cooperative completion reaping
-//! (`reap_pass`, `take_cqe` and `warp_reap` in `kernels/tutti_io.cu`),
-//! lane for lane, checked against a sequential reaper (the one-CQE-at-a-time
-//! loop of the kernel before it), so that the reaping arithmetic (ranks in
-//! a partial lane mask, the run before the first gap, the window across the
+//! A CPU model of the kernel's block-cooperative completion reaping
+//! (`block_reap`, `take_cqe` and the CQ head update of the rounds in
+//! `kernels/tutti_io.cu`), thread for thread, checked against a sequential
+//! reaper (the one-CQE-at-a-time loop of an earlier kernel), so that the
+//! reaping arithmetic (the run before the first gap, the window across the
 //! ring's wrap, phase tags, SQHD, per-CID delivery and the counters) is
 //! tested on machines without a GPU. A change to the kernel's reaping must
 //! be mirrored here.
@@ -42,7 +42,7 @@ struct Reaper {
     doorbells: Vec<u32>,
 }
 
-/// What one lane's CQE did (`take_cqe`).
+/// What one thread's CQE did (`take_cqe`).
 #[derive(Default, Clone, Copy)]
 struct Taken {
     stale: bool,
@@ -77,74 +77,62 @@ impl Reaper {
         t
     }
 
-    /// `reap_pass` for the lanes of `mask`: returns how many entries the
-    /// group took, and adds to the tallies.
-    fn pass(&mut self, cq: &[Cqe], mask: u32, head: u64, phase: u32, window: u32, t: &mut Tally) -> u32 {
-        let lanes: Vec<u32> = (0..32).filter(|l| mask >> l & 1 == 1).collect();
-        let mut posted_lanes = 0u32;
-        let mut read = vec![Cqe::default(); 32];
-        for (rank, &lane) in lanes.iter().enumerate() {
-            let rank = rank as u32;
-            if rank >= window {
-                continue;
-            }
-            let pos = (head % u64::from(self.size)) as u32 + rank;
+    /// One round's `block_reap` with `window` threads (thread t tests CQ
+    /// slot `cq_head + t`), then thread 0's update: the CQ head doorbell,
+    /// the head, the phase, the SQ head moved by the furthest valid SQHD.
+    /// Returns how many entries the block took.
+    fn pass(&mut self, cq: &[Cqe], window: u32) -> u32 {
+        let (head, phase) = (self.cq_head, self.phase);
+        let mut read = Vec::with_capacity(window as usize);
+        // `gap` is the atomicMin of the threads that found their slot
+        // unposted (the window when none did).
+        let mut gap = window;
+        for t in 0..window {
+            let pos = (head % u64::from(self.size)) as u32 + t;
             let expected = if pos >= self.size { phase ^ 1 } else { phase };
             let c = cq[(pos % self.size) as usize];
-            if (c.dw3 >> 16) & 1 == expected {
-                posted_lanes |= 1 << lane;
-                read[lane as usize] = c;
+            if (c.dw3 >> 16) & 1 != expected {
+                gap = gap.min(t);
             }
+            read.push(c);
         }
-        let gaps = mask & !posted_lanes;
-        let take = if gaps != 0 {
-            (mask & ((1u32 << gaps.trailing_zeros()) - 1)).count_ones()
-        } else {
-            mask.count_ones()
-        };
-        if take != 0 {
-            self.doorbells.push(((head + u64::from(take)) % u64::from(self.size)) as u32);
-        }
-        let (sq_head, published) = (t.sq_head0, self.published);
-        for &lane in lanes.iter().take(take as usize) {
-            let r = self.take(read[lane as usize], sq_head, published);
-            t.stale += u32::from(r.stale);
-            t.bad_sqid += u32::from(r.foreign);
+        let take = gap;
+        let (sq_head, published) = (self.sq_head, self.published);
+        let mut ahead = 0;
+        for c in read.into_iter().take(take as usize) {
+            let r = self.take(c, sq_head, published);
+            self.stale += u32::from(r.stale);
+            self.bad_sqid += u32::from(r.foreign);
             if !r.foreign && !r.ok_sqhd {
-                t.bad_sqhd += 1;
+                self.bad_sqhd += 1;
             }
             if r.ok_sqhd {
-                t.ahead = t.ahead.max(r.ahead);
+                ahead = ahead.max(r.ahead);
             }
+        }
+        if take != 0 {
+            self.doorbells.push(((head + u64::from(take)) % u64::from(self.size)) as u32);
+            if (head % u64::from(self.size)) as u32 + take >= self.size {
+                self.phase ^= 1;
+            }
+            self.cq_head = head + u64::from(take);
+            self.sq_head += u64::from(ahead);
         }
         take
     }
 
-    /// `warp_reap` for the lanes of `mask`.
-    fn warp_reap(&mut self, cq: &[Cqe], mask: u32) {
-        let n = mask.count_ones();
-        let (mut head, mut phase) = (self.cq_head, self.phase);
-        let mut t = Tally { sq_head0: self.sq_head, ..Default::default() };
+    /// Rounds of a block of `n` reaping threads, with no new CQE posted
+    /// meanwhile, until a round takes fewer than its window (at most one
+    /// lap of the ring).
+    fn block_reap(&mut self, cq: &[Cqe], n: u32) {
         let mut consumed = 0u32;
         while consumed < self.size {
             let window = n.min(self.size - consumed);
-            let take = self.pass(cq, mask, head, phase, window, &mut t);
-            if (head % u64::from(self.size)) as u32 + take >= self.size {
-                phase ^= 1;
-            }
-            head += u64::from(take);
+            let take = self.pass(cq, window);
             consumed += take;
             if take < window {
                 break;
             }
-        }
-        if consumed != 0 {
-            self.cq_head = head;
-            self.phase = phase;
-            self.sq_head = t.sq_head0 + u64::from(t.ahead);
-            self.stale += t.stale;
-            self.bad_sqid += t.bad_sqid;
-            self.bad_sqhd += t.bad_sqhd;
         }
     }
 
@@ -179,17 +167,6 @@ impl Reaper {
             self.doorbells.push((head % u64::from(self.size)) as u32);
         }
     }
-}
-
-/// Sums over one `warp_reap` (`ReapTally` in the kernel), and the SQ head
-/// the SQHDs are measured from.
-#[derive(Default)]
-struct Tally {
-    stale: u32,
-    bad_sqid: u32,
-    bad_sqhd: u32,
-    ahead: u32,
-    sq_head0: u64,
 }
 
 /// xorshift64*: deterministic cases without a dependency.
@@ -281,32 +258,38 @@ fn situation(rng: &mut Rng, lagging: bool) -> (Reaper, Vec<Cqe>) {
     (r, cq)
 }
 
-/// A lane mask: full, one lane, or random.
-fn mask(rng: &mut Rng) -> u32 {
-    match rng.below(4) {
-        0 => u32::MAX,
-        1 => 1 << rng.below(32),
-        _ => (rng.next() as u32).max(1),
+/// Reaping threads of a block (its window's upper bound): one, a warp
+/// and around it, two warps, 100, the largest block, or random.
+fn threads(rng: &mut Rng) -> u32 {
+    match rng.below(8) {
+        0 => 1,
+        1 => 31,
+        2 => 32,
+        3 => 33,
+        4 => 64,
+        5 => 100,
+        6 => 1024,
+        _ => 1 + rng.below(1024) as u32,
     }
 }
 
 #[test]
-fn warp_reaping_takes_what_the_sequential_reaper_takes() {
+fn block_reaping_takes_what_the_sequential_reaper_takes() {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     for case in 0..5_000 {
         let (start, cq) = situation(&mut rng, false);
-        let m = mask(&mut rng);
-        let (mut warp, mut seq) = (start.clone(), start.clone());
-        warp.warp_reap(&cq, m);
+        let n = threads(&mut rng);
+        let (mut block, mut seq) = (start.clone(), start.clone());
+        block.block_reap(&cq, n);
         seq.sequential_reap(&cq);
-        // One doorbell per pass instead of one per reap: the last is the same.
-        assert_eq!(warp.doorbells.last(), seq.doorbells.last(), "case {case}, mask {m:#x}");
-        warp.doorbells.clear();
+        // One doorbell per round instead of one per reap: the last is the same.
+        assert_eq!(block.doorbells.last(), seq.doorbells.last(), "case {case}, {n} threads");
+        block.doorbells.clear();
         seq.doorbells.clear();
         assert_eq!(
-            warp,
+            block,
             seq,
-            "case {case}, mask {m:#x}, start {:?}",
+            "case {case}, {n} threads, start {:?}",
             (start.size, start.cq_head, start.phase)
         );
     }
@@ -317,27 +300,27 @@ fn with_lagging_sqhds_the_sq_head_never_passes_what_was_published() {
     let mut rng = Rng(0xD1B5_4A32_D192_ED03);
     for case in 0..5_000 {
         let (start, cq) = situation(&mut rng, true);
-        let m = mask(&mut rng);
-        let (mut warp, mut seq) = (start.clone(), start.clone());
-        warp.warp_reap(&cq, m);
+        let n = threads(&mut rng);
+        let (mut block, mut seq) = (start.clone(), start.clone());
+        block.block_reap(&cq, n);
         seq.sequential_reap(&cq);
         // Everything but the SQ head and its counter matches the
         // sequential reaper; the head stays within what was submitted and
         // never moves back.
         assert_eq!(
-            (warp.cq_head, warp.phase, warp.stale, warp.bad_sqid),
+            (block.cq_head, block.phase, block.stale, block.bad_sqid),
             (seq.cq_head, seq.phase, seq.stale, seq.bad_sqid),
             "case {case}"
         );
-        assert_eq!(warp.done, seq.done, "case {case}");
-        assert!(start.sq_head <= warp.sq_head && warp.sq_head <= start.published, "case {case}");
+        assert_eq!(block.done, seq.done, "case {case}");
+        assert!(start.sq_head <= block.sq_head && block.sq_head <= start.published, "case {case}");
     }
 }
 
 #[test]
 fn a_full_ring_is_reaped_in_one_call_and_wraps_its_phase() {
-    // 31 posted entries on a 32-entry CQ from head 0 (phase 1), one lane
-    // group of 8: four passes of 8, 8, 8, 7, the doorbell after each.
+    // 31 posted entries on a 32-entry CQ from head 0 (phase 1), a block of
+    // 8 reaping threads: four rounds of 8, 8, 8, 7, the doorbell after each.
     let (mut r, _) = situation(&mut Rng(1), false);
     r.size = 32;
     r.cq_head = 0;
@@ -351,7 +334,7 @@ fn a_full_ring_is_reaped_in_one_call_and_wraps_its_phase() {
     for cid in 0..31 {
         r.done[cid] = WAITING;
     }
-    r.warp_reap(&cq, 0xFF);
+    r.block_reap(&cq, 8);
     assert_eq!(r.doorbells, [8, 16, 24, 31]);
     assert_eq!((r.cq_head, r.phase, r.sq_head, r.stale), (31, 1, 31, 0));
     assert!((0..31u32).all(|cid| r.done[cid as usize] == 0x1_0000 | cid));
@@ -359,6 +342,6 @@ fn a_full_ring_is_reaped_in_one_call_and_wraps_its_phase() {
     cq[31] = Cqe { dw2: 1 << 16, dw3: 1 << 16 | 31 };
     r.done[31] = WAITING;
     r.published = 32;
-    r.warp_reap(&cq, 0xFF);
+    r.block_reap(&cq, 8);
     assert_eq!((r.cq_head, r.phase, r.sq_head), (32, 0, 32));
 }

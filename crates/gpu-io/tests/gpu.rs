@@ -461,7 +461,7 @@ fn a_queue_listed_twice_in_one_launch_is_refused() {
     assert_eq!(st, vec![GpuStatus::Success]);
 }
 
-/// Warp-cooperative reaping against a controller that misbehaves: every
+/// Block-cooperative reaping against a controller that misbehaves: every
 /// LBA 16..20 read is completed twice (the duplicate lands in the next CQ
 /// slot, often in the same warp's pass), LBA 100's CQE names a CID nobody
 /// waits for (so that command never completes), LBA 200's CQE comes 300 ms
