@@ -56,7 +56,7 @@ struct TuttiQueue {
 struct TuttiQueueState {
     uint32_t lock;                 // unused (zero): one block owns the queue
     uint32_t cid_next;             // next CID to try (mod 65536)
-    unsigned long long reserve;    // next SQ ticket to hand out
+    unsigned long long fetched;    // SQ entries known fetched: every one before a completed command's
     unsigned long long published;  // tickets published to the controller (SQ tail)
     unsigned long long cq_head;    // CQ entries consumed
     unsigned long long sq_head;    // SQ entries fetched, from each CQE's SQHD
@@ -167,7 +167,10 @@ __device__ __forceinline__ void store_volatile_v4(uint32_t* p, uint32_t a, uint3
 struct BlockQueue {
     unsigned long long tail;     // SQ entries published (monotonic)
     unsigned long long head;     // CQ entries consumed (monotonic)
-    unsigned long long sq_head;  // SQ entries the controller has fetched (SQHD)
+    unsigned long long sq_head;  // SQ head from the CQEs' SQHD (checked, counted)
+    unsigned long long fetched;  // SQ entries known fetched: every one before a
+                                 // completed command's (the controller fetches
+                                 // in order); SQ slots are reused up to here
     uint32_t phase;              // phase tag expected at head
     uint32_t cid_next;           // next CID to try
     uint32_t stale;              // CQEs dropped (unknown, duplicate, late, foreign)
@@ -255,6 +258,7 @@ struct Cmd {
     uint64_t slba;       // starting LBA
     uint64_t prp1, prp2; // its PRPs
     uint64_t since;      // %globaltimer when it started waiting (for a slot, then for its CQE)
+    unsigned long long pos;  // its SQ entry (monotonic position)
 };
 
 // Takes the next valid request of this thread from `k` on: checks it,
@@ -336,7 +340,8 @@ __device__ __forceinline__ void write_sqe(const TuttiQueue& q, uint32_t slot, co
 // status, and its CID freed (or held as ABANDONED: the drive may still
 // complete it, and the CID stays out of use until then). Returns whether
 // it ended.
-__device__ __forceinline__ bool settle(uint32_t* done, uint32_t* status, const Cmd& c, uint64_t budget_ns) {
+__device__ __forceinline__ bool settle(BlockQueue& s, uint32_t* done, uint32_t* status, const Cmd& c,
+                                       uint64_t budget_ns) {
     uint32_t v = load_volatile(&done[c.cid]);
     if (v == WAITING) {
         if (globaltimer() - c.since <= budget_ns) {
@@ -353,6 +358,8 @@ __device__ __forceinline__ bool settle(uint32_t* done, uint32_t* status, const C
     // Only this thread writes a cell it claimed once it is no longer
     // WAITING (the reaper only CASes from WAITING).
     store_volatile(&done[c.cid], 0u);
+    // Its completion came: its entry and every one before it were fetched.
+    atomicMax(&s.fetched, c.pos + 1ull);
     return true;
 }
 
@@ -362,6 +369,7 @@ __device__ __forceinline__ void load_state(const TuttiQueueState* st, BlockQueue
     s.tail = st->published;
     s.head = st->cq_head;
     s.sq_head = st->sq_head;
+    s.fetched = st->fetched;
     s.phase = st->phase;
     s.cid_next = st->cid_next;
     s.stale = 0;
@@ -372,10 +380,11 @@ __device__ __forceinline__ void load_state(const TuttiQueueState* st, BlockQueue
     s.ahead = 0;
 }
 
-// Writes the queue's state back (thread 0) at the end of a launch: every
-// ticket published, the CQ head, the SQ head, the counters added.
+// Writes the queue's state back (thread 0) at the end of a launch: the
+// tail, the entries known fetched, the CQ head, the SQ head, the counters
+// added.
 __device__ __forceinline__ void store_state(TuttiQueueState* st, const BlockQueue& s) {
-    st->reserve = s.tail;
+    st->fetched = s.fetched;
     st->published = s.tail;
     st->cq_head = s.head;
     st->sq_head = s.sq_head;
@@ -393,8 +402,9 @@ __device__ __forceinline__ void store_state(TuttiQueueState* st, const BlockQueu
 // never overflows), and the block works in lockstep rounds:
 //  1. each thread without a command takes its next request (checks, PRPs,
 //     a claimed CID); those that have one get consecutive SQ slots from
-//     the tail, as many as the SQ has free (from the SQ head the SQHDs
-//     report), write their SQEs and fence them system-wide;
+//     the tail, as many as the SQ has free (entries before a completed
+//     command's were fetched), write their SQEs and fence them
+//     system-wide;
 //  2. thread 0 publishes the new tail with one SQ doorbell store;
 //  3. the block reaps one window of CQ slots (block_reap) and thread 0
 //     returns the slots taken with one CQ head doorbell store;
@@ -437,11 +447,15 @@ extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, 
         }
         __syncthreads();
         unsigned long long tail = s.tail;
-        uint32_t free_slots = (uint32_t)(s.sq_head + q.size - 1u - tail);  // tail - sq_head <= size - 1
+        // Slots whose entries are known fetched: from completions, never
+        // from SQHD values alone (with the SQ full, an SQHD one entry stale
+        // reads as the whole ring fetched). tail - fetched <= size - 1.
+        uint32_t free_slots = (uint32_t)(s.fetched + q.size - 1u - tail);
         uint32_t nsub = min(s.want, free_slots);
         if (held && rank < nsub) {
             store_volatile(&done[c.cid], WAITING);
-            write_sqe(q, (uint32_t)((tail + rank) % q.size), c);
+            c.pos = tail + rank;
+            write_sqe(q, (uint32_t)(c.pos % q.size), c);
             // The SQE, its PRP list and WAITING are visible system-wide
             // before the doorbell (stored after the barrier below).
             __threadfence_system();
@@ -482,7 +496,7 @@ extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, 
         }
         // 4. Completions (each thread its own cell, written by the reap
         // before the barrier in block_reap).
-        if (inflight && settle(done, status, c, budget_ns)) {
+        if (inflight && settle(s, done, status, c, budget_ns)) {
             inflight = false;
         }
         if (!__syncthreads_or(held || inflight || k < end)) {
@@ -584,7 +598,7 @@ extern "C" __global__ void tutti_ring_probe(const TuttiQueue* queues, uint32_t n
     }
     // Requests of bursts never started keep the host's "not run" word.
     if (threadIdx.x == 0) {
-        st->reserve = tail;
+        st->fetched = tail;
         st->published = tail;
         st->sq_head = tail;
         st->cq_head = head;

@@ -40,19 +40,21 @@ pub struct TuttiQueue {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TuttiQueueState {
-    /// Publication lock word (the SQ tail).
+    /// Unused (zero): one block serves the queue in a launch and owns it.
     pub lock: u32,
     /// Next CID the kernel tries (mod 65536; a CID is taken only from a
     /// free completion cell).
     pub cid_next: u32,
-    /// Next SQ ticket.
-    pub reserve: u64,
-    /// Tickets published (SQ tail, monotonic).
+    /// SQ entries known fetched: every entry before a completed command's
+    /// (the controller fetches in order). The kernel reuses SQ slots up to
+    /// here, never on SQHD values alone.
+    pub fetched: u64,
+    /// SQ entries published (SQ tail, monotonic).
     pub published: u64,
     /// CQ entries consumed (monotonic).
     pub cq_head: u64,
-    /// SQ entries the controller has fetched, from each CQE's SQHD
-    /// (monotonic).
+    /// SQ head from each CQE's SQHD (monotonic; checked against
+    /// `[sq_head, published]`, counted in `bad_sqhd` when outside).
     pub sq_head: u64,
     /// Phase tag expected at `cq_head`.
     pub phase: u32,
@@ -63,7 +65,7 @@ pub struct TuttiQueueState {
     pub bad_sqid: u32,
     /// CQEs whose SQHD lay outside `[sq_head, tail]`.
     pub bad_sqhd: u32,
-    /// Reaping lock word (the CQ head and the fields reaping writes).
+    /// Unused (zero).
     pub reap_lock: u32,
     /// Padding.
     pub _pad: u32,
@@ -159,7 +161,7 @@ const _: () = assert!(size_of::<TuttiQueue>() == 88);
 const _: () = assert!(size_of::<TuttiQueueState>() == 64);
 const _: () = assert!(size_of::<TuttiRequest>() == 32);
 const _: () = assert!(core::mem::offset_of!(TuttiQueue, size) == 72);
-const _: () = assert!(core::mem::offset_of!(TuttiQueueState, reserve) == 8);
+const _: () = assert!(core::mem::offset_of!(TuttiQueueState, fetched) == 8);
 const _: () = assert!(core::mem::offset_of!(TuttiRequest, mem_offset) == 24);
 
 /// Kernel result word: no completion within the budget.

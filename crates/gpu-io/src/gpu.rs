@@ -802,7 +802,7 @@ pub struct GpuQueue {
 /// (into zeroed `state`).
 fn write_initial_state(state: &DeviceMem, qp: &QueuePair) -> Result<(), GpuError> {
     let init = TuttiQueueState {
-        reserve: u64::from(qp.sq().tail()),
+        fetched: u64::from(qp.sq().head()),
         published: u64::from(qp.sq().tail()),
         cq_head: u64::from(qp.cq().head()),
         sq_head: u64::from(qp.sq().head()),
