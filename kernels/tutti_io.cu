@@ -470,8 +470,10 @@ extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, 
         }
         __syncthreads();
         // 2. Publication, and the window of this round's reaping.
-        unsigned long long pending = tail + nsub - s.head;  // CQEs expected (late ones included)
-        uint32_t window = (uint32_t)min((unsigned long long)window_max, ((pending + 32u) / 32u) * 32u);
+        // CQEs expected (late ones included; none when duplicates have run
+        // the head past the tail), and a warp's worth more.
+        unsigned long long expected = tail + nsub > s.head ? tail + nsub - s.head : 0ull;
+        uint32_t window = (uint32_t)min((unsigned long long)window_max, (expected / 32u + 1u) * 32u);
         if (threadIdx.x == 0) {
             s.want = 0;
             s.gap = window;
