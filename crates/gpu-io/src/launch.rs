@@ -490,7 +490,8 @@ impl Gpu {
     /// ([`GpuStatus::Success`], whatever the CQE's status) or not
     /// ([`GpuStatus::Timeout`]; then the queue's state is no longer known
     /// and it must not be used again). Also returns the probe kernel's GPU
-    /// time (as [`GpuLaunch::wait_timed`]).
+    /// time (as [`GpuLaunch::wait_timed`]: `None` when the driver cannot
+    /// time it).
     ///
     /// # Errors
     /// As [`Gpu::launch`], and [`GpuError::NoRingProbe`] when the loaded
@@ -501,12 +502,10 @@ impl Gpu {
         requests: &[TuttiRequest],
         threads_per_queue: u32,
         budget: Duration,
-    ) -> Result<(Vec<GpuStatus>, Duration), GpuError> {
+    ) -> Result<(Vec<GpuStatus>, Option<Duration>), GpuError> {
         let func = self.probe_func.ok_or(GpuError::NoRingProbe)?;
-        let launch =
-            self.launch_with(func, queues, requests, threads_per_queue, budget, self.quiet.io.raw, true)?;
-        let (statuses, kernel) = launch.wait_timed()?;
-        Ok((statuses, kernel.unwrap_or_default()))
+        self.launch_with(func, queues, requests, threads_per_queue, budget, self.quiet.io.raw, true)?
+            .wait_timed()
     }
 
     /// Queues the upload, the kernel, the status copy and the end event on

@@ -548,6 +548,7 @@ fn the_ring_probe_completes_every_entry_and_leaves_the_queue_usable() {
     let probe: Vec<_> = (0..1000u64).map(|k| rw(nvm_opcode::READ, 0, k % 4096, (k % n) * 4096)).collect();
     let host = std::time::Instant::now();
     let (st, kernel) = gpu.run_ring_probe(&[(&q, &region)], &probe, 31, BUDGET).unwrap();
+    let kernel = kernel.expect("the probe kernel is timed");
     assert!(st.iter().all(|s| *s == GpuStatus::Success), "{st:?}");
     assert!(kernel > Duration::ZERO && kernel <= host.elapsed(), "probe kernel time {kernel:?}");
     let data: Vec<u8> = (0..n).flat_map(pattern).collect();

@@ -210,8 +210,8 @@ fn gpu_runs(gpu: &gpu_io::Gpu, set: &GpuSetup, a: &GpuRateArgs) -> Result<GpuRun
     let start = Instant::now();
     let launch = gpu.launch_timed(&batch, &reqs, a.queue_depth - 1, Duration::from_secs(10)).map_err(err)?;
     let (st, kernel) = launch.wait_timed().map_err(err)?;
-    let secs =
-        Timed { kernel: kernel.unwrap_or_default().as_secs_f64(), launch: start.elapsed().as_secs_f64() };
+    let kernel = kernel.ok_or("the CUDA driver could not time the protocol kernel")?;
+    let secs = Timed { kernel: kernel.as_secs_f64(), launch: start.elapsed().as_secs_f64() };
     let mut run = GpuRun { secs, probe, probe_skipped, cq_full: stalls() - stalls_before, null_served: None };
     if let Some(null) = null {
         let reports = match null.stop() {
@@ -332,8 +332,11 @@ fn ring_probe(
     if lost > 0 {
         return Err(format!("the ring probe lost {lost} completions"));
     }
+    let Some(kernel) = kernel.filter(|k| !k.is_zero()) else {
+        return Ok(Err("the CUDA driver could not time the probe kernel".into()));
+    };
     let n = reqs.len() as f64;
-    Ok(Ok((n / kernel.as_secs_f64().max(1e-9), n / secs)))
+    Ok(Ok((n / kernel.as_secs_f64(), n / secs)))
 }
 
 /// One emulated controller of `gpu-rate`, with its GPU mapping and buffer.
