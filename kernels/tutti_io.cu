@@ -66,7 +66,8 @@ struct TuttiQueueState {
     uint32_t bad_sqhd;             // CQEs whose SQHD lies outside [sq_head, tail]
     uint32_t reap_lock;            // unused (zero)
     uint32_t _pad;
-    // followed by: uint32_t ready[size] (unused); uint32_t done[65536] (by CID).
+    // followed by: uint32_t slot_cid[size] (the CID of the command last
+    // written into each SQ slot); uint32_t done[65536] (by CID).
 };
 
 // done[cid]: 0 = free; CLAIMED (below) = a thread holds it for a command
@@ -181,10 +182,29 @@ struct BlockQueue {
     uint32_t ahead;              // furthest valid SQHD this round, entries past sq_head
 };
 
+// A late CQE of the timed-out command holding `cid`: the controller fetched
+// its SQ entry, and every entry before it (it fetches in order). Its entry
+// is the one among those not yet known fetched, [fetched, tail), whose slot
+// holds `cid` (at most one: a CID is in use by one command at a time, and
+// a slot is rewritten only once the entry before its next use is known
+// fetched). Without this, a ring whose commands all timed out and then
+// completed late would stay full for good: no completion of a waiting
+// command would ever move `fetched` again. Rare: one lane scans at most
+// size entries.
+__device__ __forceinline__ void late_fetched(const TuttiQueue& q, BlockQueue& s, const uint32_t* slot_cid,
+                                             uint32_t cid) {
+    for (unsigned long long p = s.fetched; p < s.tail; p++) {
+        if (load_volatile(&slot_cid[p % q.size]) == cid) {
+            atomicMax(&s.fetched, p + 1ull);
+            return;
+        }
+    }
+}
+
 // One lane's CQE (its phase tag as expected): checks its SQID and SQHD
 // and hands its completion to the command waiting on its CID.
-__device__ __forceinline__ void take_cqe(const TuttiQueue& q, BlockQueue& s, uint32_t* done, uint32_t dw2,
-                                         uint32_t dw3) {
+__device__ __forceinline__ void take_cqe(const TuttiQueue& q, BlockQueue& s, uint32_t* done,
+                                         const uint32_t* slot_cid, uint32_t dw2, uint32_t dw3) {
     if ((dw2 >> 16) != q.qid) {
         // Not this SQ's: neither its SQHD nor its CID mean anything here.
         atomicAdd(&s.bad_sqid, 1u);
@@ -209,6 +229,7 @@ __device__ __forceinline__ void take_cqe(const TuttiQueue& q, BlockQueue& s, uin
     if (was != WAITING) {
         atomicAdd(&s.stale, 1u);
         if (was == ABANDONED) {
+            late_fetched(q, s, slot_cid, cid);
             atomicCAS(&done[cid], ABANDONED, 0u);
         }
     }
@@ -221,7 +242,8 @@ __device__ __forceinline__ void take_cqe(const TuttiQueue& q, BlockQueue& s, uin
 // Returns how many it took; thread 0 then writes the CQ head doorbell once.
 // crates/gpu-io/src/reap_model.rs models this pass on the CPU (tested in
 // CI): keep the two in step.
-__device__ uint32_t block_reap(const TuttiQueue& q, BlockQueue& s, uint32_t* done, uint32_t window) {
+__device__ uint32_t block_reap(const TuttiQueue& q, BlockQueue& s, uint32_t* done, const uint32_t* slot_cid,
+                               uint32_t window) {
     uint32_t t = threadIdx.x;
     uint32_t dw2 = 0, dw3 = 0;
     bool posted = false;
@@ -240,7 +262,7 @@ __device__ uint32_t block_reap(const TuttiQueue& q, BlockQueue& s, uint32_t* don
     __syncthreads();
     uint32_t take = s.gap;
     if (t < take) {
-        take_cqe(q, s, done, dw2, dw3);
+        take_cqe(q, s, done, slot_cid, dw2, dw3);
     }
     // Every CQE taken has been read before the doorbell gives its slot
     // back (the barrier, then a system-scope fence before the store).
@@ -422,7 +444,8 @@ extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, 
     __shared__ BlockQueue s;
     const TuttiQueue q = queues[b];
     TuttiQueueState* st = (TuttiQueueState*)q.state;
-    uint32_t* done = (uint32_t*)(st + 1) + q.size;  // after ready[size] (unused): 65536 cells
+    uint32_t* slot_cid = (uint32_t*)(st + 1);       // size cells
+    uint32_t* done = slot_cid + q.size;              // 65536 cells
     uint32_t active = min((uint32_t)blockDim.x, q.size - 1u);
     uint32_t window_max = min((uint32_t)blockDim.x, q.size);
     if (threadIdx.x == 0) {
@@ -455,6 +478,7 @@ extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, 
         if (held && rank < nsub) {
             store_volatile(&done[c.cid], WAITING);
             c.pos = tail + rank;
+            store_volatile(&slot_cid[c.pos % q.size], c.cid);
             write_sqe(q, (uint32_t)(c.pos % q.size), c);
             // The SQE, its PRP list and WAITING are visible system-wide
             // before the doorbell (stored after the barrier below).
@@ -485,7 +509,7 @@ extern "C" __global__ void tutti_io(const TuttiQueue* queues, uint32_t nqueues, 
         }
         __syncthreads();
         // 3. Reaping.
-        uint32_t take = block_reap(q, s, done, window);
+        uint32_t take = block_reap(q, s, done, slot_cid, window);
         if (threadIdx.x == 0 && take != 0) {
             __threadfence_system();
             store_volatile((uint32_t*)q.cq_doorbell, (uint32_t)((s.head + take) % q.size));

@@ -36,7 +36,8 @@ pub struct TuttiQueue {
 }
 
 /// Per-queue state in device memory (`struct TuttiQueueState`, 64 bytes),
-/// followed by `ready: [u32; size]` and `done: [u32; 65536]`.
+/// followed by `slot_cid: [u32; size]` (the CID last written into each SQ
+/// slot) and `done: [u32; 65536]`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TuttiQueueState {
@@ -71,7 +72,7 @@ pub struct TuttiQueueState {
     pub _pad: u32,
 }
 
-/// Entries of the per-CID completion table after the ready array.
+/// Entries of the per-CID completion table after the `slot_cid` array.
 pub const DONE_ENTRIES: usize = 65536;
 
 /// One request (`struct TuttiRequest`, 32 bytes).

@@ -98,42 +98,6 @@ fn raw_items(ranges: &[(u64, usize)]) -> Result<Vec<TuttiCrcItem>, GpuError> {
     Ok(items)
 }
 
-/// A checksum launch queued behind another launch
-/// ([`Gpu::crc32c_raw_after`]), until [`PendingCrc32c::wait`]. Dropped
-/// without a wait, it waits for the checksum stream (its scratch must not
-/// be reused while the kernel may run).
-#[derive(Debug)]
-#[must_use = "the checksums are only read by wait()"]
-pub struct PendingCrc32c {
-    gpu: Arc<Gpu>,
-    /// `None` for no ranges, or once waited on.
-    launch: Option<(CrcScratch, CrcLayout)>,
-}
-
-impl PendingCrc32c {
-    /// Waits for the checksum launch (and for everything queued on the
-    /// checksum stream before it) and returns one CRC32C per range, in
-    /// order.
-    ///
-    /// # Errors
-    ///
-    /// [`GpuError::Driver`] when CUDA reports a failure of the stream.
-    pub fn wait(mut self) -> Result<Vec<u32>, GpuError> {
-        match self.launch.take() {
-            Some((scratch, layout)) => self.gpu.finish_crc32c(scratch, &layout),
-            None => Ok(Vec::new()),
-        }
-    }
-}
-
-impl Drop for PendingCrc32c {
-    fn drop(&mut self) {
-        if let Some((scratch, layout)) = self.launch.take() {
-            let _ = self.gpu.finish_crc32c(scratch, &layout);
-        }
-    }
-}
-
 /// A CUDA event for timing the kernel; destroyed on drop.
 struct Event {
     raw: sys::CUevent,
@@ -263,8 +227,8 @@ impl Gpu {
             return Ok((Vec::new(), Duration::ZERO));
         }
         let events = if timed { Some((Event::new(&self.ctx)?, Event::new(&self.ctx)?)) } else { None };
-        // SAFETY: forwarded from this function's contract; no event to wait for.
-        let (scratch, layout) = unsafe { self.start_crc32c(items, events.as_ref(), None) }?;
+        // SAFETY: forwarded from this function's contract.
+        let (scratch, layout) = unsafe { self.start_crc32c(items, events.as_ref()) }?;
         let out = self.finish_crc32c(scratch, &layout)?;
         let took = match &events {
             Some((start, end)) => start.until(end)?,
@@ -274,34 +238,30 @@ impl Gpu {
     }
 
     /// Takes a scratch and queues one checksum launch over `items` on the
-    /// checksum stream, behind the event `after` when given. On an error
-    /// the stream has been synchronised and the scratch returned.
+    /// checksum stream. On an error the stream has been synchronised and
+    /// the scratch returned.
+    ///
+    /// Nothing on the checksum stream ever waits for an I/O kernel: a
+    /// stream that waits (`cuStreamWaitEvent`) blocks the hardware queue
+    /// it shares with other streams (`CUDA_DEVICE_MAX_CONNECTIONS`), and
+    /// with emulated drives the copies an I/O kernel waits for may sit in
+    /// that queue behind the wait, until every command's budget has passed
+    /// (H200, issue 23: KV restores of 63 objects and more timed out).
+    /// Callers checksum a load after it has ended.
     ///
     /// # Safety
     ///
-    /// As [`Gpu::run_crc32c`], until [`Gpu::finish_crc32c`] has returned;
-    /// `after`, if given, is a live event of this context.
+    /// As [`Gpu::run_crc32c`], until [`Gpu::finish_crc32c`] has returned.
     unsafe fn start_crc32c(
         &self,
         items: &[TuttiCrcItem],
         events: Option<&(Event, Event)>,
-        after: Option<sys::CUevent>,
     ) -> Result<(CrcScratch, CrcLayout), GpuError> {
         let offsets = task_offsets(items)?;
         let layout = CrcLayout::new(items.len(), offsets[items.len()] as usize);
         let mut scratch = self.crc_scratch.take(self, &layout)?;
-        let r = match after {
-            Some(ev) => self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent")).and_then(|()| {
-                // SAFETY: a live stream and, by this function's contract, a
-                // live event of this context.
-                unsafe { sys::cuStreamWaitEvent(self.crc_stream.raw, ev, 0) }
-                    .result()
-                    .map_err(drv("cuStreamWaitEvent"))
-            }),
-            None => Ok(()),
-        };
         // SAFETY: the items' memory is readable (this function's contract).
-        let r = r.and_then(|()| unsafe { self.crc_launch(&mut scratch, &layout, items, &offsets, events) });
+        let r = unsafe { self.crc_launch(&mut scratch, &layout, items, &offsets, events) };
         if let Err(e) = r {
             // Whatever was queued has ended before the scratch is reused.
             let _ = self.crc_stream.sync();
@@ -320,41 +280,6 @@ impl Gpu {
         let out = if synced.is_ok() { scratch.results(layout) } else { Vec::new() };
         self.crc_scratch.give(scratch, &self.quiet);
         synced.map(|()| out)
-    }
-
-    /// As [`Gpu::crc32c_raw`], without waiting: the launch is queued on the
-    /// checksum stream behind `after`, the end event of another launch of
-    /// this GPU (for example [`GpuLaunch::event`](crate::GpuLaunch::event)
-    /// of the load that fills the ranges), so the checksum starts on the
-    /// GPU as soon as that launch ends, with no host round trip in between.
-    /// [`PendingCrc32c::wait`] returns the checksums.
-    ///
-    /// The checksum stream then waits for that event: the event's stream
-    /// must never wait for work queued later on the checksum stream, and
-    /// the launch behind the event must end (an I/O launch always does,
-    /// within its budget).
-    ///
-    /// # Safety
-    ///
-    /// As [`Gpu::crc32c_raw`], until the returned value has been waited on
-    /// or dropped; `after` must be a live `CUevent` of this `Gpu`'s context
-    /// (recorded or not) when this is called.
-    ///
-    /// # Errors
-    ///
-    /// As [`Gpu::crc32c_raw`].
-    pub unsafe fn crc32c_raw_after(
-        self: &Arc<Self>,
-        ranges: &[(u64, usize)],
-        after: u64,
-    ) -> Result<PendingCrc32c, GpuError> {
-        let items = raw_items(ranges)?;
-        if items.is_empty() {
-            return Ok(PendingCrc32c { gpu: self.clone(), launch: None });
-        }
-        // SAFETY: forwarded from this function's contract.
-        let launch = unsafe { self.start_crc32c(&items, None, Some(after as sys::CUevent)) }?;
-        Ok(PendingCrc32c { gpu: self.clone(), launch: Some(launch) })
     }
 
     /// Writes the launch's inputs into the scratch's pinned host memory and

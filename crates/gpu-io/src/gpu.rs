@@ -788,8 +788,9 @@ pub struct GpuQueue {
     /// Rewriting and reading `state` waits for running I/O kernels.
     quiet: Arc<Quiesce>,
     /// The end event of the last launch that used this queue: a launch on
-    /// another stream waits for it on the GPU first, so that two kernels
-    /// never drive one queue at once.
+    /// another stream waits for it on the host first (one on the same
+    /// stream follows it in stream order), so that two kernels never
+    /// drive one queue at once.
     last: Mutex<Option<Arc<KernelEvent>>>,
     /// A GPU null controller serves this queue (`null_ctrl.rs`).
     null_served: std::sync::atomic::AtomicBool,

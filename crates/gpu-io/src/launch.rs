@@ -19,8 +19,13 @@
 //!   spinning a core, and [`GpuLaunch::is_done`] polls it.
 //! - The stream is the `Gpu`'s own, or the caller's ([`Gpu::launch_on`]),
 //!   so that a serving engine orders I/O with its own kernels. A queue is
-//!   never driven by two kernels at once: a launch first makes its stream
-//!   wait for the last launch on each of its queues (`cuStreamWaitEvent`).
+//!   never driven by two kernels at once: a launch follows the last launch
+//!   on each of its queues in stream order, or, when that one was made on
+//!   another stream, waits for it on the host before it is queued. No
+//!   stream ever waits for an I/O kernel on the GPU (`cuStreamWaitEvent`):
+//!   the waiting stream would block the hardware queue it shares with
+//!   other streams, and with emulated drives the copies the running kernel
+//!   needs may be in that queue (issue 23).
 //! - The memory-management gate (`Quiesce`) knows every launch in flight
 //!   by its event, and waits for them all; launches take the gate's lock
 //!   only for the few calls that queue the work.
@@ -35,6 +40,7 @@ use cudarc::driver::sys;
 use crate::abi::{TuttiQueue, TuttiRequest};
 use crate::gpu::{drv, Gpu, GpuError, GpuQueue, GpuRegion, GpuStatus, Quiesce, STATUS_NOT_RUN};
 use crate::gpu::{MAX_QUEUES_PER_LAUNCH, MAX_REQUESTS_PER_LAUNCH};
+use crate::launch_end::LaunchEnd;
 
 /// Free slots kept for reuse.
 const POOL_SLOTS: usize = 8;
@@ -60,7 +66,7 @@ const SHORT_LAUNCH_BYTES: u64 = 8 << 20;
 /// `TUTTI_GPU_WAIT_SPIN_US` (microseconds, any launch) when set to a
 /// number, a tuning knob for latency against host CPU; otherwise
 /// [`WAIT_SPIN`] up to [`SHORT_LAUNCH_BYTES`] and [`WAIT_SPIN_LONG`] above.
-fn wait_spin(bytes: u64) -> Duration {
+pub(crate) fn wait_spin(bytes: u64) -> Duration {
     static SPIN: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
     let set = *SPIN.get_or_init(|| {
         std::env::var("TUTTI_GPU_WAIT_SPIN_US")
@@ -79,6 +85,10 @@ const SLOT_MIN: usize = 64 << 10;
 #[derive(Debug)]
 pub(crate) struct KernelEvent {
     raw: sys::CUevent,
+    /// The stream it is recorded on (a launch's end event: the launch's
+    /// stream), so that a later launch on another stream knows it must
+    /// not wait for it on the GPU ([`Gpu::wait_other_streams`]).
+    stream: sys::CUstream,
     ctx: Arc<cudarc::driver::CudaContext>,
 }
 
@@ -89,7 +99,11 @@ unsafe impl Send for KernelEvent {}
 unsafe impl Sync for KernelEvent {}
 
 impl KernelEvent {
-    fn new(ctx: &Arc<cudarc::driver::CudaContext>, timing: bool) -> Result<Self, GpuError> {
+    fn new(
+        ctx: &Arc<cudarc::driver::CudaContext>,
+        timing: bool,
+        stream: sys::CUstream,
+    ) -> Result<Self, GpuError> {
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         let mut raw: sys::CUevent = std::ptr::null_mut();
         let mut flags = sys::CUevent_flags_enum::CU_EVENT_BLOCKING_SYNC as u32;
@@ -98,7 +112,7 @@ impl KernelEvent {
         }
         // SAFETY: `raw` is a valid out-pointer.
         unsafe { sys::cuEventCreate(&mut raw, flags) }.result().map_err(drv("cuEventCreate"))?;
-        Ok(Self { raw, ctx: ctx.clone() })
+        Ok(Self { raw, stream, ctx: ctx.clone() })
     }
 
     /// The raw `CUevent`, for a caller's `cuStreamWaitEvent`.
@@ -322,9 +336,18 @@ impl GpuLaunch {
     /// The raw `CUevent` recorded after the kernel and its status copy, for
     /// a caller that orders its own stream after this launch
     /// (`cuStreamWaitEvent`). Valid until this launch is waited on or
-    /// dropped.
+    /// dropped. With emulated drives, a stream made to wait for a running
+    /// I/O kernel can stall the emulator's copies that kernel needs (when
+    /// the two share a hardware queue, `CUDA_DEVICE_MAX_CONNECTIONS`):
+    /// prefer to wait for the launch first, or set that variable to 32.
     pub fn event(&self) -> u64 {
         self.done.raw() as u64
+    }
+
+    /// The launch's end, to wait for with a deadline
+    /// ([`LaunchEnd::wait_until`]) while this value stays where it is.
+    pub fn end(&self) -> LaunchEnd {
+        LaunchEnd { event: self.done.clone(), bytes: self.bytes }
     }
 
     /// Waits for the kernel (bounded by the launch's per-command budget)
@@ -399,10 +422,12 @@ impl Gpu {
     /// request.
     ///
     /// The queues and regions must stay alive until this launch is waited
-    /// on. A launch on a queue that an earlier launch still uses waits on
-    /// the GPU (not the host) for that one to end first. Does not block,
-    /// except for a launch larger than any before it (a new slot is
-    /// allocated, which waits for running I/O kernels).
+    /// on. A launch on a queue that an earlier launch on the same stream
+    /// still uses runs after it in stream order (no host wait); one whose
+    /// earlier launch was on another stream blocks until that one has
+    /// ended. Otherwise does not block, except for a launch larger than
+    /// any before it (a new slot is allocated, which waits for running I/O
+    /// kernels).
     pub fn launch(
         &self,
         queues: &[(&GpuQueue, &GpuRegion)],
@@ -526,8 +551,8 @@ impl Gpu {
         slot.put(layout.order, input.order);
         slot.put(layout.offsets, input.offsets);
         slot.put(layout.status, &vec![STATUS_NOT_RUN; n]);
-        let events = KernelEvent::new(&self.ctx, input.timed).and_then(|done| {
-            let started = if input.timed { Some(KernelEvent::new(&self.ctx, true)?) } else { None };
+        let events = KernelEvent::new(&self.ctx, input.timed, stream).and_then(|done| {
+            let started = if input.timed { Some(KernelEvent::new(&self.ctx, true, stream)?) } else { None };
             Ok((Arc::new(done), started))
         });
         let (done, started) = match events {
@@ -538,8 +563,15 @@ impl Gpu {
             }
         };
         // No memory management may start between the launch and its
-        // listing in the gate.
-        let mut running = self.quiet.lock();
+        // listing in the gate. No launch on another stream may still run
+        // on these queues (waited for here, on the host).
+        let mut running = loop {
+            self.wait_other_streams(queues, stream);
+            let running = self.quiet.lock();
+            if !queues.iter().any(|q| order_after(q.last_on(), stream) == After::HostWait) {
+                break running;
+            }
+        };
         let events = (started.as_ref(), &*done);
         if let Err(e) = self.enqueue(input.func, &slot, &layout, queues, threads, budget, stream, events) {
             // Whatever was queued must end before the slot is reused.
@@ -572,9 +604,30 @@ impl Gpu {
         })
     }
 
-    /// The driver calls of a launch, in stream order: waits for earlier
-    /// launches on its queues, the start event (timed launches), the
-    /// kernel, the end event.
+    /// Waits on the host until every earlier launch on `queues` made on a
+    /// stream other than `stream` has ended. Never on the GPU: a stream
+    /// that waits for an event (`cuStreamWaitEvent`) blocks the hardware
+    /// queue it shares with other streams (`CUDA_DEVICE_MAX_CONNECTIONS`),
+    /// and with emulated drives the copies a running I/O kernel waits for
+    /// may sit in that queue behind the wait: a cycle that only the
+    /// commands' budgets break (issue 23; docs/gpu.md, "No GPU work waits
+    /// for an I/O kernel"). Earlier launches on the same stream are
+    /// ordered by the stream itself.
+    fn wait_other_streams(&self, queues: &[&GpuQueue], stream: sys::CUstream) {
+        for q in queues {
+            if order_after(q.last_on(), stream) == After::HostWait {
+                if let Some(prev) = q.last_launch() {
+                    // Bounded: the kernel ends within its commands' budgets.
+                    let _ = prev.synchronize();
+                }
+            }
+        }
+    }
+
+    /// The driver calls of a launch, in stream order: the start event
+    /// (timed launches), the kernel, the end event. Earlier launches on
+    /// its queues were on the same stream or have ended
+    /// ([`Gpu::wait_other_streams`]).
     #[allow(clippy::too_many_arguments)]
     fn enqueue(
         &self,
@@ -588,14 +641,6 @@ impl Gpu {
         (started, done): (Option<&KernelEvent>, &KernelEvent),
     ) -> Result<(), GpuError> {
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        for q in queues {
-            if let Some(prev) = q.last_launch() {
-                // SAFETY: both handles are live in this context.
-                unsafe { sys::cuStreamWaitEvent(stream, prev.raw(), 0) }
-                    .result()
-                    .map_err(drv("cuStreamWaitEvent"))?;
-            }
-        }
         // The kernel reads its inputs and writes its statuses in the slot's
         // mapped host memory (the launch makes the host's stores visible).
         let d = slot.host.dptr;
@@ -629,6 +674,37 @@ impl Gpu {
             .map_err(drv("cuLaunchKernel"))?;
         // SAFETY: both handles are live in this context.
         unsafe { sys::cuEventRecord(done.raw(), stream) }.result().map_err(drv("cuEventRecord"))
+    }
+}
+
+/// How a launch is ordered after the last launch on one of its queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum After {
+    /// No launch before it, or that one has ended.
+    Nothing,
+    /// That one was made on the same stream: the stream orders the two.
+    StreamOrder,
+    /// That one was made on another stream and may still run: the host
+    /// waits for it before queuing this one (never the GPU: see
+    /// [`Gpu::wait_other_streams`]; checked by `stream_model.rs`).
+    HostWait,
+}
+
+/// The ordering of a launch on `stream` after `prev`, the last launch on
+/// one of its queues as (its stream, whether it has ended).
+pub(crate) fn order_after<S: PartialEq>(prev: Option<(S, bool)>, stream: S) -> After {
+    match prev {
+        None | Some((_, true)) => After::Nothing,
+        Some((s, false)) if s == stream => After::StreamOrder,
+        Some(_) => After::HostWait,
+    }
+}
+
+impl GpuQueue {
+    /// The last launch on this queue as (its stream, whether it has
+    /// ended), for [`order_after`].
+    fn last_on(&self) -> Option<(sys::CUstream, bool)> {
+        self.last_launch().map(|p| (p.stream, p.is_done()))
     }
 }
 

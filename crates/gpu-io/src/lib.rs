@@ -34,14 +34,17 @@ mod crc32c;
 mod emulated_dma;
 mod gpu;
 mod launch;
+mod launch_end;
 mod null_ctrl;
 pub mod ptx;
 mod reap_model;
+mod stream_model;
 
-pub use crc32c::{GpuRange, PendingCrc32c, CRC32C_CHUNK_BYTES, MAX_CRC32C_LEN, MAX_CRC32C_TASKS};
+pub use crc32c::{GpuRange, CRC32C_CHUNK_BYTES, MAX_CRC32C_LEN, MAX_CRC32C_TASKS};
 pub use gpu::{
     Gpu, GpuBuffer, GpuDrive, GpuError, GpuQueue, GpuQueueCounters, GpuRegion, GpuStatus,
     MAX_QUEUES_PER_LAUNCH, MAX_REQUESTS_PER_LAUNCH,
 };
 pub use launch::{GpuLaunch, GpuStream};
+pub use launch_end::LaunchEnd;
 pub use null_ctrl::NullControllers;

@@ -34,6 +34,11 @@ struct Reaper {
     phase: u32,
     sq_head: u64,
     published: u64,
+    /// SQ entries known fetched (`BlockQueue::fetched`): slots below
+    /// `fetched + size - 1` may be written.
+    fetched: u64,
+    /// The CID written into each SQ slot (`slot_cid` in the kernel).
+    slot_cid: Vec<u32>,
     stale: u32,
     bad_sqid: u32,
     bad_sqhd: u32,
@@ -69,12 +74,29 @@ impl Reaper {
             self.done[cid] = value;
         } else {
             t.stale = true;
-            // A late CQE gives back the CID of a command that timed out.
+            // A late CQE gives back the CID of a command that timed out,
+            // and says its entry was fetched (`late_fetched`).
             if self.done[cid] == ABANDONED {
+                self.late_fetched(cid as u32, published);
                 self.done[cid] = 0;
             }
         }
         t
+    }
+
+    /// `late_fetched`: the entry of the timed-out command holding `cid`,
+    /// among those not yet known fetched, and every one before it, were
+    /// fetched.
+    fn late_fetched(&mut self, cid: u32, tail: u64) {
+        let size = u64::from(self.size);
+        if let Some(p) = (self.fetched..tail).find(|&p| self.slot_cid[(p % size) as usize] == cid) {
+            self.fetched = self.fetched.max(p + 1);
+        }
+    }
+
+    /// SQ slots a round may write (`free_slots` in the kernel).
+    fn free_slots(&self) -> u64 {
+        self.fetched + u64::from(self.size) - 1 - self.published
     }
 
     /// One round's `block_reap` with `window` threads (thread t tests CQ
@@ -205,6 +227,8 @@ fn situation(rng: &mut Rng, lagging: bool) -> (Reaper, Vec<Cqe>) {
         phase: phase_at(cq_head),
         sq_head,
         published,
+        fetched: sq_head,
+        slot_cid: (0..size).map(|slot| (u64::from(slot) + 0x8000) as u32 & 0xFFFF).collect(),
         stale: 0,
         bad_sqid: 0,
         bad_sqhd: 0,
@@ -344,4 +368,38 @@ fn a_full_ring_is_reaped_in_one_call_and_wraps_its_phase() {
     r.published = 32;
     r.block_reap(&cq, 8);
     assert_eq!((r.cq_head, r.phase, r.sq_head), (32, 0, 32));
+}
+
+#[test]
+fn a_ring_of_timed_out_commands_frees_its_slots_when_they_complete_late() {
+    // An 8-entry ring: 7 commands (CIDs 40..47) written at positions 0..6,
+    // none fetched yet, all timed out (ABANDONED). The ring is full.
+    let (mut r, _) = situation(&mut Rng(2), false);
+    r.size = 8;
+    (r.cq_head, r.phase, r.sq_head, r.published, r.fetched) = (0, 1, 0, 7, 0);
+    r.done.iter_mut().for_each(|c| *c = 0);
+    r.slot_cid = vec![0; 8];
+    for p in 0..7u32 {
+        r.slot_cid[p as usize] = 40 + p;
+        r.done[(40 + p) as usize] = ABANDONED;
+    }
+    assert_eq!(r.free_slots(), 0, "a full ring");
+    // The drive completes them late, the fourth first (its SQHD says 4),
+    // then the rest in order.
+    let late = |cid: u32, sqhd: u32, slot: u32| (slot, Cqe { dw2: (1 << 16) | sqhd, dw3: (1 << 16) | cid });
+    let mut cq = vec![Cqe::default(); 8];
+    let (slot, c) = late(43, 4, 0);
+    cq[slot as usize] = c;
+    r.block_reap(&cq, 8);
+    assert_eq!(r.fetched, 4, "entries 0..=3 were fetched");
+    assert_eq!(r.free_slots(), 4);
+    for (i, cid) in [40, 41, 42, 44, 45, 46].into_iter().enumerate() {
+        let (slot, c) = late(cid, 7, i as u32 + 1);
+        cq[slot as usize] = c;
+    }
+    r.block_reap(&cq, 8);
+    assert_eq!((r.cq_head, r.stale), (7, 7), "every late CQE counted stale");
+    assert_eq!(r.fetched, 7, "the whole ring is known fetched");
+    assert_eq!(r.free_slots(), 7, "the ring takes commands again");
+    assert!((40..47).all(|cid| r.done[cid] == 0), "every CID given back");
 }

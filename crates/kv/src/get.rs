@@ -11,7 +11,7 @@ use crate::error::{ItemStatus, KvError};
 use crate::format::Record;
 use crate::inflight::{Held, Inflight};
 use crate::key::Key;
-use crate::memory::{KvMemory, MemoryKind, Value};
+use crate::memory::{KvMemory, Value};
 use crate::stats::Counters;
 use crate::store::KvStore;
 
@@ -38,10 +38,6 @@ pub struct PendingGets<'a> {
     /// Memory the batch loads into (one entry per accepted item).
     mems: Vec<MemoryHandle>,
     inflight: Arc<Inflight>,
-    /// The checksums of the items loaded into GPU memory, queued on the GPU
-    /// behind the load's kernel (no host round trip between the two), with
-    /// the item index of each range.
-    crc: Option<(gpu_io::PendingCrc32c, Vec<usize>)>,
     /// Waited on: nothing left to release when dropped.
     settled: bool,
 }
@@ -56,8 +52,7 @@ impl Drop for PendingGets<'_> {
         }
         let held =
             self.items.iter().filter_map(|r| r.as_ref().ok().map(|(s, ..)| Held::Pinned(*s))).collect();
-        let crc = self.crc.take().map(|(c, _)| c);
-        self.inflight.orphan(self.op.take(), held, std::mem::take(&mut self.mems), crc);
+        self.inflight.orphan(self.op.take(), held, std::mem::take(&mut self.mems));
     }
 }
 
@@ -131,58 +126,14 @@ impl KvStore {
         let mems: Vec<MemoryHandle> =
             out.iter().filter_map(|r| r.as_ref().ok().map(|x| x.3.handle)).collect();
         self.inflight.take(&mems);
-        let crc = op.and_then(|op| self.checksum_behind(op, &out));
         Ok(PendingGets {
             op,
             store_id: self.id,
             items: out,
             mems,
             inflight: self.inflight.clone(),
-            crc,
             settled: false,
         })
-    }
-
-    /// Queues the checksums of the items that load into GPU memory on the
-    /// GPU, behind the end of `op`'s kernel, so they run as soon as the
-    /// load ends. `None` (checksummed after the wait, as for host memory)
-    /// when no item loads into GPU memory, the load has no GPU kernel
-    /// (CPU-executed commands), or the launch is refused.
-    fn checksum_behind(
-        &self,
-        op: OpHandle,
-        items: &[GetItem<'_>],
-    ) -> Option<(gpu_io::PendingCrc32c, Vec<usize>)> {
-        let mut ranges = Vec::new();
-        let mut index = Vec::new();
-        for (i, r) in items.iter().enumerate() {
-            if let Ok((_, rec, _, mem, off)) = r {
-                if mem.kind == MemoryKind::Gpu {
-                    ranges.push((mem.addr + off, rec.len as usize));
-                    index.push(i);
-                }
-            }
-        }
-        if ranges.is_empty() {
-            return None;
-        }
-        let gpu = self.targets.rt.gpu()?;
-        let event = self.targets.rt.gpu_event(op).ok()??;
-        // SAFETY: every range lies inside memory registered with
-        // `register_gpu` (checked by `get`), whose contract keeps it
-        // allocated device memory of the runtime's GPU while registered;
-        // the store holds it in use (`inflight`) until the pending
-        // checksum has been waited for or dropped (`finish_get`, or the
-        // orphan's release). `event` is the live end event of `op`'s launch.
-        #[allow(unsafe_code)]
-        let pending = unsafe { gpu.crc32c_raw_after(&ranges, event) };
-        match pending {
-            Ok(p) => Some((p, index)),
-            Err(e) => {
-                tracing::debug!(error = %e, "tutti-kv: checksums queued behind the load refused; computing them after it");
-                None
-            }
-        }
     }
 
     /// Waits for a batch of gets and verifies each payload: one status per
@@ -237,7 +188,7 @@ impl KvStore {
         statuses: Result<Vec<RequestStatus>, String>,
     ) -> Vec<ItemStatus> {
         pending.settled = true;
-        let mut ranges: Vec<Option<(&KvMemory, u64, u64)>> = pending
+        let ranges: Vec<Option<(&KvMemory, u64, u64)>> = pending
             .items
             .iter()
             .map(|r| match (r, &statuses) {
@@ -249,22 +200,12 @@ impl KvStore {
                 _ => None,
             })
             .collect();
-        // Checksums already queued behind the load: their items are not
-        // checksummed again.
-        let queued = pending.crc.take().map(|(c, index)| {
-            for &i in &index {
-                ranges[i] = None;
-            }
-            (c.wait(), index)
-        });
-        let crcs = self.crc_of(&ranges).and_then(|mut c| {
-            if let Some((done, index)) = queued {
-                for (i, v) in index.into_iter().zip(done.map_err(KvError::Gpu)?) {
-                    c[i] = v;
-                }
-            }
-            Ok(c)
-        });
+        // Checksummed once the load has ended, never queued on the GPU
+        // behind it: a stream waiting for the load's kernel blocks the
+        // hardware queue it shares with other streams, and with emulated
+        // drives the copies that kernel waits for may be in that queue
+        // (docs/gpu.md, "No GPU work waits for an I/O kernel").
+        let crcs = self.crc_of(&ranges);
         let mut out = Vec::with_capacity(pending.items.len());
         for (i, r) in pending.items.iter().enumerate() {
             let Ok((slot, rec, at, ..)) = r else {

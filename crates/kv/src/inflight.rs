@@ -32,9 +32,6 @@ struct Orphan {
     op: Option<OpHandle>,
     held: Vec<Held>,
     mems: Vec<MemoryHandle>,
-    /// A get's checksum launch queued behind its load: waited for (briefly:
-    /// the load has ended by then) before the memory is let go.
-    crc: Option<gpu_io::PendingCrc32c>,
 }
 
 /// The in-flight state of one store, shared with its pending batches.
@@ -76,14 +73,8 @@ impl Inflight {
     }
 
     /// A batch was dropped without a wait.
-    pub fn orphan(
-        &self,
-        op: Option<OpHandle>,
-        held: Vec<Held>,
-        mems: Vec<MemoryHandle>,
-        crc: Option<gpu_io::PendingCrc32c>,
-    ) {
-        lock(&self.orphans).push(Orphan { op, held, mems, crc });
+    pub fn orphan(&self, op: Option<OpHandle>, held: Vec<Held>, mems: Vec<MemoryHandle>) {
+        lock(&self.orphans).push(Orphan { op, held, mems });
     }
 
     /// Orphans waiting for their commands.
@@ -127,8 +118,6 @@ impl KvStore {
                     }
                 }
             }
-            // Its checksum kernel reads the memory: it ends first.
-            drop(o.crc);
             self.inflight.give(&o.mems);
         }
         lock(&self.inflight.orphans).extend(keep);

@@ -55,7 +55,7 @@ impl Drop for PendingPuts {
         }
         let held =
             self.items.iter().filter_map(|r| r.as_ref().ok().map(|(s, ..)| Held::Reserved(*s))).collect();
-        self.inflight.orphan(self.op.take(), held, std::mem::take(&mut self.mems), None);
+        self.inflight.orphan(self.op.take(), held, std::mem::take(&mut self.mems));
     }
 }
 

@@ -71,7 +71,7 @@ fn commit_rounds_flush_gpu_executed_drives_with_a_write_cache() {
 }
 
 /// A payload byte flipped on the media: the get into GPU memory (whose
-/// checksum kernel is queued behind the load's kernel) reports a mismatch
+/// checksum kernel runs once the load has ended) reports a mismatch
 /// with the stored and the computed CRC, and the CPU's CRC of the bytes
 /// that arrived is the computed one.
 #[test]

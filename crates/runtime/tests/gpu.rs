@@ -164,6 +164,61 @@ fn reset_drive_refuses_while_a_gpu_kernel_on_the_drive_runs_even_if_another_thre
     drop(rt);
 }
 
+/// How far past its deadline a wait on a GPU-executed operation may return
+/// (docs/gpu.md, "Waits and deadlines"): the kernel's end is watched by a
+/// helper thread sleeping in the driver, the waiter by a condition variable.
+const DEADLINE_BOUND: Duration = Duration::from_millis(50);
+
+#[test]
+fn a_wait_on_a_running_kernel_returns_by_its_deadline_and_its_memory_stays_busy_until_the_kernel_ends() {
+    // d1 completes its first read of LBA 0 two seconds late: the kernel
+    // runs that long, far past the wait's 200 ms.
+    let Some(rt) = two_drives_with_d1_first_read(FaultActionConfig::DelayUs(2_000_000)) else { return };
+    let mut src: Vec<u64> = (0..(1 << 20) / 8).map(|i| (i as u64).wrapping_mul(0x2545_F491)).collect();
+    let mut dst = vec![0u64; (1 << 20) / 8];
+    // SAFETY: both vectors outlive the registrations (the runtime is
+    // dropped first) and are untouched while I/O runs.
+    #[allow(unsafe_code)]
+    let (ms, md) = unsafe {
+        (
+            rt.register_memory(src.as_mut_ptr().cast(), 1 << 20).unwrap(),
+            rt.register_memory(dst.as_mut_ptr().cast(), 1 << 20).unwrap(),
+        )
+    };
+    let t = rt.open("tutti://kv/0").unwrap();
+    let st =
+        rt.wait(rt.submit(&[Request::write(t, 0, 1 << 20, ms, 0)]).op().unwrap(), Duration::from_secs(30));
+    assert_eq!(st.unwrap(), [RequestStatus::Success]);
+    let op = rt.submit(&[Request::read(t, 0, 1 << 20, md, 0)]).op().unwrap();
+    let deadline = Duration::from_millis(200);
+    let started = std::time::Instant::now();
+    let st = rt.wait(op, deadline).unwrap();
+    let took = started.elapsed();
+    assert_eq!(st, [RequestStatus::Timeout]);
+    assert!(took >= deadline && took <= deadline + DEADLINE_BOUND, "the wait took {took:?}");
+    // The kernel still runs and the drive may still write: the memory is busy.
+    assert!(matches!(rt.unregister_memory(md), Err(Error::MemoryBusy { .. })));
+    // Once the late completion has come and the kernel has ended, reaping
+    // lets it go (the kernel saw every command complete: nothing pinned).
+    let end = std::time::Instant::now() + Duration::from_secs(8);
+    loop {
+        rt.reap();
+        match rt.unregister_memory(md) {
+            Ok(()) => break,
+            Err(Error::MemoryBusy { .. }) if std::time::Instant::now() < end => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => panic!("memory not released after the kernel ended: {e}"),
+        }
+    }
+    assert!(src == dst, "the late read still landed whole");
+    // The queues work on.
+    let st = rt.wait(rt.submit(&[Request::read(t, 0, 4096, ms, 0)]).op().unwrap(), Duration::from_secs(5));
+    assert_eq!(st.unwrap(), [RequestStatus::Success]);
+    rt.unregister_memory(ms).unwrap();
+    drop(rt);
+}
+
 // Several GPU operations in flight together (the engine's per-layer save:
 // one put batch per layer and tensor, none waited before the last is
 // issued). On the H200 (2026-12-01) such saves timed out: a CUDA

@@ -56,8 +56,13 @@ impl Runtime {
     pub fn wait(&self, op: OpHandle, timeout: Duration) -> Result<Vec<RequestStatus>, Error> {
         let deadline = Instant::now().checked_add(timeout);
         let dps = self.live_op_datapaths(op)?;
-        // GPU-executed commands: the kernel bounds each by its budget.
-        self.finish_gpu(op)?;
+        // GPU-executed commands: waited for until the deadline. A kernel
+        // still running then is left to end on its own (its requests are
+        // Timeout below; `reap` finishes it later, its memory busy until
+        // then).
+        if self.wait_kernel(op, deadline)? {
+            self.finish_gpu(op)?;
+        }
         let mut buf = ReapBuffer::take();
         let mut last_progress = Instant::now();
         let mut last_check = last_progress;
@@ -174,9 +179,11 @@ impl Runtime {
 
     /// Reaps every queue's completions once, from the calling thread: late
     /// completions of timed-out operations are matched and their memory
-    /// released. [`Runtime::wait`] does this for its own operation's
+    /// released, and so are the kernels of GPU-executed operations whose
+    /// wait's deadline passed before they ended, once they have. [`Runtime::wait`] does this for its own operation's
     /// datapaths; this covers the rest. Returns completions consumed.
     pub fn reap(&self) -> usize {
+        self.reap_gpu_retired();
         let all: Vec<usize> = (0..self.datapaths.len()).collect();
         self.poll_datapaths(&all, &mut Vec::new())
     }

@@ -17,6 +17,7 @@
 //! kernel with no lock held.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use gpu_io::abi::TuttiRequest;
 use gpu_io::{GpuLaunch, GpuQueue, GpuRegion, GpuStatus};
@@ -162,6 +163,34 @@ impl Runtime {
     pub fn gpu_event(&self, op: OpHandle) -> Result<Option<u64>, Error> {
         let ops = lock(&self.ops);
         Ok(ops.get(op.0)?.gpu.as_ref().map(|g| g.launch.event()))
+    }
+
+    /// Waits until operation `op`'s kernel has ended or `deadline` has
+    /// passed; `true` when it has ended or the operation has none (then
+    /// [`Runtime::finish_gpu`] returns at once). The operations table is
+    /// not held while waiting.
+    pub(super) fn wait_kernel(&self, op: OpHandle, deadline: Option<Instant>) -> Result<bool, Error> {
+        let end = match &lock(&self.ops).get(op.0)?.gpu {
+            Some(g) => g.launch.end(),
+            None => return Ok(true),
+        };
+        Ok(end.wait_until(deadline))
+    }
+
+    /// Finishes the kernels of retired operations (a wait's deadline passed
+    /// before the kernel ended) that have ended since: their commands'
+    /// statuses settle the accounting, so that memory they no longer use
+    /// can go. Returns how many.
+    pub(super) fn reap_gpu_retired(&self) -> usize {
+        let ended: Vec<RawHandle> = lock(&self.ops)
+            .iter()
+            .filter(|(_, st)| st.is_retired() && st.gpu.as_ref().is_some_and(|g| g.launch.is_done()))
+            .map(|(h, _)| h)
+            .collect();
+        for &h in &ended {
+            let _ = self.finish_gpu(OpHandle(h));
+        }
+        ended.len()
     }
 
     /// Waits for an operation's kernel, if it has one, and hands each
