@@ -722,3 +722,35 @@ fn null_protocol(gpu: &Gpu, device_rings: bool) -> Vec<Drive> {
     drop(queues);
     drives
 }
+
+#[test]
+fn a_ring_of_timed_out_commands_frees_its_slots_when_they_complete_late() {
+    use nvme_emu::{FaultAction, FaultMatch, FaultRule};
+    let Some(gpu) = gpu() else { return };
+    // An 8-entry ring (7 commands at most in flight). The first 7 reads
+    // complete 600 ms late, past the launch's 200 ms budget: every entry
+    // of the ring belongs to a timed-out command.
+    let mut d = drive(&gpu, "late", |c| {
+        c.faults.push(FaultRule {
+            matches: FaultMatch { opcode: Some(nvm_opcode::READ), io_only: true, ..Default::default() },
+            action: FaultAction::Delay(Duration::from_millis(600)),
+            times: Some(7),
+            skip: 0,
+        })
+    });
+    let q = GpuQueue::new(&gpu, &d.gpu_drive, d.ctrl.create_io_queue_pair(1, 8, 7).unwrap()).unwrap();
+    let buf = DmaBuffer::new(&d.dev, 16 * 4096).unwrap();
+    let region = GpuRegion::new(&gpu, buf.mapping(), buf.len()).unwrap();
+    let reqs: Vec<_> = (0..7u64).map(|l| rw(nvm_opcode::READ, 0, l, l * 4096)).collect();
+    let st = gpu.run(&[(&q, &region)], &reqs, 7, Duration::from_millis(200)).unwrap();
+    assert!(st.iter().all(|s| *s == GpuStatus::Timeout), "{st:?}");
+    // The late completions arrive while no kernel runs.
+    std::thread::sleep(Duration::from_millis(800));
+    // The next launch reaps them first: their CIDs come back and their
+    // entries are known fetched, so the ring takes commands again.
+    let reqs: Vec<_> = (8..24u64).map(|l| rw(nvm_opcode::READ, 0, l, (l - 8) * 4096)).collect();
+    let st = gpu.run(&[(&q, &region)], &reqs, 7, Duration::from_secs(2)).unwrap();
+    assert!(st.iter().all(|s| *s == GpuStatus::Success), "{st:?}");
+    assert_eq!(q.protocol_counters().unwrap().stale, 7, "the seven late CQEs were dropped as stale");
+    assert_eq!(d.emu.stats().faults_injected, 7);
+}
