@@ -334,7 +334,11 @@ impl Operation {
     /// int), recorded on its stream after the I/O kernel: order another
     /// stream after the I/O with `cuStreamWaitEvent`. None when the batch
     /// has no GPU-executed request, or once it has been waited on (the
-    /// event is valid until then).
+    /// event is valid until then). With emulated drives, a stream made to
+    /// wait for a kernel that is still running can stall the emulator's
+    /// copies that kernel needs (docs/gpu.md, "Under load"): prefer
+    /// `wait()` first, or set `CUDA_DEVICE_MAX_CONNECTIONS=32` before CUDA
+    /// starts.
     #[getter]
     fn cuda_event(&self) -> PyResult<Option<u64>> {
         match &*self.lock() {

@@ -139,7 +139,11 @@ class Operation:
         """Whether every request is final (polls once)."""
     @property
     def cuda_event(self) -> Optional[int]:
-        """The GPU launch's end event (a CUevent handle) while pending, else None."""
+        """The GPU launch's end event (a CUevent handle) while pending, else None.
+
+        With emulated drives, a stream made to wait for a kernel still running
+        can stall the emulator's copies it needs: prefer wait() first, or set
+        CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts (docs/gpu.md)."""
     @property
     def stream(self) -> Any:
         """The stream object passed to Runtime.submit, or None."""

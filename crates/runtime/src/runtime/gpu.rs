@@ -155,7 +155,11 @@ impl Runtime {
     /// after the kernel and its status copy: a caller orders another
     /// stream after the I/O with `cuStreamWaitEvent`. `None` when the
     /// operation has no GPU-executed command, or it has been waited on
-    /// already (the event is valid until then).
+    /// already (the event is valid until then). With emulated drives, a
+    /// stream made to wait for a kernel still running can stall the
+    /// emulator's copies that kernel needs, when the two streams share a
+    /// hardware queue (docs/gpu.md, "Under load"): wait for the operation
+    /// first, or set `CUDA_DEVICE_MAX_CONNECTIONS=32` before CUDA starts.
     ///
     /// # Errors
     ///
