@@ -19,8 +19,8 @@
 #              tutti-bench gpu-soak --short
 #   ttft       crates/python/bench/ttft.py at 8,192, 16,384 and 32,768 tokens
 #   bench      the headline benchmarks: stripe --gpu (default batch), replay
-#              GPU and CPU (default workload and the Mooncake trace when
-#              shared/traces is carried)
+#              GPU and CPU (default workload, and the Mooncake trace when
+#              DIR holds a copy of ../shared/traces/mooncake_conversation_trace.jsonl)
 # Logs go to $OUT when set (the device tool's folder), else to DIR/logs.
 set -uo pipefail
 
@@ -63,6 +63,9 @@ PY
     rm -rf "$dir/wheels"
     (cd crates/python && VIRTUAL_ENV="$PWD/../../$venv" PATH="$PWD/../../$venv/bin:$PATH" \
         maturin build --release --strip --compatibility linux -o "../../$dir/wheels") || return 1
+    if [ -f ../shared/traces/mooncake_conversation_trace.jsonl ]; then
+        cp ../shared/traces/mooncake_conversation_trace.jsonl "$dir/"
+    fi
     git rev-parse HEAD > "$dir/COMMIT"
     ls -la "$dir" "$dir/wheels"
 }
@@ -142,7 +145,9 @@ stage_bench() {
     "$B/tutti-bench" stripe $G 2>&1 | tee "$L/stripe-cpu.log" | tail -5
     "$B/tutti-bench" replay --gpu 2>&1 | tee "$L/replay-gpu.log" | grep -E "save|load|verified|elapsed"
     "$B/tutti-bench" replay 2>&1 | tee "$L/replay-cpu.log" | grep -E "save|load|verified|elapsed"
-    local trace=shared/traces/mooncake_conversation_trace.jsonl
+    # The trace: copied into DIR (../shared does not travel), or shared/ in the tree.
+    local trace=$B/mooncake_conversation_trace.jsonl
+    [ -f "$trace" ] || trace=shared/traces/mooncake_conversation_trace.jsonl
     if [ -f "$trace" ]; then
         "$B/tutti-bench" replay --gpu --trace "$trace" --requests 300 2>&1 | tee "$L/trace-gpu.log" | grep -E "save |load |verified"
         "$B/tutti-bench" replay --trace "$trace" --requests 300 2>&1 | tee "$L/trace-cpu.log" | grep -E "save |load |verified"
