@@ -134,7 +134,12 @@ stage_ttft() {
     python3 - "$2/ttft.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
-print(json.dumps(d.get("summary", d), indent=1)[:6000])
+for n, run in d.get("runs", {}).items():
+    for v, r in run.get("variants", {}).items():
+        keep = {k: r[k] for k in r if not isinstance(r[k], list)}
+        print(n, v, json.dumps(keep))
+    print(n, "ratios", json.dumps(d.get("ratios", {}).get(n)))
+print("store", json.dumps(d.get("store_stats")))
 PY
     return $rc
 }
