@@ -321,8 +321,9 @@ impl Index {
         now
     }
 
-    /// Slots whose record block must be written this round, given the slots
-    /// a round touches.
+    /// Stale slots wait for a round to take them. `false` does not mean
+    /// their records are cleared: a round in progress may have taken them
+    /// and not yet written them ([`Index::clears_pending`]).
     pub fn has_clears(&self) -> bool {
         !self.to_clear.is_empty()
     }

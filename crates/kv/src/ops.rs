@@ -41,21 +41,31 @@ impl KvStore {
     /// [`KvError::Io`] when writing the records or flushing failed.
     pub fn sync(&self) -> Result<(), KvError> {
         self.reap_orphans();
-        // A key's newest stale record is cleared a round after its older
-        // ones (`index.rs`), so the records to clear before this call need
-        // at most two rounds; a third covers a round another thread led
-        // with part of them.
-        for _ in 0..3 {
-            self.commit(Vec::new()).map_err(|s| KvError::Io {
-                store: self.targets.store_name().to_owned(),
-                what: "sync",
-                status: s.to_string(),
-            })?;
-            if !self.index.lock().unwrap_or_else(|p| p.into_inner()).has_clears() {
-                break;
-            }
+        // Every slot made stale before this call is cleared by the first
+        // round that starts after it (N), which `commit` waits for, except
+        // a key's newest stale record when it has older ones: N leaves it
+        // for the next round (`index.rs`). That round may already run,
+        // led by another thread, when N's own wait returns: the record has
+        // left the queue of clears but is not durably cleared yet. So the
+        // check counts clears a round in progress has taken
+        // (`clears_pending`, not `has_clears`), and the second `commit`
+        // returns only once a round that started after N ended has ended:
+        // by then the deferred record was cleared, or its round failed and
+        // gave it back to that one.
+        self.commit_for_sync()?;
+        if self.index.lock().unwrap_or_else(|p| p.into_inner()).clears_pending() {
+            self.commit_for_sync()?;
         }
         Ok(())
+    }
+
+    /// One commit round without puts, for [`KvStore::sync`].
+    fn commit_for_sync(&self) -> Result<(), KvError> {
+        self.commit(Vec::new()).map_err(|s| KvError::Io {
+            store: self.targets.store_name().to_owned(),
+            what: "sync",
+            status: s.to_string(),
+        })
     }
 
     /// Registers host memory for values.
