@@ -162,6 +162,7 @@ fn fault_rule(f: &FaultConfig) -> FaultRule {
             opcode: f.op.map(|o| match o {
                 FaultOp::Read => nvm_opcode::READ,
                 FaultOp::Write => nvm_opcode::WRITE,
+                FaultOp::Flush => nvm_opcode::FLUSH,
             }),
             nsid: f.nsid,
             lba: f.lba.map(|[a, b]| a..b),

@@ -176,3 +176,31 @@ fn a_power_fail_rule_on_the_kth_write_fails_its_request_and_keeps_only_durable_d
     drop(buf);
     nvme_emu::remove_ram_disk(disk).unwrap();
 }
+
+#[test]
+fn a_power_fail_rule_on_a_flush_cuts_the_power_after_the_flush_and_before_its_completion() {
+    let disk = "runtime-power-flush";
+    let _ = nvme_emu::remove_ram_disk(disk);
+    // `op: flush` in the YAML: the second Flush command cuts the power.
+    let cfg = config(disk, "[{ op: flush, action: power_fail, skip: 1 }]");
+    let rt = Runtime::from_config(cfg.clone()).unwrap();
+    let mut buf = pattern(MIB, 9);
+    let m = memory(&rt, &mut buf);
+    let t = rt.open("tutti://kv/0").unwrap();
+    let flush =
+        |rt: &Runtime| rt.wait(rt.submit(&[Request::flush(t)]).op().unwrap(), Duration::from_secs(10));
+    assert_eq!(flush(&rt).unwrap(), [RequestStatus::Success], "the first Flush passes");
+    assert_eq!(write_slot(&rt, m, 0), [RequestStatus::Success], "writes are not matched");
+    assert_eq!(flush(&rt).unwrap(), [RequestStatus::ControllerFatal { drive: "d0".into() }]);
+    let emu = rt.emulator("d0").unwrap();
+    assert_eq!(emu.stats().faults_injected, 1);
+    // The rule executes its command, then cuts the power: the Flush made
+    // slot 0 durable, but the host never heard of it.
+    let report = emu.power_fail_report().expect("the rule cut the power");
+    assert_eq!(report.kept_blocks + report.lost_blocks, 0, "nothing was left in the cache: {report:?}");
+    rt.shutdown(Duration::from_secs(1));
+    assert!(read_slots(cfg, &[0])[0] == pattern(MIB, 9), "slot 0 is durable");
+    drop(rt);
+    drop(buf);
+    nvme_emu::remove_ram_disk(disk).unwrap();
+}

@@ -111,6 +111,10 @@ pub enum ConfigErrorKind {
         /// One past the last block.
         end: u64,
     },
+    /// A fault rule for Flush commands with an LBA range: a Flush carries
+    /// none, so the rule could never match.
+    #[error("op: flush with an lba range would never match: a Flush carries no LBA range")]
+    FaultFlushLba,
     /// A PCI drive's address is malformed.
     #[error("{addr:?} is not a PCI address (want dddd:bb:dd.f, e.g. 0000:01:00.0)")]
     PciAddr {

@@ -139,7 +139,7 @@ impl Default for WriteCacheConfig {
 /// `FaultRule`). YAML: `{ lba: [400, 401], op: read, action: never_complete }`,
 /// `action: { fail: { sct: 2, sc: 0x81, dnr: true } }`,
 /// `action: { delay_us: 5000 }`, `{ op: write, action: power_fail, skip: 9 }`
-/// (the 10th write). Rules match I/O commands only, never the admin queue
+/// (the 10th write), `{ op: flush, action: { fail: { sct: 2, sc: 0x80 } } }`. Rules match I/O commands only, never the admin queue
 /// (whose opcodes reuse the NVM numbers: 01h is Write and Create I/O SQ).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -178,6 +178,13 @@ pub enum FaultOp {
     Read,
     /// NVM Write (01h).
     Write,
+    /// NVM Flush (00h): e.g. `{ op: flush, action: { fail: { sct: 2, sc:
+    /// 0x80 } } }` fails every Flush (nothing is made durable), and
+    /// `{ op: flush, action: power_fail, skip: 2 }` executes the third
+    /// Flush (its blocks durable) and cuts the power before its completion.
+    /// A Flush has no LBA range: a rule with `op: flush` and `lba` is
+    /// refused.
+    Flush,
 }
 
 /// What a fault rule does.

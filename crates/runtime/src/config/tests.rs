@@ -536,6 +536,14 @@ fn fault_rules_parse_and_are_checked() {
     assert!(Config::from_yaml_str(&bad_sct).unwrap_err().to_string().contains("sct"));
     let unknown = ok.replace("never_complete", "explode");
     assert!(Config::from_yaml_str(&unknown).is_err());
+    let flush = ok.replace("op: write", "op: flush");
+    let c = Config::from_yaml_str(&flush).unwrap();
+    let DriveConfig::Emulated(d) = &c.drives["d0"] else { panic!("not an emulated drive") };
+    assert_eq!(d.faults[2].op, Some(FaultOp::Flush));
+    let flush_lba = ok.replace("op: read", "op: flush");
+    let e = Config::from_yaml_str(&flush_lba).unwrap_err();
+    assert!(matches!(e.kind(), ConfigErrorKind::FaultFlushLba), "{e}");
+    assert_eq!(e.path(), "drives.d0.emulated.faults[0].lba");
 }
 
 #[test]
@@ -722,6 +730,7 @@ fn every_kind() -> Vec<(ConfigErrorKind, &'static str)> {
             "RAM disk \"crash\" is already used by drive \"a\"",
         ),
         (K::EmptyRamDiskName, "a RAM disk needs a non-empty name"),
+        (K::FaultFlushLba, "op: flush with an lba range would never match: a Flush carries no LBA range"),
     ]
 }
 
@@ -756,6 +765,7 @@ fn kind_index(kind: &ConfigErrorKind) -> usize {
         K::NamespaceUnsupported { .. } => 24,
         K::SharedRamDisk { .. } => 25,
         K::EmptyRamDiskName => 26,
+        K::FaultFlushLba => 27,
     }
 }
 
@@ -763,7 +773,7 @@ fn kind_index(kind: &ConfigErrorKind) -> usize {
 fn every_kind_displays_its_path_first() {
     let kinds = every_kind();
     let indices: Vec<usize> = kinds.iter().map(|(k, _)| kind_index(k)).collect();
-    assert_eq!(indices, (0..27).collect::<Vec<_>>(), "every kind listed once, in order");
+    assert_eq!(indices, (0..28).collect::<Vec<_>>(), "every kind listed once, in order");
     for (kind, message) in kinds {
         assert_eq!(kind.to_string(), message);
         let path = "datapaths.dp.striped_local_nvme.drives[1]";

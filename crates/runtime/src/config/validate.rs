@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use super::{
     Backing, Config, ConfigError, ConfigErrorKind, DataPathConfig, DriveConfig, EmulatedDriveConfig,
-    FaultActionConfig, LocalNvmeConfig, NamespaceConfig, RefKind, ResolverConfig, StripedConfig,
+    FaultActionConfig, FaultOp, LocalNvmeConfig, NamespaceConfig, RefKind, ResolverConfig, StripedConfig,
 };
 
 /// Fewest drives in a striped datapath.
@@ -284,10 +284,13 @@ impl EmulatedDriveConfig {
         Ok(())
     }
 
-    /// Fault rules: non-empty LBA ranges, SCT in 0..=7.
+    /// Fault rules: non-empty LBA ranges, none for a Flush, SCT in 0..=7.
     fn validate_faults(&self, base: &str) -> Result<(), ConfigError> {
         for (i, f) in self.faults.iter().enumerate() {
             let path = format!("{base}.faults[{i}]");
+            if f.op == Some(FaultOp::Flush) && f.lba.is_some() {
+                return Err(ConfigError::new(format!("{path}.lba"), ConfigErrorKind::FaultFlushLba));
+            }
             if let Some([start, end]) = f.lba {
                 if start >= end {
                     return Err(ConfigError::new(
