@@ -178,6 +178,36 @@ fn a_power_fail_rule_on_the_kth_write_fails_its_request_and_keeps_only_durable_d
 }
 
 #[test]
+fn shutdown_fails_the_commands_of_a_powered_off_drive_instead_of_draining_until_its_bound() {
+    let disk = "runtime-power-drain";
+    let _ = nvme_emu::remove_ram_disk(disk);
+    // Writes complete an hour late: the one below is in flight when the
+    // power fails, and nobody waits on it.
+    let cfg = config(disk, "[{ op: write, action: { delay_us: 3600000000 } }]");
+    let rt = Runtime::from_config(cfg).unwrap();
+    let mut buf = pattern(MIB, 4);
+    let m = memory(&rt, &mut buf);
+    let t = rt.open("tutti://kv/0").unwrap();
+    let _unwaited = rt.submit(&[Request::write(t, 0, 4096, m, 0)]).op().unwrap();
+    for _ in 0..10_000 {
+        if rt.emulator("d0").unwrap().stats().faults_injected > 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(rt.emulator("d0").unwrap().stats().faults_injected, 1, "the write was fetched");
+    rt.emulator("d0").unwrap().power_fail();
+    // Before the drain read the controllers' status, it waited out all of
+    // its bound and reported the write still in flight.
+    let r = rt.shutdown(Duration::from_secs(60));
+    assert_eq!((r.ops_in_flight, r.commands_in_flight), (0, 0), "{r:?}");
+    assert!(r.drives[0].1.as_ref().is_err_and(|e| e.contains("no CC.SHN")), "{r:?}");
+    drop(rt);
+    drop(buf);
+    nvme_emu::remove_ram_disk(disk).unwrap();
+}
+
+#[test]
 fn a_power_fail_rule_on_a_flush_cuts_the_power_after_the_flush_and_before_its_completion() {
     let disk = "runtime-power-flush";
     let _ = nvme_emu::remove_ram_disk(disk);

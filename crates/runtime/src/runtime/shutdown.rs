@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::recovery::controller_gone;
-use super::{error_chain, lock, Runtime, ABORT_REAP_BOUND, GPU_COMMAND_BUDGET};
+use super::{error_chain, lock, Runtime, ABORT_REAP_BOUND, GPU_COMMAND_BUDGET, HEALTH_CHECK_INTERVAL};
 use crate::drive::{Drive, DriveState};
 use crate::handle::{OpHandle, RawHandle};
 
@@ -40,7 +40,10 @@ pub struct ShutdownReport {
 impl Runtime {
     /// Orderly shutdown. Stops accepting work (a later [`Runtime::submit`]
     /// gets [`crate::RequestError::ShuttingDown`] for each request), drains
-    /// in-flight operations for up to `drain` (polling their completions),
+    /// in-flight operations for up to `drain` (polling their completions;
+    /// a drive found dead meanwhile, as [`Runtime::wait`] finds one, fails
+    /// its commands with [`crate::RequestStatus::ControllerFatal`] instead
+    /// of holding the drain to its bound),
     /// then, per drive and queue: deletes the SQ (the controller completes
     /// or aborts every command of it it had fetched, and drops the rest),
     /// reaps that CQ for up to 1 s ([`ABORT_REAP_BOUND`]) so that each
@@ -95,22 +98,37 @@ impl Runtime {
 
     /// Polls every queue until no command is outstanding or `deadline`
     /// passes; returns the operations not final and the commands
-    /// outstanding at the end.
+    /// outstanding at the end. While nothing completes, the controllers
+    /// are checked every [`HEALTH_CHECK_INTERVAL`], as a waiter does
+    /// (`recovery.rs`): a dead drive's commands (an operation nobody waits
+    /// on, on a drive that lost power) are failed then, instead of being
+    /// waited for until the deadline.
     fn drain(&self, deadline: Instant) -> (usize, u64) {
         let all: Vec<usize> = (0..self.datapaths.len()).collect();
         let mut buf = Vec::new();
+        let mut last_progress = Instant::now();
+        let mut last_check = last_progress;
         loop {
             let (pending, cmds) = {
                 let ops = lock(&self.ops);
                 ops.iter()
                     .fold((0, 0), |(p, c), (_, st)| (p + usize::from(!st.is_final()), c + st.outstanding()))
             };
-            if cmds == 0 || Instant::now() >= deadline {
+            let now = Instant::now();
+            if cmds == 0 || now >= deadline {
                 return (pending, cmds);
             }
-            if self.poll_datapaths(&all, &mut buf) == 0 {
-                std::thread::yield_now();
+            if self.poll_datapaths(&all, &mut buf) > 0 {
+                last_progress = now;
+                continue;
             }
+            if now.duration_since(last_progress) >= HEALTH_CHECK_INTERVAL
+                && now.duration_since(last_check) >= HEALTH_CHECK_INTERVAL
+            {
+                self.check_drives(&all);
+                last_check = now;
+            }
+            std::thread::yield_now();
         }
     }
 
