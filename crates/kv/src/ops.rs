@@ -73,7 +73,11 @@ impl KvStore {
     /// # Safety
     ///
     /// `ptr..ptr + len` must stay valid for reads and writes until
-    /// [`KvStore::unregister`] returns `Ok`, and must not be touched by the
+    /// [`KvStore::unregister`] returns `Ok` or, when it never does (a drive
+    /// failed while a put or get used the memory: the runtime keeps it
+    /// mapped until that drive is reset, and refuses with
+    /// [`tutti::Error::MemoryBusy`]), until the store and every other
+    /// holder of its runtime are dropped. It must not be touched by the
     /// caller while a put or get using it is in flight (the store reads it
     /// to checksum, drives read and write it by DMA).
     ///
@@ -93,8 +97,10 @@ impl KvStore {
     /// # Safety
     ///
     /// `dptr..dptr + len` must be device memory of the runtime's GPU that
-    /// stays allocated until [`KvStore::unregister`] returns `Ok`, and is
-    /// not written while a put or get using it is in flight.
+    /// stays allocated until [`KvStore::unregister`] returns `Ok` (or, when
+    /// it never does, as for [`KvStore::register_host`], until the runtime
+    /// is dropped), and is not written while a put or get using it is in
+    /// flight.
     ///
     /// # Errors
     ///
@@ -113,7 +119,10 @@ impl KvStore {
     /// [`KvError::ForeignMemory`] for memory of another store;
     /// [`KvError::MemoryInUse`] while a put or get using it has not been
     /// waited on (a dropped one counts until its commands are final); the
-    /// runtime's error when a drive may still access it.
+    /// runtime's error when a drive may still access it
+    /// ([`KvError::Runtime`] with [`tutti::Error::MemoryBusy`]: a drive
+    /// failed with the memory in use and has not been reset; the memory
+    /// must then outlive the runtime).
     pub fn unregister(&self, mem: KvMemory) -> Result<(), KvError> {
         if mem.store_id != self.id {
             return Err(KvError::ForeignMemory);

@@ -70,7 +70,11 @@ impl KvStore {
     ///
     /// [`KvError::BatchTooLarge`] past 65,536 items. Per-item problems are
     /// item statuses: [`ItemStatus::TooLarge`], [`ItemStatus::BadValue`]
-    /// (memory range, zero length, key size), [`ItemStatus::Full`].
+    /// (memory range, zero length, key size), [`ItemStatus::Full`] (no
+    /// slot free and nothing to evict); [`ItemStatus::Device`] or
+    /// [`ItemStatus::Timeout`] when the commit round that had to free a
+    /// slot failed (a drive failed: the store is not full, and no more
+    /// objects are evicted for later puts until a round succeeds).
     pub fn put(&self, items: &[Put<'_>]) -> Result<PendingPuts, KvError> {
         const MAX: usize = 1 << 16;
         if items.len() > MAX {
@@ -82,11 +86,17 @@ impl KvStore {
             .map(|p| self.check_value(&p.key, &p.value, p.value.len).map(|()| (0, rec0(p), 0)))
             .collect();
         let wanted = out.iter().filter(|r| r.is_ok()).count();
-        let mut slots = self.reserve(wanted).into_iter();
+        let (slots, short) = self.reserve(wanted);
+        let mut slots = slots.into_iter();
         for r in out.iter_mut().filter(|r| r.is_ok()) {
             match (slots.next(), r.as_mut()) {
                 (Some(s), Ok(x)) => x.0 = s,
-                _ => *r = Err(ItemStatus::Full),
+                _ => {
+                    if matches!(short, ItemStatus::Device { .. } | ItemStatus::Timeout) {
+                        Counters::add(&self.stats.device_errors, 1);
+                    }
+                    *r = Err(short.clone());
+                }
             }
         }
         let mut reqs = Vec::with_capacity(items.len());
@@ -279,18 +289,28 @@ impl KvStore {
         Ok(())
     }
 
-    /// Reserves up to `n` slots, evicting (and clearing, in a commit round)
-    /// least recently used objects when there are not enough free ones.
+    /// Reserves up to `n` slots, clearing stale slots and evicting (then
+    /// clearing, in a commit round) least recently used objects when there
+    /// are not enough free ones. Returns the slots and the status of the
+    /// items left without one: [`ItemStatus::Full`], or the error of the
+    /// commit round that failed to free slots (a drive failed: the store
+    /// is not full).
+    ///
+    /// Slots waiting to be cleared (removed, superseded, or evicted by a
+    /// put whose round failed), or being cleared by a round in progress,
+    /// are cleared before anything more is evicted: a drive that fails
+    /// every round costs the objects one eviction took, not more with each
+    /// put.
     ///
     /// A slot freed by this call's round can be taken by another put before
     /// this one gets back to it, so it evicts again as long as that makes
     /// progress: fewer than `n` slots only when there is nothing left to
     /// evict (every live object pinned or being put), no slot is waiting
     /// to be cleared, or a round failed. Each further pass follows one that
-    /// evicted an object or waited for slots to be cleared, and a slot
-    /// another put took from this call let that put go ahead: passes
-    /// repeat only while other puts progress.
-    fn reserve(&self, n: usize) -> Vec<u32> {
+    /// cleared the waiting slots, evicted an object or waited for slots to
+    /// be cleared, and a slot another put took from this call let that put
+    /// go ahead: passes repeat only while other puts progress.
+    fn reserve(&self, n: usize) -> (Vec<u32>, ItemStatus) {
         let mut got = Vec::with_capacity(n);
         loop {
             {
@@ -304,22 +324,24 @@ impl KvStore {
                 if got.len() == n {
                     break;
                 }
-                // Evict a little more than needed, so that the next puts do
-                // not each pay for a round.
-                let want = (n - got.len()).max((self.layout.capacity / 64) as usize).max(1);
-                let evicted = ix.evict(want);
-                Counters::add(&self.stats.evictions, evicted as u64);
-                if evicted == 0 && !ix.clears_pending() {
-                    break;
+                if !ix.clears_pending() {
+                    // Evict a little more than needed, so that the next
+                    // puts do not each pay for a round.
+                    let want = (n - got.len()).max((self.layout.capacity / 64) as usize).max(1);
+                    let evicted = ix.evict(want);
+                    Counters::add(&self.stats.evictions, evicted as u64);
+                    if evicted == 0 {
+                        break;
+                    }
                 }
             }
-            // Makes the evicted slots' records empty on the media, so they
+            // Makes the stale slots' records empty on the media, so they
             // can be reused (or waits for the round clearing others).
-            if self.commit(Vec::new()).is_err() {
-                break;
+            if let Err(e) = self.commit(Vec::new()) {
+                return (got, e);
             }
         }
-        got
+        (got, ItemStatus::Full)
     }
 
     /// The payload CRC32C of each accepted item.
