@@ -221,6 +221,20 @@ impl Index {
         }
     }
 
+    /// The keys of the live objects, least recently used first.
+    pub fn keys(&self) -> Vec<Key> {
+        let mut out = Vec::with_capacity(self.map.len());
+        let mut i = self.lru_head;
+        while i != NIL {
+            if let Some(rec) = self.slots[i as usize].media {
+                out.push(rec.key);
+            }
+            i = self.slots[i as usize].next;
+        }
+        debug_assert_eq!(out.len(), self.map.len(), "every live object is in the LRU order");
+        out
+    }
+
     /// `true` when `key` has a live object.
     pub fn contains(&self, key: &Key) -> bool {
         self.map.contains_key(key)

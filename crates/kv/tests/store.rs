@@ -1,5 +1,6 @@
-//! The store's API on emulated drives: put, get, contains, lookup_prefix,
-//! remove, sync, eviction, persistence across a restart, refusals.
+//! The store's API on emulated drives: put, get, contains, keys,
+//! lookup_prefix, remove, sync, eviction, persistence across a restart,
+//! refusals.
 
 mod common;
 
@@ -191,4 +192,52 @@ fn a_commit_round_flushes_only_drives_with_a_volatile_write_cache() {
         // One payload write, one record-block write, and the round's Flushes.
         assert_eq!(commands(&rt) - before, 2 + flushes, "write cache {cache:?}");
     }
+}
+
+#[test]
+fn keys_lists_the_live_objects_least_recently_used_first_and_evictions_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // One drive of 16 slots of 64 KiB: 15 objects.
+        let rt = file_runtime_sized(dir.path(), 1, "1MiB", "64KiB");
+        let kv = open(&rt);
+        let cap = kv.stats().capacity;
+        assert_eq!(cap, 15);
+        assert_eq!(kv.keys(), vec![], "an empty store");
+        let mut src = Buf::new(&kv, OBJ);
+        let dst = Buf::new(&kv, OBJ);
+        let mut put = |k: u64| {
+            fill(&mut src.bytes, k, 1);
+            let v = Value { memory: src.mem(), offset: 0, len: OBJ as u64 };
+            assert_eq!(kv.put_sync(&[Put { key: key(k), value: v }], T).unwrap(), vec![ItemStatus::Ok]);
+        };
+        for k in 0..cap {
+            put(k);
+        }
+        assert_eq!(kv.keys(), (0..cap).map(key).collect::<Vec<_>>(), "in the order put");
+        // A get makes key 0 the most recently used; a remove drops key 5.
+        let g = Get { key: key(0), into: Value { memory: dst.mem(), offset: 0, len: OBJ as u64 } };
+        assert!(kv.get_sync(&[g], T).unwrap()[0].is_ok());
+        assert_eq!(kv.remove(&[key(5)]), vec![ItemStatus::Ok]);
+        let mut want: Vec<u64> = (1..cap).filter(|&k| k != 5).chain([0]).collect();
+        assert_eq!(kv.keys(), want.iter().map(|&k| key(k)).collect::<Vec<_>>());
+        // The store is full again; two more puts evict the two least
+        // recently used objects (one slot at a time: 15 / 64 rounds to 1).
+        put(100);
+        assert_eq!(kv.stats().evictions, 0, "the removed key's slot was reused first");
+        put(101);
+        put(102);
+        assert_eq!(kv.stats().evictions, 2);
+        want.retain(|&k| k != 1 && k != 2);
+        want.extend([100, 101, 102]);
+        assert_eq!(kv.keys(), want.iter().map(|&k| key(k)).collect::<Vec<_>>());
+        assert_eq!(kv.stats().objects, kv.keys().len() as u64);
+        kv.sync().unwrap();
+    }
+    // After a restart: the same keys, in the order of their last put (key
+    // 0's get is forgotten).
+    let rt = file_runtime_sized(dir.path(), 1, "1MiB", "64KiB");
+    let kv = open(&rt);
+    let want = [0].into_iter().chain((3..15).filter(|&k| k != 5)).chain([100, 101, 102]);
+    assert_eq!(kv.keys(), want.map(key).collect::<Vec<_>>());
 }
