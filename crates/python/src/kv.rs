@@ -475,6 +475,12 @@ impl KvStore {
         Ok(self.kv.contains(&keys))
     }
 
+    /// The keys of every object the store holds, least recently used first
+    /// (a snapshot, no I/O), as bytes.
+    fn keys<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
+        self.kv.keys().iter().map(|k| PyBytes::new(py, k.as_bytes())).collect()
+    }
+
     /// How many of `keys`, from the first, the store holds (a chain of
     /// `ChunkKeys` keys: the number of leading chunks that can be loaded).
     fn lookup_prefix(&self, keys: Vec<Vec<u8>>) -> PyResult<usize> {

@@ -81,6 +81,21 @@ def test_miss_remove_and_sync(kv):
     assert got[0].kind == "miss" and not got[0].ok and got[0].length is None
 
 
+def test_keys_lists_the_objects_least_recently_used_first(kv):
+    src = pattern(BLOCK, seed=12)
+    m = kv.register(src)
+    ks = keys(4)
+    assert kv.keys() == []
+    for k in ks:
+        assert kv.put_sync([(k, m, 0, BLOCK)])[0].ok
+    assert kv.keys() == ks
+    dst = kv.register(poisoned(BLOCK))
+    assert kv.get_sync([(ks[0], dst, 0, BLOCK)])[0].kind == "hit"
+    kv.remove([ks[2]])
+    assert kv.keys() == [ks[1], ks[3], ks[0]], "a get makes its key the most recently used"
+    assert kv.stats()["evictions"] == 0
+
+
 def test_bad_items(kv):
     m = kv.register(pattern(2 * SLOT, seed=10))
     k = keys(1)[0]
