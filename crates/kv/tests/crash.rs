@@ -322,7 +322,7 @@ fn run_scenario(shape: &Shape) {
     assert_eq!(t.violations(), (0, 0, 0), "{}: {t:?}", shape.name);
     assert!(t.crashed_in_workload > points / 4, "most power failures should hit the workload: {t:?}");
     if shape.slots.is_some() {
-        assert!(t.evictions > points, "the evicting scenario should evict: {t:?}");
+        assert!(t.evictions > points / 2, "the evicting scenario should evict: {t:?}");
     }
 }
 
