@@ -8,6 +8,9 @@
 //!   emulated controller with no data movement.
 //! - `stripe`: striped read bandwidth over 1 to 4 emulated drives with the
 //!   timing model on.
+//! - `gpu-soak`: the GPU soak suite: a sweep of batch sizes, batches in
+//!   flight, object sizes, queue depths and drive counts against tutti-kv,
+//!   with injected faults, every byte verified (see [`soak`]).
 //!
 //! The first SIGINT or SIGTERM stops a run in order (see [`interrupt`]):
 //! no new batch, the one in flight finishes, the runtime shuts down (I/O
@@ -26,6 +29,7 @@ mod interrupt;
 mod kv_bench;
 mod rate;
 mod replay;
+mod soak;
 mod stripe;
 mod threads;
 
@@ -63,6 +67,13 @@ enum Command {
     /// tutti-kv against raw runtime I/O on the same drives (put/get GB/s),
     /// and recovery time.
     Kv(kv_bench::KvArgs),
+    /// The GPU soak suite: batch sizes x batches in flight x object sizes
+    /// x queue depths x drives against tutti-kv, puts, gets and both, GPU-
+    /// and CPU-executed stores side by side, injected faults; every byte
+    /// verified, every wait under a deadline and a watchdog. One line per
+    /// cell, then one `gpu-soak:` summary line; exit 0 when every cell is
+    /// ok, 1 on a failure or hang, 2 when it cannot start (no GPU).
+    GpuSoak(soak::SoakArgs),
 }
 
 /// Options of `replay`.
@@ -164,6 +175,7 @@ fn main() -> ExitCode {
         Command::Stripe(a) => stripe::stripe(&a, &stop),
         Command::GpuRate(a) => bench::gpu_rate(&a, &stop),
         Command::Kv(a) => kv_bench::kv(&a, &stop),
+        Command::GpuSoak(a) => return soak::gpu_soak(&a, &stop),
     };
     match result {
         Ok(Ended::Complete) => ExitCode::SUCCESS,
