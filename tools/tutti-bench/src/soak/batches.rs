@@ -32,6 +32,7 @@ pub fn put_batches(keys: &[u64], batch: usize) -> Vec<PutBatch> {
 /// Issues every get batch (none waited yet) into the rooms of `mem` (the
 /// lane's destination region).
 pub fn issue_gets<'m>(
+    ctx: &Ctx<'_>,
     lane: &Lane,
     mem: &'m KvMemory,
     batches: &[GetBatch],
@@ -46,7 +47,8 @@ pub fn issue_gets<'m>(
                 into: Value { memory: mem, offset: r as u64 * room, len: room },
             });
         }
-        pending.push(lane.kv.get(&items)?);
+        let what = || format!("lane {}: get of {} items (submission)", lane.index, items.len());
+        pending.push(ctx.call(lane.index, &what, || lane.kv.get(&items))?);
     }
     Ok(pending)
 }
@@ -67,7 +69,8 @@ pub fn issue_puts(
             let value = Value { memory: mem, offset: k * room, len: ctx.cell.len_of(k) };
             items.push(Put { key: lane.key(k)?, value });
         }
-        pending.push(lane.kv.put(&items)?);
+        let what = || format!("lane {}: put of {} items (checksums and submission)", lane.index, items.len());
+        pending.push(ctx.call(lane.index, &what, || lane.kv.put(&items))?);
     }
     Ok(pending)
 }
@@ -92,10 +95,10 @@ pub fn wait_get(
     p: PendingGets<'_>,
     lim: WaitLimit,
 ) -> Result<Vec<ItemStatus>, CellError> {
-    let what = || format!("wait_get of get batch {i}");
+    let what = || format!("lane {}: wait_get of get batch {i}", lane.index);
     let (r, took) =
-        ctx.watch.wait(lane.index, &what, lim.deadline + lim.late, || lane.kv.wait_get(p, lim.deadline));
-    account(ctx, t, took, lim, &format!("lane {}: {}", lane.index, what()));
+        ctx.watch.within(lane.index, &what, lim.deadline + lim.late, || lane.kv.wait_get(p, lim.deadline));
+    account(ctx, t, took, lim, &what());
     Ok(r?)
 }
 
@@ -108,10 +111,10 @@ pub fn wait_put(
     p: PendingPuts,
     lim: WaitLimit,
 ) -> Result<Vec<ItemStatus>, CellError> {
-    let what = || format!("wait_put of put batch {i}");
+    let what = || format!("lane {}: wait_put of put batch {i}", lane.index);
     let (r, took) =
-        ctx.watch.wait(lane.index, &what, lim.deadline + lim.late, || lane.kv.wait_put(p, lim.deadline));
-    account(ctx, t, took, lim, &format!("lane {}: {}", lane.index, what()));
+        ctx.watch.within(lane.index, &what, lim.deadline + lim.late, || lane.kv.wait_put(p, lim.deadline));
+    account(ctx, t, took, lim, &what());
     Ok(r?)
 }
 
@@ -166,8 +169,13 @@ pub fn judge_puts(t: &mut Tally, i: usize, batch: &PutBatch, st: &[ItemStatus], 
 
 /// Compares every byte of each good get's destination room with its key's
 /// source room (the pattern over the object's length, zero after it).
-pub fn compare(lane: &mut Lane, t: &mut Tally, good: &[(u64, usize)]) -> Result<(), CellError> {
-    lane.dst.download()?;
+pub fn compare(
+    ctx: &Ctx<'_>,
+    lane: &mut Lane,
+    t: &mut Tally,
+    good: &[(u64, usize)],
+) -> Result<(), CellError> {
+    ctx.call(lane.index, &|| "copying the destinations back".to_owned(), || lane.dst.download())?;
     for &(k, r) in good {
         let n = wrong_bytes(lane.dst.room_bytes(r), lane.src.room_bytes(k as usize));
         t.bytes(&|| format!("key {k} in room {r}"), n);
@@ -185,15 +193,15 @@ pub fn get_round(
     lim: WaitLimit,
     want: &dyn Fn(u64) -> Want,
 ) -> Result<(), CellError> {
-    lane.dst.zero()?;
+    ctx.call(lane.index, &|| "zeroing the destinations".to_owned(), || lane.dst.zero())?;
     let mem = *lane.dst.mem();
-    let pending = issue_gets(lane, &mem, batches)?;
+    let pending = issue_gets(ctx, lane, &mem, batches)?;
     let mut good = Vec::new();
     for (i, (p, b)) in pending.into_iter().zip(batches).enumerate() {
         let st = wait_get(ctx, lane, t, i, p, lim)?;
         judge_gets(t, i, b, &st, want, &mut good);
     }
-    compare(lane, t, &good)
+    compare(ctx, lane, t, &good)
 }
 
 /// One round of puts: every batch issued, each waited in order and judged

@@ -26,15 +26,13 @@ const WRITE: u8 = 0x01;
 /// NVM opcode Read.
 const READ: u8 = 0x02;
 
-/// Runs fault `f`'s flow on `lane`; its tally.
-pub fn run(f: Fault, ctx: &Ctx<'_>, lane: &mut Lane) -> Result<Tally, CellError> {
-    let mut t = Tally::default();
+/// Runs fault `f`'s flow on `lane`, counting into `t`.
+pub fn run(f: Fault, ctx: &Ctx<'_>, lane: &mut Lane, t: &mut Tally) -> Result<(), CellError> {
     match f {
-        Fault::ReadError => read_error(ctx, lane, &mut t)?,
-        Fault::WriteError => write_error(ctx, lane, &mut t)?,
-        Fault::ReadDelay => read_delay(ctx, lane, &mut t)?,
+        Fault::ReadError => read_error(ctx, lane, t),
+        Fault::WriteError => write_error(ctx, lane, t),
+        Fault::ReadDelay => read_delay(ctx, lane, t),
     }
-    Ok(t)
 }
 
 /// A rule for I/O commands of `opcode` on namespace 1 overlapping `lba`.

@@ -105,7 +105,8 @@ pub struct Settings {
     /// (300 s).
     pub cell_limit: Duration,
     /// How long a hung cell's worker is given to return before the run
-    /// exits (the 10 s GPU command budget plus 5 s).
+    /// exits (twice the 10 s GPU command budget, plus 10 s: a GPU wait
+    /// ends with its kernel, whose commands may each wait a budget).
     pub grace: Duration,
     /// Pattern version of every object (names the run's data).
     pub version: u64,
@@ -123,7 +124,7 @@ impl Settings {
             fault_deadline: ms(500),
             fault_late: ms(400),
             cell_limit: ms(300_000),
-            grace: tutti::GPU_COMMAND_BUDGET + ms(5_000),
+            grace: tutti::GPU_COMMAND_BUDGET * 2 + ms(10_000),
             version: 1,
         }
     }

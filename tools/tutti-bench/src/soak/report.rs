@@ -59,16 +59,16 @@ pub struct CellResult {
 impl CellResult {
     /// The result of `cell` from its worker's outcome.
     pub fn new(cell: &Cell, execution: String, outcome: &Outcome, elapsed: Duration) -> Self {
-        let (verdict, reason, tally) = match outcome {
-            Outcome::Done(Ok(t)) if t.clean() => (Verdict::Ok, None, Some(t)),
-            Outcome::Done(Ok(t)) => (Verdict::Fail, Some(problems(t)), Some(t)),
-            Outcome::Done(Err(e)) => (Verdict::Fail, Some(tutti::error_chain(e)), None),
-            Outcome::Hung { why, returned } => {
-                let t = returned.as_ref().and_then(|r| r.as_ref().ok());
-                (Verdict::Hang, Some(why.clone()), t)
+        let (verdict, reason, t) = match outcome {
+            Outcome::Done(t) if t.clean() => (Verdict::Ok, None, t.clone()),
+            Outcome::Done(t) => (Verdict::Fail, Some(problems(t)), t.clone()),
+            Outcome::Hung { why, returned: Some(t) } => {
+                (Verdict::Hang, Some(format!("{why}; then {}", problems(t))), t.clone())
+            }
+            Outcome::Hung { why, returned: None } => {
+                (Verdict::Hang, Some(format!("{why}; its worker never returned")), Tally::default())
             }
         };
-        let t = tally.cloned().unwrap_or_default();
         Self {
             name: cell.name(),
             cell: cell.clone(),

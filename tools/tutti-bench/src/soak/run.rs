@@ -89,14 +89,19 @@ impl Lane {
             Exec::Cpu => None,
         };
         let room = ctx.cell.object as usize;
-        let mut src = Values::new(&kv, gpu, plan.keys() as usize, room)?;
-        let dst = Values::new(&kv, gpu, plan.get_rooms, room)?;
-        let version = ctx.s.version;
+        let what = || format!("allocating and registering lane {index}'s memory");
+        let (src, dst) = ctx.call(index, &what, || {
+            Ok::<_, CellError>((
+                Values::new(&kv, gpu, plan.keys() as usize, room)?,
+                Values::new(&kv, gpu, plan.get_rooms, room)?,
+            ))
+        })?;
+        let mut lane = Self { kv, src, dst, index, exec, plan, version: ctx.s.version };
         for k in 0..plan.keys() {
-            src.fill(k as usize, ctx.cell.len_of(k) as usize, pattern_hash(index, k), version);
+            lane.src.fill(k as usize, ctx.cell.len_of(k) as usize, pattern_hash(index, k), lane.version);
         }
-        src.upload()?;
-        Ok(Self { kv, src, dst, index, exec, plan, version })
+        ctx.call(index, &|| "copying the sources to GPU memory".to_owned(), || lane.src.upload())?;
+        Ok(lane)
     }
 
     /// Key number `k` of this lane: 32 bytes naming the key, the lane and
@@ -117,52 +122,93 @@ impl Lane {
     }
 }
 
+impl Ctx<'_> {
+    /// Runs `f`, a blocking call that is not a wait (a submission, a copy,
+    /// a registration), under the watchdog with the wait deadline as its
+    /// limit.
+    pub fn call<T>(&self, lane: usize, what: &dyn Fn() -> String, f: impl FnOnce() -> T) -> T {
+        self.watch.within(lane, what, self.s.deadline, f).0
+    }
+}
+
 /// The pattern's block hash of key `k` of lane `lane`.
 pub fn pattern_hash(lane: usize, k: u64) -> u64 {
     k | (lane as u64) << 48
 }
 
-/// Runs `cell` to its tally (on the worker thread).
-pub fn run_cell(cell: &Cell, s: &Settings, watch: &Watch) -> Result<Tally, CellError> {
+/// Runs `cell` to its tally (on the worker thread). An error that stops
+/// the cell is one of the tally's problems; what was counted before it
+/// stays.
+pub fn run_cell(cell: &Cell, s: &Settings, watch: &Watch) -> Tally {
+    let mut t = Tally::default();
+    if let Err(e) = run_in(cell, s, watch, &mut t) {
+        t.fail(format!("stopped: {}", tutti::error_chain(&e)));
+    }
+    t
+}
+
+/// [`run_cell`]'s body.
+fn run_in(cell: &Cell, s: &Settings, watch: &Watch, t: &mut Tally) -> Result<(), CellError> {
     let execs: Vec<Exec> = if cell.pair { vec![s.exec, Exec::Cpu] } else { vec![s.exec] };
     let plan = Plan::of(cell);
-    let rt =
-        Arc::new(Runtime::from_config(Config::from_yaml_str(&config::yaml(cell, &execs, plan.keys()))?)?);
+    let config = Config::from_yaml_str(&config::yaml(cell, &execs, plan.keys()))?;
+    let what = || "starting the runtime".to_owned();
+    let rt = Arc::new(watch.within(0, &what, s.cell_limit / 4, || Runtime::from_config(config)).0?);
     let ctx = Ctx { cell, s, watch, rt: &rt };
     let mut lanes = Vec::with_capacity(execs.len());
     for (i, e) in execs.iter().enumerate() {
         lanes.push(Lane::open(&ctx, i, *e, plan)?);
     }
-    let mut tally = Tally::default();
     match (cell.fault, lanes.as_mut_slice()) {
-        (Some(f), [lane, ..]) => tally.merge(faults::run(f, &ctx, lane)?),
+        (Some(f), [lane, ..]) => {
+            if let Err(e) = faults::run(f, &ctx, lane, t) {
+                t.fail(format!("stopped: {}", tutti::error_chain(&e)));
+            }
+        }
         _ => {
-            let results: Vec<Result<Tally, CellError>> = std::thread::scope(|sc| {
+            let tallies: Vec<Tally> = std::thread::scope(|sc| {
                 let ctx = &ctx;
                 let running: Vec<_> =
-                    lanes.iter_mut().map(|lane| sc.spawn(move || workload::run(ctx, lane))).collect();
+                    lanes.iter_mut().map(|lane| sc.spawn(move || lane_tally(ctx, lane))).collect();
                 running.into_iter().map(join_lane).collect()
             });
-            for r in results {
-                tally.merge(r?);
+            for lt in tallies {
+                t.merge(lt);
             }
         }
     }
     for lane in &mut lanes {
-        lane.release()?;
+        if let Err(e) = lane.release() {
+            t.fail(format!("lane {}: unregistering its memory: {}", lane.index, tutti::error_chain(&e)));
+        }
     }
     drop(lanes);
-    check_drives(&rt, &mut tally);
-    let report = rt.shutdown(s.hang.max(Duration::from_secs(1)));
+    check_drives(&rt, t);
+    let what = || "shutting the runtime down".to_owned();
+    let limit = tutti::GPU_COMMAND_BUDGET + s.hang;
+    let report = watch.within(0, &what, limit, || rt.shutdown(s.hang.max(Duration::from_secs(1)))).0;
     if report.ops_in_flight > 0 || report.commands_in_flight > 0 || report.commands_lost > 0 {
-        tally.fail(crate::interrupt::shutdown_summary(&report));
+        t.fail(crate::interrupt::shutdown_summary(&report));
     }
-    Ok(tally)
+    Ok(())
 }
 
-/// A lane thread's result; a panic becomes [`CellError::Panicked`].
-fn join_lane(h: std::thread::ScopedJoinHandle<'_, Result<Tally, CellError>>) -> Result<Tally, CellError> {
-    h.join().unwrap_or_else(|p| Err(CellError::Panicked(panic_text(&p))))
+/// A lane's workload and its tally, an error that stopped it included.
+fn lane_tally(ctx: &Ctx<'_>, lane: &mut Lane) -> Tally {
+    let mut t = Tally::default();
+    if let Err(e) = workload::run(ctx, lane, &mut t) {
+        t.fail(format!("lane {} stopped: {}", lane.index, tutti::error_chain(&e)));
+    }
+    t
+}
+
+/// A lane thread's tally; a panic is a problem in it.
+fn join_lane(h: std::thread::ScopedJoinHandle<'_, Tally>) -> Tally {
+    h.join().unwrap_or_else(|p| {
+        let mut t = Tally::default();
+        t.fail(format!("lane panicked: {}", panic_text(&p)));
+        t
+    })
 }
 
 /// The text of a panic payload.

@@ -21,15 +21,15 @@ const POLL: Duration = Duration::from_millis(10);
 /// How a cell's worker ended.
 #[derive(Debug)]
 pub enum Outcome {
-    /// It returned (a tally, or why it stopped) within its limits.
-    Done(Result<Tally, CellError>),
+    /// It returned its tally within its limits.
+    Done(Tally),
     /// A wait (or the cell) ran past its limit; `returned` is what the
     /// worker returned within the grace period, `None` if it did not.
     Hung {
         /// What ran past its limit, in words.
         why: String,
         /// The worker's result, if it returned during the grace period.
-        returned: Option<Result<Tally, CellError>>,
+        returned: Option<Tally>,
     },
 }
 
@@ -42,7 +42,11 @@ pub fn supervise(cell: &Cell, s: &Settings) -> (Outcome, Duration) {
     let spawned = std::thread::Builder::new().name("soak-cell".into()).spawn(move || run_cell(&c, &st, &w));
     let handle = match spawned {
         Ok(h) => h,
-        Err(e) => return (Outcome::Done(Err(CellError::Spawn(e))), start.elapsed()),
+        Err(e) => {
+            let mut t = Tally::default();
+            t.fail(tutti::error_chain(&CellError::Spawn(e)));
+            return (Outcome::Done(t), start.elapsed());
+        }
     };
     let why = loop {
         if handle.is_finished() {
@@ -71,7 +75,11 @@ pub fn supervise(cell: &Cell, s: &Settings) -> (Outcome, Duration) {
     (Outcome::Hung { why, returned: None }, start.elapsed())
 }
 
-/// The worker's result; a panic becomes [`CellError::Panicked`].
-fn join(h: JoinHandle<Result<Tally, CellError>>) -> Result<Tally, CellError> {
-    h.join().unwrap_or_else(|p| Err(CellError::Panicked(panic_text(&p))))
+/// The worker's tally; a panic is a problem in it.
+fn join(h: JoinHandle<Tally>) -> Tally {
+    h.join().unwrap_or_else(|p| {
+        let mut t = Tally::default();
+        t.fail(tutti::error_chain(&CellError::Panicked(panic_text(&p))));
+        t
+    })
 }

@@ -1,7 +1,8 @@
-//! The watchdog's view of a cell: which wait each lane is in, since when,
-//! and by when it must have returned. The cell's worker marks each wait
-//! ([`Watch::wait`]); the main thread polls [`Watch::overdue`] and calls
-//! the cell hung when a wait runs past its limit plus the hang bound.
+//! The watchdog's view of a cell: which blocking call each lane is in
+//! (a wait, a submission, a copy, the runtime's start or shutdown), since
+//! when, and by when it must have returned. The cell's worker marks each
+//! one ([`Watch::within`]); the main thread polls [`Watch::overdue`] and
+//! calls the cell hung when one runs past its limit plus the hang bound.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -26,10 +27,10 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// Runs `f` (one wait that must return within `limit`: its deadline
-    /// plus any lateness it is allowed) marked as lane `lane`'s wait for
-    /// `what`; returns its result and how long it took.
-    pub fn wait<T>(
+    /// Runs `f` (one blocking call that must return within `limit`: for a
+    /// wait, its deadline plus any lateness it is allowed) marked as lane
+    /// `lane`'s call `what`; returns its result and how long it took.
+    pub fn within<T>(
         &self,
         lane: usize,
         what: &dyn Fn() -> String,
@@ -55,12 +56,12 @@ impl Watch {
     /// words, or `None`.
     pub fn overdue(&self, hang: Duration) -> Option<String> {
         let lanes = self.lanes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        lanes.iter().enumerate().find_map(|(lane, w)| {
+        lanes.iter().find_map(|w| {
             let w = w.as_ref()?;
             let ran = w.since.elapsed();
             (ran > w.limit + hang).then(|| {
                 format!(
-                    "lane {lane}: {} has not returned after {} ms (limit {} ms + hang bound {} ms)",
+                    "{} has not returned after {} ms (limit {} ms + hang bound {} ms)",
                     w.what,
                     ran.as_millis(),
                     w.limit.as_millis(),
@@ -80,13 +81,13 @@ mod tests {
         let w = std::sync::Arc::new(Watch::default());
         let w2 = w.clone();
         let t = std::thread::spawn(move || {
-            w2.wait(1, &|| "get batch 0".to_owned(), Duration::from_millis(10), || {
+            w2.within(1, &|| "get batch 0".to_owned(), Duration::from_millis(10), || {
                 std::thread::sleep(Duration::from_millis(300))
             })
         });
         std::thread::sleep(Duration::from_millis(150));
         let o = w.overdue(Duration::from_millis(50)).expect("overdue");
-        assert!(o.contains("lane 1: get batch 0"), "{o}");
+        assert!(o.starts_with("get batch 0 has not returned"), "{o}");
         assert!(w.overdue(Duration::from_secs(60)).is_none());
         let ((), took) = t.join().unwrap();
         assert!(took >= Duration::from_millis(300));

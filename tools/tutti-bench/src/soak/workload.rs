@@ -25,17 +25,16 @@ pub fn hit<'a>(ctx: &'a Ctx<'a>) -> impl Fn(u64) -> Want + 'a {
     |k| Want::Hit(ctx.cell.len_of(k))
 }
 
-/// Runs the lane's workload; its tally.
-pub fn run(ctx: &Ctx<'_>, lane: &mut Lane) -> Result<Tally, CellError> {
-    let mut t = Tally::default();
-    prefill(ctx, lane, &mut t)?;
+/// Runs the lane's workload, counting into `t`.
+pub fn run(ctx: &Ctx<'_>, lane: &mut Lane, t: &mut Tally) -> Result<(), CellError> {
+    prefill(ctx, lane, t)?;
     let (c, p) = (ctx.cell, lane.plan);
     match c.mix {
         Mix::Get => {
             let keys: Vec<u64> = (0..p.old).collect();
             let batches = get_batches(&keys, c.batch);
             for _ in 0..c.rounds {
-                get_round(ctx, lane, &mut t, &batches, normal(ctx), &hit(ctx))?;
+                get_round(ctx, lane, t, &batches, normal(ctx), &hit(ctx))?;
             }
         }
         Mix::Put => {
@@ -43,20 +42,20 @@ pub fn run(ctx: &Ctx<'_>, lane: &mut Lane) -> Result<Tally, CellError> {
             for r in 0..c.rounds as u64 {
                 let keys: Vec<u64> = (p.old + r * per_round..p.old + (r + 1) * per_round).collect();
                 let batches = put_batches(&keys, c.batch);
-                for (k, st) in put_round(ctx, lane, &mut t, &batches, normal(ctx))? {
+                for (k, st) in put_round(ctx, lane, t, &batches, normal(ctx))? {
                     t.item(&|| format!("round {r} put of key {k}"), &st, Want::Ok);
                 }
             }
-            read_back(ctx, lane, &mut t)?;
+            read_back(ctx, lane, t)?;
         }
         Mix::Mixed => {
             for r in 0..c.rounds as u64 {
-                mixed_round(ctx, lane, &mut t, r)?;
+                mixed_round(ctx, lane, t, r)?;
             }
-            read_back(ctx, lane, &mut t)?;
+            read_back(ctx, lane, t)?;
         }
     }
-    Ok(t)
+    Ok(())
 }
 
 /// Puts the old keys (`0..plan.old`) in batches of [`PREFILL_BATCH`], one
@@ -92,13 +91,13 @@ fn mixed_round(ctx: &Ctx<'_>, lane: &mut Lane, t: &mut Tally, r: u64) -> Result<
     let puts = vec![(first..first + c.batch as u64).collect::<Vec<u64>>()];
     let olds: Vec<u64> = (0..p.old).collect();
     let gets = get_batches(&olds, c.batch);
-    lane.dst.zero()?;
+    ctx.call(lane.index, &|| "zeroing the destinations".to_owned(), || lane.dst.zero())?;
     let (smem, dmem) = (*lane.src.mem(), *lane.dst.mem());
     let (put_pending, get_pending) = if r.is_multiple_of(2) {
         let pp = issue_puts(ctx, lane, &smem, &puts)?;
-        (pp, issue_gets(lane, &dmem, &gets)?)
+        (pp, issue_gets(ctx, lane, &dmem, &gets)?)
     } else {
-        let gp = issue_gets(lane, &dmem, &gets)?;
+        let gp = issue_gets(ctx, lane, &dmem, &gets)?;
         (issue_puts(ctx, lane, &smem, &puts)?, gp)
     };
     let mut good = Vec::new();
@@ -110,5 +109,5 @@ fn mixed_round(ctx: &Ctx<'_>, lane: &mut Lane, t: &mut Tally, r: u64) -> Result<
         let st = wait_put(ctx, lane, t, i, pp, normal(ctx))?;
         judge_puts(t, i, b, &st, &|_| Want::Ok);
     }
-    compare(lane, t, &good)
+    compare(ctx, lane, t, &good)
 }
