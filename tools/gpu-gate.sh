@@ -14,9 +14,10 @@
 #   suites     the GPU test suites: gpu-io, CRC32C, runtime, tutti-kv, the
 #              load test (every stream on one hardware queue), the Python GPU
 #              tests (torch, CuPy)
-#   soak       tutti-bench gpu-soak (full sweep)
+#   soak       tutti-bench gpu-soak (full sweep), then again with every CUDA
+#              stream on one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1)
 #   sanitizer  compute-sanitizer memcheck, racecheck, synccheck on
-#              tutti-bench gpu-soak --short
+#              tutti-bench gpu-soak --short --time-scale 10 (170 s each at most)
 #   ttft       crates/python/bench/ttft.py at 8,192, 16,384 and 32,768 tokens
 #   bench      the headline benchmarks: stripe --gpu (default batch), replay
 #              GPU and CPU (default workload, and the Mooncake trace when
@@ -113,14 +114,20 @@ stage_suites() {
 }
 
 stage_soak() {
-    "$1/tutti-bench" gpu-soak 2>&1 | tee "$2/gpu-soak.log" | grep -E "FAIL|HANG|^gpu-soak:"
+    local rc=0
+    "$1/tutti-bench" gpu-soak --json "$2/gpu-soak.json" >"$2/gpu-soak.log" 2>&1 || rc=1
+    grep -E "FAIL|HANG|^gpu-soak:" "$2/gpu-soak.log"
+    # Every stream on one hardware queue: a GPU-side wait for an I/O kernel shows at once.
+    CUDA_DEVICE_MAX_CONNECTIONS=1 "$1/tutti-bench" gpu-soak >"$2/gpu-soak-1queue.log" 2>&1 || rc=1
+    grep -E "FAIL|HANG|^gpu-soak:" "$2/gpu-soak-1queue.log" | sed "s/^/1 hardware queue: /"
+    return $rc
 }
 
 stage_sanitizer() {
     local B=$1 L=$2 rc=0
-    for tool in memcheck racecheck synccheck; do
-        compute-sanitizer --tool "$tool" --error-exitcode 9 "$B/tutti-bench" gpu-soak --short \
-            >"$L/sanitizer-$tool.log" 2>&1 || rc=1
+    for tool in ${GATE_SANITIZERS:-memcheck racecheck synccheck}; do
+        timeout 170 compute-sanitizer --tool "$tool" --error-exitcode 9 "$B/tutti-bench" gpu-soak --short \
+            --time-scale 10 >"$L/sanitizer-$tool.log" 2>&1 || rc=1
         echo "$tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^gpu-soak:" "$L/sanitizer-$tool.log" | tr '\n' ' ')"
     done
     return $rc
@@ -129,7 +136,7 @@ stage_sanitizer() {
 stage_ttft() {
     wheel_on_path "$1" || return 1
     python3 crates/python/bench/ttft.py --tokens 8192,16384,32768 --variants recompute,tutti,pinned \
-        --reps 3 --warmup 1 --dir /var/tmp/ttft-files --out "$2/ttft.json" --deadline 480 >"$2/ttft.log" 2>&1
+        --reps "${GATE_TTFT_REPS:-3}" --warmup 1 --dir /var/tmp/ttft-files --out "$2/ttft.json" --deadline 480 >"$2/ttft.log" 2>&1
     local rc=$?
     python3 - "$2/ttft.json" <<'PY'
 import json, sys

@@ -93,7 +93,8 @@ fn gpu_lanes(gpu: Option<&Arc<Gpu>>, drives: &[Arc<Drive>]) -> Result<Vec<gpu_io
     let n = drives.iter().filter_map(|d| d.gpu.as_ref().map(|g| g.queues.len())).max().unwrap_or(0);
     (0..n)
         .map(|_| {
-            gpu_io::GpuStream::new(gpu).map_err(|source| Error::Gpu { context: "creating a launch stream".into(), source })
+            gpu_io::GpuStream::new(gpu)
+                .map_err(|source| Error::Gpu { context: "creating a launch stream".into(), source })
         })
         .collect()
 }

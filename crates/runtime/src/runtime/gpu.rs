@@ -31,6 +31,7 @@ use gpu_io::abi::TuttiRequest;
 use gpu_io::{GpuLaunch, GpuQueue, GpuRegion, GpuStatus};
 
 use super::ops::drop_if_done;
+use super::ops::OpState;
 use super::plan::{BatchPlan, PlannedRequest};
 use super::{error_chain, lock, Runtime, GPU_COMMAND_BUDGET};
 use crate::drive::KernelsRunning;
@@ -42,13 +43,22 @@ use crate::request::Direction;
 #[derive(Debug)]
 pub(crate) struct GpuOp {
     pub launch: GpuLaunch,
-    /// Request index of each command, in launch order.
-    cmd_req: Vec<u32>,
-    /// Drive index of each command.
-    cmd_drive: Vec<u16>,
+    cmds: GpuCmds,
     /// Counts the kernel as running on its drives; declared after `launch`
     /// so it drops after the launch has waited for the kernel.
     _running: KernelsRunning,
+}
+
+/// The commands of a launch, in launch order.
+#[derive(Debug)]
+struct GpuCmds {
+    /// Request index of each command.
+    req: Vec<u32>,
+    /// Drive index of each command.
+    drive: Vec<u16>,
+    /// Commands already handed to the accounting (at a wait's deadline,
+    /// while the kernel ran on: [`Runtime::settle_gpu_so_far`]).
+    settled: Vec<bool>,
 }
 
 /// A batch's GPU commands being built.
@@ -77,7 +87,8 @@ impl Runtime {
         let Some(gpu) = &self.gpu else { return };
         let mut l = Launch { lane: self.next_gpu_lane.fetch_add(1, Ordering::Relaxed), ..Launch::default() };
         // The lane's stream unless the caller named one (whose order wins).
-        let stream = stream.or_else(|| self.gpu_lanes.get(l.lane % self.gpu_lanes.len().max(1)).map(|s| s.raw()));
+        let stream =
+            stream.or_else(|| self.gpu_lanes.get(l.lane % self.gpu_lanes.len().max(1)).map(|s| s.raw()));
         for (i, r) in plan.accepted().filter(|(_, r)| r.gpu) {
             if let Err(why) = self.add_request(&mut l, plan, i, r) {
                 l.refused.push((i, r.commands, why));
@@ -110,7 +121,8 @@ impl Runtime {
             let _ = st.unsent(i, n, RequestStatus::SubmitFailed { reason });
         }
         if let Some((launch, running)) = launched {
-            st.gpu = Some(GpuOp { launch, cmd_req: l.cmd_req, cmd_drive: l.cmd_drive, _running: running });
+            let cmds = GpuCmds { settled: vec![false; l.cmd_req.len()], req: l.cmd_req, drive: l.cmd_drive };
+            st.gpu = Some(GpuOp { launch, cmds, _running: running });
         }
     }
 
@@ -215,35 +227,73 @@ impl Runtime {
         ended.len()
     }
 
+    /// Hands the commands whose status the still-running kernel of `op`
+    /// has already written (completed, or failed by the drive) to the
+    /// accounting, at a wait's deadline: those requests get their real
+    /// status, not `Timeout`. Commands the kernel gave up on are left for
+    /// [`Runtime::finish_gpu`] (their drive's health is judged then).
+    pub(super) fn settle_gpu_so_far(&self, op: OpHandle) -> Result<(), Error> {
+        let mut ops = lock(&self.ops);
+        let st = ops.get_mut(op.0)?;
+        let Some(mut g) = st.gpu.take() else { return Ok(()) };
+        let so_far: Vec<Option<GpuStatus>> =
+            g.launch.statuses_so_far().into_iter().map(|s| s.filter(|s| *s != GpuStatus::Timeout)).collect();
+        self.settle_gpu_commands(st, &mut g.cmds, &so_far, &HashMap::new());
+        st.gpu = Some(g);
+        Ok(())
+    }
+
     /// Waits for an operation's kernel, if it has one, and hands each
-    /// command's status to the operation's accounting.
+    /// command's status not yet handed over to the operation's accounting.
     pub(super) fn finish_gpu(&self, op: OpHandle) -> Result<(), Error> {
-        let Some(g) = lock(&self.ops).get_mut(op.0)?.gpu.take() else { return Ok(()) };
-        let statuses = g.launch.wait();
+        let Some(GpuOp { launch, mut cmds, _running }) = lock(&self.ops).get_mut(op.0)?.gpu.take() else {
+            return Ok(());
+        };
+        let statuses = launch.wait();
         // Drives the kernel saw a timeout on, judged once each by their
         // registers before the operations table is taken.
         let mut dead: HashMap<u16, bool> = HashMap::new();
         if let Ok(s) = &statuses {
-            for (&d, _) in g.cmd_drive.iter().zip(s).filter(|(_, s)| **s == GpuStatus::Timeout) {
+            for (&d, _) in cmds.drive.iter().zip(s).filter(|(_, s)| **s == GpuStatus::Timeout) {
                 dead.entry(d).or_insert_with(|| self.gpu_drive_dead(usize::from(d)));
             }
         }
         let mut ops = lock(&self.ops);
         let st = ops.get_mut(op.0)?;
-        let statuses = match statuses {
-            Ok(s) => s,
+        match statuses {
+            Ok(s) => {
+                let s: Vec<Option<GpuStatus>> = s.into_iter().map(Some).collect();
+                self.settle_gpu_commands(st, &mut cmds, &s, &dead);
+            }
             Err(e) => {
-                for (i, n, reason) in per_request(&g.cmd_req, &error_chain(&e)) {
+                let left: Vec<u32> =
+                    cmds.req.iter().zip(&cmds.settled).filter(|(_, s)| !**s).map(|(&i, _)| i).collect();
+                for (i, n, reason) in per_request(&left, &error_chain(&e)) {
                     let _ = st.unsent(i, n, RequestStatus::SubmitFailed { reason });
                 }
-                // A wait on another thread may have retired it meanwhile: then
-                // nothing else will drop it.
-                drop_if_done(&mut ops, op.0);
-                return Ok(());
             }
-        };
-        for ((&i, &d), s) in g.cmd_req.iter().zip(&g.cmd_drive).zip(&statuses) {
-            let (i, drive) = (i as usize, &self.drives[usize::from(d)]);
+        }
+        // A wait on another thread may have retired it meanwhile: then
+        // nothing else will drop it.
+        drop_if_done(&mut ops, op.0);
+        Ok(())
+    }
+
+    /// Hands command `k`'s status `statuses[k]` to the accounting for every
+    /// command that has one and was not handed over before. `dead`: the
+    /// drives a timed-out command's controller was found failed on.
+    fn settle_gpu_commands(
+        &self,
+        st: &mut OpState,
+        g: &mut GpuCmds,
+        statuses: &[Option<GpuStatus>],
+        dead: &HashMap<u16, bool>,
+    ) {
+        for (k, s) in statuses.iter().enumerate() {
+            let (Some(s), Some(false)) = (s, g.settled.get(k).copied()) else { continue };
+            g.settled[k] = true;
+            let (i, d) = (g.req[k] as usize, g.drive[k]);
+            let drive = &self.drives[usize::from(d)];
             let name = || drive.name.clone();
             let _ = match *s {
                 GpuStatus::Success => st.complete(i, None),
@@ -264,10 +314,6 @@ impl Runtime {
                 other => st.unsent(i, 1, RequestStatus::SubmitFailed { reason: format!("GPU: {other:?}") }),
             };
         }
-        // A wait on another thread may have retired it meanwhile: then
-        // nothing else will drop it.
-        drop_if_done(&mut ops, op.0);
-        Ok(())
     }
 }
 
