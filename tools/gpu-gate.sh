@@ -14,7 +14,7 @@
 #   suites     the GPU test suites: gpu-io, CRC32C, runtime, tutti-kv, the
 #              load test (every stream on one hardware queue), the Python GPU
 #              tests (torch, CuPy)
-#   soak       tutti-bench gpu-soak (full sweep), then again with every CUDA
+#   soak       tutti-bench gpu-soak (full sweep), then --short with every CUDA
 #              stream on one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1)
 #   sanitizer  compute-sanitizer memcheck, racecheck, synccheck on
 #              tutti-bench gpu-soak --short --time-scale 10 (170 s each at most)
@@ -118,7 +118,7 @@ stage_soak() {
     "$1/tutti-bench" gpu-soak --json "$2/gpu-soak.json" >"$2/gpu-soak.log" 2>&1 || rc=1
     grep -E "FAIL|HANG|^gpu-soak:" "$2/gpu-soak.log"
     # Every stream on one hardware queue: a GPU-side wait for an I/O kernel shows at once.
-    CUDA_DEVICE_MAX_CONNECTIONS=1 "$1/tutti-bench" gpu-soak >"$2/gpu-soak-1queue.log" 2>&1 || rc=1
+    CUDA_DEVICE_MAX_CONNECTIONS=1 "$1/tutti-bench" gpu-soak --short >"$2/gpu-soak-1queue.log" 2>&1 || rc=1
     grep -E "FAIL|HANG|^gpu-soak:" "$2/gpu-soak-1queue.log" | sed "s/^/1 hardware queue: /"
     return $rc
 }

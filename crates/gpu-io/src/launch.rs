@@ -253,23 +253,6 @@ impl LaunchSlot {
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().cast::<u8>(), self.host.ptr.add(at), bytes) };
     }
 
-    /// The status words as they are now, while the kernel may still write
-    /// others: `None` for a request without its status yet.
-    fn statuses_so_far(&self, l: &Layout) -> Vec<Option<GpuStatus>> {
-        (0..l.n)
-            .map(|i| {
-                // SAFETY: word i lies inside the buffer (the layout was
-                // made for it), 4-byte aligned (16-byte aligned array of
-                // u32); the kernel writes it with one 4-byte store, so an
-                // atomic load sees the old or the new word.
-                let w =
-                    unsafe { &*self.host.ptr.add(l.status + 4 * i).cast::<std::sync::atomic::AtomicU32>() };
-                let w = w.load(std::sync::atomic::Ordering::Acquire);
-                (w != STATUS_NOT_RUN).then(|| GpuStatus::from_word(w))
-            })
-            .collect()
-    }
-
     fn statuses(&self, l: &Layout) -> Vec<GpuStatus> {
         let mut words = vec![0u32; l.n];
         // SAFETY: the status words lie inside the buffer, and the kernel
@@ -359,15 +342,6 @@ impl GpuLaunch {
     /// prefer to wait for the launch first, or set that variable to 32.
     pub fn event(&self) -> u64 {
         self.done.raw() as u64
-    }
-
-    /// The statuses the kernel has written so far, one per request, in
-    /// order (`None`: not final yet), without waiting: each request's word
-    /// is written once, when its command has completed, failed or used its
-    /// budget, so a `Some` never changes. For a caller whose deadline
-    /// passed while the kernel runs on (the runtime's `wait`).
-    pub fn statuses_so_far(&self) -> Vec<Option<GpuStatus>> {
-        self.slot.as_ref().map_or_else(Vec::new, |s| s.statuses_so_far(&self.layout))
     }
 
     /// The launch's end, to wait for with a deadline

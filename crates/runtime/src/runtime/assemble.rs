@@ -63,7 +63,6 @@ impl Runtime {
         let (datapaths, dp_index) = build_datapaths(&config, &drives)?;
         let (stores, store_index) = build_stores(&config, &datapaths, &dp_index)?;
         let id = next_runtime_id().ok_or(Error::TooManyRuntimes { limit: RUNTIME_ID_MAX })?;
-        let gpu_lanes = gpu_lanes(gpu.as_ref(), &drives)?;
         Ok(Self {
             drives,
             datapaths,
@@ -77,26 +76,9 @@ impl Runtime {
             queues_gone: AtomicBool::new(false),
             submitters: AtomicUsize::new(0),
             gpu,
-            gpu_lanes,
-            next_gpu_lane: AtomicUsize::new(0),
             late_completions: AtomicU64::new(0),
         })
     }
-}
-
-/// One CUDA stream per GPU queue of the drive with the most: launch `k`
-/// uses queue `k % n` of each of its drives and the stream of lane `k`
-/// (`gpu.rs`), so that consecutive launches run side by side on disjoint
-/// queues instead of one waiting for the other's queues to drain.
-fn gpu_lanes(gpu: Option<&Arc<Gpu>>, drives: &[Arc<Drive>]) -> Result<Vec<gpu_io::GpuStream>, Error> {
-    let Some(gpu) = gpu else { return Ok(Vec::new()) };
-    let n = drives.iter().filter_map(|d| d.gpu.as_ref().map(|g| g.queues.len())).max().unwrap_or(0);
-    (0..n)
-        .map(|_| {
-            gpu_io::GpuStream::new(gpu)
-                .map_err(|source| Error::Gpu { context: "creating a launch stream".into(), source })
-        })
-        .collect()
 }
 
 /// Which datapath uses which drive, and how (validation made each drive

@@ -2,13 +2,6 @@
 //! launch (`gpu-io`), built from the batch's plan; `wait` collects the
 //! kernel's per-command statuses into the operation's accounting.
 //!
-//! Lanes: launch `k` uses one GPU queue of each of its drives, queue
-//! `k % n` of a drive with `n`, and the `k`-th of the runtime's launch
-//! streams (unless the caller named a stream). Two batches in flight thus
-//! run side by side on disjoint queues, instead of the second waiting for
-//! the first's queues to drain (gpu-io orders launches that share a queue:
-//! in stream order on one stream; on the host across streams).
-//!
 //! A request is launched whole or not at all: one whose drive is not ready
 //! or lacks GPU queues is failed before any of its commands reaches a
 //! drive. The launch counts itself on each of its drives
@@ -24,7 +17,6 @@
 //! kernel with no lock held.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use gpu_io::abi::TuttiRequest;
@@ -56,8 +48,7 @@ struct GpuCmds {
     req: Vec<u32>,
     /// Drive index of each command.
     drive: Vec<u16>,
-    /// Commands already handed to the accounting (at a wait's deadline,
-    /// while the kernel ran on: [`Runtime::settle_gpu_so_far`]).
+    /// Commands already handed to the accounting.
     settled: Vec<bool>,
 }
 
@@ -67,12 +58,8 @@ struct Launch<'a> {
     cmds: Vec<TuttiRequest>,
     cmd_req: Vec<u32>,
     cmd_drive: Vec<u16>,
-    /// The launch's queue list: one GPU queue of each drive used, the
-    /// lane's.
+    /// The launch's queue list: every GPU queue of each drive used.
     queues: Vec<(&'a GpuQueue, &'a GpuRegion)>,
-    /// The launch's lane: it uses queue `lane % n` of each drive with `n`
-    /// GPU queues, and the lane's stream.
-    lane: usize,
     /// Drive index -> index of its first queue in `queues`.
     first_queue: HashMap<usize, u16>,
     /// Requests failed before launch: (request, commands, why).
@@ -85,10 +72,7 @@ impl Runtime {
     /// [`Runtime::submit_on_stream`]), or the GPU's own for `None`.
     pub(super) fn launch_gpu(&self, op: RawHandle, plan: &BatchPlan, stream: Option<u64>) {
         let Some(gpu) = &self.gpu else { return };
-        let mut l = Launch { lane: self.next_gpu_lane.fetch_add(1, Ordering::Relaxed), ..Launch::default() };
-        // The lane's stream unless the caller named one (whose order wins).
-        let stream =
-            stream.or_else(|| self.gpu_lanes.get(l.lane % self.gpu_lanes.len().max(1)).map(|s| s.raw()));
+        let mut l = Launch::default();
         for (i, r) in plan.accepted().filter(|(_, r)| r.gpu) {
             if let Err(why) = self.add_request(&mut l, plan, i, r) {
                 l.refused.push((i, r.commands, why));
@@ -153,19 +137,15 @@ impl Runtime {
                 l.truncate(start);
                 return Err(format!("drive {:?} is {:?}; reset_drive brings it back", d.name, d.state()));
             }
-            let lane = l.lane % gq.queues.len().max(1);
-            let Some(q) = gq.queues.get(lane) else {
-                l.truncate(start);
-                return Err(format!("drive {:?} has no GPU queues", d.name));
-            };
-            let queue = *l.first_queue.entry(d.index).or_insert_with(|| {
-                l.queues.push((q, greg));
-                (l.queues.len() - 1) as u16
+            let base = *l.first_queue.entry(d.index).or_insert_with(|| {
+                let base = l.queues.len() as u16;
+                l.queues.extend(gq.queues.iter().map(|q| (q, greg)));
+                base
             });
             for c in p.io {
                 l.cmds.push(TuttiRequest {
                     opcode,
-                    queue,
+                    queue: base + d.next_gpu_queue(),
                     nsid: d.ns.nsid,
                     slba: c.slba,
                     nlb: u32::from(c.nlb.zero_based()),
@@ -225,22 +205,6 @@ impl Runtime {
             let _ = self.finish_gpu(OpHandle(h));
         }
         ended.len()
-    }
-
-    /// Hands the commands whose status the still-running kernel of `op`
-    /// has already written (completed, or failed by the drive) to the
-    /// accounting, at a wait's deadline: those requests get their real
-    /// status, not `Timeout`. Commands the kernel gave up on are left for
-    /// [`Runtime::finish_gpu`] (their drive's health is judged then).
-    pub(super) fn settle_gpu_so_far(&self, op: OpHandle) -> Result<(), Error> {
-        let mut ops = lock(&self.ops);
-        let st = ops.get_mut(op.0)?;
-        let Some(mut g) = st.gpu.take() else { return Ok(()) };
-        let so_far: Vec<Option<GpuStatus>> =
-            g.launch.statuses_so_far().into_iter().map(|s| s.filter(|s| *s != GpuStatus::Timeout)).collect();
-        self.settle_gpu_commands(st, &mut g.cmds, &so_far, &HashMap::new());
-        st.gpu = Some(g);
-        Ok(())
     }
 
     /// Waits for an operation's kernel, if it has one, and hands each

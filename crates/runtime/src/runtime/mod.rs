@@ -157,11 +157,6 @@ pub struct Runtime {
     submitters: AtomicUsize,
     /// The GPU, when a datapath uses GPU execution.
     gpu: Option<Arc<Gpu>>,
-    /// Launch streams, one per GPU queue of a drive (`gpu.rs`, lanes);
-    /// dropped after `gpu`'s users, before the `Gpu` itself.
-    gpu_lanes: Vec<gpu_io::GpuStream>,
-    /// The lane of the next launch.
-    next_gpu_lane: AtomicUsize,
     late_completions: AtomicU64,
 }
 

@@ -19,6 +19,7 @@ use super::error::CellError;
 use super::run::{Ctx, Lane};
 use super::verify::{judge, Tally, Verdict, Want};
 use super::workload::{hit, normal, prefill};
+use super::Exec;
 
 /// NVM opcode Write (NVMe NVM Command Set 1.0, 3.3).
 const WRITE: u8 = 0x01;
@@ -168,11 +169,11 @@ fn write_error(ctx: &Ctx<'_>, lane: &mut Lane, t: &mut Tally) -> Result<(), Cell
 }
 
 /// The read of one object's first block completes `fault_late` past the
-/// wait's `fault_deadline`: that get alone is `Timeout` and its wait
-/// returns by the deadline, CPU- or GPU-executed (a GPU kernel still
-/// running at the deadline is left to finish; the requests it has finished
-/// count: docs/gpu.md, "Waits and deadlines"); once the late command has
-/// completed, the same gets all hit.
+/// wait's `fault_deadline`: its wait returns by the deadline, CPU- or
+/// GPU-executed, with that get `Timeout` (CPU-executed: that get alone;
+/// GPU-executed: every get of its batch, one kernel launch whose statuses
+/// come at its end, docs/gpu.md "Waits and deadlines"); once the late
+/// command has completed, the same gets all hit.
 fn read_delay(ctx: &Ctx<'_>, lane: &mut Lane, t: &mut Tally) -> Result<(), CellError> {
     prefill(ctx, lane, t)?;
     let k = target(lane);
@@ -184,9 +185,21 @@ fn read_delay(ctx: &Ctx<'_>, lane: &mut Lane, t: &mut Tally) -> Result<(), CellE
     let lim = WaitLimit { deadline, late: Duration::ZERO };
     let keys: Vec<u64> = (0..lane.plan.old).collect();
     let batches = get_batches(&keys, ctx.cell.batch);
-    let len = ctx.cell.len_of(k);
-    let want =
-        |x| if x == k { Want::Late { len, late_hit_allowed: false } } else { Want::Hit(ctx.cell.len_of(x)) };
+    // Keys whose get shares a kernel launch with the late one (GPU).
+    let with_late: Vec<u64> = match lane.exec == Exec::Gpu {
+        true => batches
+            .iter()
+            .find(|b| b.iter().any(|&(x, _)| x == k))
+            .map_or_else(Vec::new, |b| b.iter().map(|&(x, _)| x).collect()),
+        false => vec![k],
+    };
+    let want = |x| {
+        if with_late.contains(&x) {
+            Want::Late { len: ctx.cell.len_of(x), late_hit_allowed: false }
+        } else {
+            Want::Hit(ctx.cell.len_of(x))
+        }
+    };
     let issued = Instant::now();
     get_round(ctx, lane, t, &batches, lim, &want)?;
     if emu.stats().faults_injected != injected + 1 {

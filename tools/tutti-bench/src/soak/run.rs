@@ -72,6 +72,8 @@ pub struct Lane {
     pub dst: Values,
     /// Lane number (0, or 1 for the second store of a pair).
     pub index: usize,
+    /// Who executes its commands.
+    pub exec: Exec,
     /// Its keys.
     pub plan: Plan,
     /// Pattern version of its objects.
@@ -94,7 +96,7 @@ impl Lane {
                 Values::new(&kv, gpu, plan.get_rooms, room)?,
             ))
         })?;
-        let mut lane = Self { kv, src, dst, index, plan, version: ctx.s.version };
+        let mut lane = Self { kv, src, dst, index, exec, plan, version: ctx.s.version };
         for k in 0..plan.keys() {
             lane.src.fill(k as usize, ctx.cell.len_of(k) as usize, pattern_hash(index, k), lane.version);
         }
