@@ -416,7 +416,8 @@ impl Gpu {
     /// Launches one batch as one kernel on this GPU's own stream and
     /// returns at once: `requests[i]` goes to `queues[requests[i].queue]`,
     /// whose data region is the paired [`GpuRegion`]. One block per queue,
-    /// at most `threads_per_queue` (clamped to the queue size - 1 and 1024)
+    /// at most `threads_per_queue` (clamped to the queue size - 1, 1024 and
+    /// the threads per block the kernel can run for its registers)
     /// commands in flight per queue; each command waits at most `budget`
     /// for its completion. [`GpuLaunch::wait`] returns one status per
     /// request.
@@ -497,7 +498,7 @@ impl Gpu {
     ) -> Result<GpuLaunch, GpuError> {
         let (descs, order, offsets) = group_by_queue(queues, requests)?;
         let max_size = queues.iter().map(|(q, _)| q.desc.size).max().unwrap_or(2);
-        let threads = threads_per_queue.clamp(1, 1024).min(max_size - 1);
+        let threads = block_threads(threads_per_queue, max_size, func_max_threads(func));
         let input = LaunchInput { func, descs: &descs, requests, order: &order, offsets: &offsets, timed };
         let qs: Vec<&GpuQueue> = queues.iter().map(|(q, _)| *q).collect();
         self.start(&input, &qs, threads, budget, stream)
@@ -677,6 +678,33 @@ impl Gpu {
     }
 }
 
+/// Threads per block of a launch: as many as asked (1 to 1024), at most
+/// one per usable entry of the largest queue (`max_size - 1`), and at most
+/// what the entry point can run per block (`func_max`: its registers per
+/// thread limit it; with 66 registers a block of 1,024 threads does not
+/// launch, `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`). The kernel serves a
+/// queue with fewer threads than entries (each carries one command at a
+/// time).
+pub(crate) fn block_threads(requested: u32, max_size: u32, func_max: u32) -> u32 {
+    requested.clamp(1, 1024).min(max_size.saturating_sub(1).max(1)).min(func_max.max(1))
+}
+
+/// The most threads a block of `func` may have
+/// (`CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`); 1024 if the driver does
+/// not say.
+fn func_max_threads(func: sys::CUfunction) -> u32 {
+    let mut v = 0i32;
+    let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK;
+    // SAFETY: `func` is a live function of the loaded module; `v` is a
+    // valid out-pointer.
+    let r = unsafe { sys::cuFuncGetAttribute(&mut v, attr, func) };
+    if r == sys::CUresult::CUDA_SUCCESS && v > 0 {
+        v as u32
+    } else {
+        1024
+    }
+}
+
 /// How a launch is ordered after the last launch on one of its queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum After {
@@ -781,5 +809,22 @@ impl GpuStream {
     /// Blocks until the work queued on the stream has ended.
     pub fn synchronize(&self) -> Result<(), GpuError> {
         self.0.sync()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::block_threads;
+
+    #[test]
+    fn a_block_never_has_more_threads_than_the_entry_point_can_run() {
+        // A 1,024-entry queue and a kernel of 66 registers per thread (at
+        // most 960 threads per block on a GPU of 64 K registers): 960, not
+        // 1,023 (which did not launch on the H200).
+        assert_eq!(block_threads(u32::MAX, 1024, 960), 960);
+        assert_eq!(block_threads(u32::MAX, 256, 960), 255, "one per usable entry");
+        assert_eq!(block_threads(32, 1024, 1024), 32, "as asked");
+        assert_eq!(block_threads(0, 2, 1024), 1, "at least one");
+        assert_eq!(block_threads(u32::MAX, 65536, 1024), 1024, "never above 1,024");
     }
 }
