@@ -48,8 +48,6 @@ struct GpuCmds {
     req: Vec<u32>,
     /// Drive index of each command.
     drive: Vec<u16>,
-    /// Commands already handed to the accounting.
-    settled: Vec<bool>,
 }
 
 /// A batch's GPU commands being built.
@@ -105,7 +103,7 @@ impl Runtime {
             let _ = st.unsent(i, n, RequestStatus::SubmitFailed { reason });
         }
         if let Some((launch, running)) = launched {
-            let cmds = GpuCmds { settled: vec![false; l.cmd_req.len()], req: l.cmd_req, drive: l.cmd_drive };
+            let cmds = GpuCmds { req: l.cmd_req, drive: l.cmd_drive };
             st.gpu = Some(GpuOp { launch, cmds, _running: running });
         }
     }
@@ -208,9 +206,9 @@ impl Runtime {
     }
 
     /// Waits for an operation's kernel, if it has one, and hands each
-    /// command's status not yet handed over to the operation's accounting.
+    /// command's status to the operation's accounting.
     pub(super) fn finish_gpu(&self, op: OpHandle) -> Result<(), Error> {
-        let Some(GpuOp { launch, mut cmds, _running }) = lock(&self.ops).get_mut(op.0)?.gpu.take() else {
+        let Some(GpuOp { launch, cmds, _running }) = lock(&self.ops).get_mut(op.0)?.gpu.take() else {
             return Ok(());
         };
         let statuses = launch.wait();
@@ -225,14 +223,9 @@ impl Runtime {
         let mut ops = lock(&self.ops);
         let st = ops.get_mut(op.0)?;
         match statuses {
-            Ok(s) => {
-                let s: Vec<Option<GpuStatus>> = s.into_iter().map(Some).collect();
-                self.settle_gpu_commands(st, &mut cmds, &s, &dead);
-            }
+            Ok(s) => self.settle_gpu_commands(st, &cmds, &s, &dead),
             Err(e) => {
-                let left: Vec<u32> =
-                    cmds.req.iter().zip(&cmds.settled).filter(|(_, s)| !**s).map(|(&i, _)| i).collect();
-                for (i, n, reason) in per_request(&left, &error_chain(&e)) {
+                for (i, n, reason) in per_request(&cmds.req, &error_chain(&e)) {
                     let _ = st.unsent(i, n, RequestStatus::SubmitFailed { reason });
                 }
             }
@@ -243,20 +236,18 @@ impl Runtime {
         Ok(())
     }
 
-    /// Hands command `k`'s status `statuses[k]` to the accounting for every
-    /// command that has one and was not handed over before. `dead`: the
-    /// drives a timed-out command's controller was found failed on.
+    /// Hands command `k`'s status `statuses[k]` to the accounting, for
+    /// every command of the launch. `dead`: the drives a timed-out
+    /// command's controller was found failed on.
     fn settle_gpu_commands(
         &self,
         st: &mut OpState,
-        g: &mut GpuCmds,
-        statuses: &[Option<GpuStatus>],
+        g: &GpuCmds,
+        statuses: &[GpuStatus],
         dead: &HashMap<u16, bool>,
     ) {
-        for (k, s) in statuses.iter().enumerate() {
-            let (Some(s), Some(false)) = (s, g.settled.get(k).copied()) else { continue };
-            g.settled[k] = true;
-            let (i, d) = (g.req[k] as usize, g.drive[k]);
+        for ((&i, &d), s) in g.req.iter().zip(&g.drive).zip(statuses) {
+            let i = i as usize;
             let drive = &self.drives[usize::from(d)];
             let name = || drive.name.clone();
             let _ = match *s {
