@@ -8,6 +8,9 @@
 - Layouts (layouts.py): ``PagedKV``, ``StackedPagedKV``,
   ``BlockMajorPagedKV``, ``ContiguousChunks``: the byte ranges of chunk
   ``c`` of layer ``l`` in an engine's KV tensors.
+- ``check_attention`` (attention.py): whether a model's attention kinds
+  can be cached exactly, from its config; ``UnsupportedModel`` (a
+  ``ValueError``) names the feature that cannot and what would be needed.
 - ``KvCacheClient`` (cache.py): ``lookup``, ``save`` / ``start_save``,
   ``load`` / ``start_load`` with per-layer ``start_layer`` / ``wait_layer``
   so that loading layer ``l + 1`` overlaps computing layer ``l``; a failed
@@ -18,6 +21,7 @@ docs/engines.md is the guide.
 
 from __future__ import annotations
 
+from tutti.engine.attention import AttentionInfo, UnsupportedModel, check_attention, text_config
 from tutti.engine.cache import (
     DEFAULT_TIMEOUT,
     ItemFailure,
@@ -44,6 +48,7 @@ from tutti.engine.layouts import (
 __all__ = [
     "DEFAULT_TIMEOUT",
     "LAYER_TAG",
+    "AttentionInfo",
     "BlockMajorPagedKV",
     "Chunking",
     "ContiguousChunks",
@@ -60,5 +65,8 @@ __all__ = [
     "SaveResult",
     "StackedPagedKV",
     "TensorInfo",
+    "UnsupportedModel",
+    "check_attention",
     "tensor_info",
+    "text_config",
 ]

@@ -149,6 +149,8 @@ class KvCacheClient:
             num_layers=layout.num_layers,
             kv_heads=layout.kv_heads,
             head_dim=layout.head_dim,
+            v_heads=layout.v_heads,
+            v_head_dim=layout.v_head_dim,
             layout=layout.name,
             chunk_tokens=layout.chunk_tokens,
             segments=layout.segments,
@@ -157,10 +159,14 @@ class KvCacheClient:
         seg = layout.segment_bytes
         slot = int(store.stats()["object_size"])
         if seg > slot:
+            vh, vd = layout.value_shape
+            if (vh, vd) == (layout.kv_heads, layout.head_dim):
+                per_token = f"{layout.kv_heads} KV heads x {layout.head_dim} x {layout.itemsize} B{' x 2 (K, V)' if seg == layout.layer_chunk_bytes else ''}"
+            else:
+                per_token = f"(K {layout.kv_heads} x {layout.head_dim} + V {vh} x {vd}) x {layout.itemsize} B"
             raise ObjectTooLargeError(
                 f"{layout.name}: one object is {seg} bytes ({layout.chunk_tokens} tokens x "
-                f"{layout.kv_heads} KV heads x {layout.head_dim} x {layout.itemsize} B"
-                f"{' x 2 (K, V)' if seg == layout.layer_chunk_bytes else ''}, per layer"
+                f"{per_token}, per layer"
                 f"{'' if layout.segments == 1 else f', split in {layout.segments} segments'}) "
                 f"but the store's objects hold at most {slot} bytes: use a smaller chunk_tokens "
                 f"or a larger slab slot_size"

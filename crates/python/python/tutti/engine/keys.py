@@ -4,7 +4,8 @@ Derivation (all BLAKE3, through ``tutti.ChunkKeys``; docs/kv-store.md
 "Keys" gives ChunkKeys' own definition):
 
 1. The *namespace* names everything that changes the KV bytes of a token
-   sequence: model id, dtype, number of layers, KV heads, head dimension,
+   sequence: model id, dtype, number of layers, KV heads, head dimension
+   (and V's, where they differ from K's),
    the layout's name (how a chunk's bytes are cut into objects) and the chunk
    size in tokens. It is a UTF-8 text, ``KeyScheme.namespace``; two models,
    dtypes, layouts or chunk sizes never share keys.
@@ -27,7 +28,7 @@ buffer, one or two per paged block, layouts.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from tutti._tutti import ChunkKeys
 
@@ -44,7 +45,9 @@ class KeyScheme:
     model's attention shape; ``layout``: the layout's name
     (``Layout.name``); ``chunk_tokens``: chunk size in tokens;
     ``segments``: store objects per (chunk, layer); ``key_size``: 16 or 32
-    bytes (the store's key size).
+    bytes (the store's key size); ``v_heads``, ``v_head_dim``: V's heads
+    and head size where they differ from K's (``kv_heads``, ``head_dim``,
+    e.g. multi-head latent attention), None where they do not.
     """
 
     model: str
@@ -56,6 +59,8 @@ class KeyScheme:
     chunk_tokens: int
     segments: int = 1
     key_size: int = 32
+    v_heads: Optional[int] = None
+    v_head_dim: Optional[int] = None
     _keys: ChunkKeys = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -63,16 +68,24 @@ class KeyScheme:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+        for name in ("v_heads", "v_head_dim"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {v!r}")
         if self.key_size not in (16, 32):
             raise ValueError(f"key_size must be 16 or 32, got {self.key_size}")
         object.__setattr__(self, "_keys", ChunkKeys(self.namespace.encode(), self.key_size))
 
     @property
     def namespace(self) -> str:
-        """The namespace text (step 1 of the derivation)."""
+        """The namespace text (step 1 of the derivation). V's shape is
+        named only where it differs from K's, so the keys of models whose K
+        and V share a shape are those of earlier releases."""
+        vh, vd = self.v_heads or self.kv_heads, self.v_head_dim or self.head_dim
+        v = "" if (vh, vd) == (self.kv_heads, self.head_dim) else f"|v_heads={vh}|v_head_dim={vd}"
         return (
             f"tutti-engine v1|model={self.model}|dtype={self.dtype}|layers={self.num_layers}"
-            f"|kv_heads={self.kv_heads}|head_dim={self.head_dim}|layout={self.layout}"
+            f"|kv_heads={self.kv_heads}|head_dim={self.head_dim}{v}|layout={self.layout}"
             f"|chunk_tokens={self.chunk_tokens}|segments={self.segments}"
         )
 

@@ -27,7 +27,12 @@ Layouts:
   itemsize`` bytes at slot ``placement[c]``. A token slice of transformers'
   cache tensors is not contiguous across heads, so the transformers
   integration gathers it into such a staging buffer (one device copy per
-  layer) rather than saving one object per head.
+  layer) rather than saving one object per head. K and V of different
+  shapes per token (multi-head latent attention) use the flat form
+  ``[num_slots, chunk_tokens * (kv_heads * head_dim + v_heads *
+  v_head_dim)]``: K ``[kv_heads, chunk_tokens, head_dim]`` then V
+  ``[v_heads, chunk_tokens, v_head_dim]`` in each slot (``key_view``,
+  ``value_view``); with equal shapes its bytes are those of the 5-D form.
 
 Placement: for paged layouts, the request's block table (block ids, block
 ``j`` of the request holding its tokens ``[j * block_size, (j + 1) *
@@ -92,7 +97,9 @@ class Layout(ABC):
     Attributes set by subclasses: ``tensors`` (the tensors to register, in
     ``Range.tensor`` order), ``num_layers``, ``kv_heads``, ``head_dim``,
     ``dtype`` (name), ``itemsize`` (bytes per element), ``chunk_tokens``
-    (tokens per chunk), ``segments`` (store objects per chunk and layer).
+    (tokens per chunk), ``segments`` (store objects per chunk and layer);
+    ``v_heads``, ``v_head_dim``: V's heads and head size where they differ
+    from K's (``kv_heads``, ``head_dim``), None where they do not.
     """
 
     tensors: List[Any]
@@ -103,6 +110,13 @@ class Layout(ABC):
     itemsize: int
     chunk_tokens: int
     segments: int
+    v_heads: Optional[int] = None
+    v_head_dim: Optional[int] = None
+
+    @property
+    def value_shape(self) -> Tuple[int, int]:
+        """``(heads, head_dim)`` of V per token (K's unless set apart)."""
+        return (self.v_heads or self.kv_heads, self.v_head_dim or self.head_dim)
 
     @property
     @abstractmethod
@@ -127,8 +141,10 @@ class Layout(ABC):
     @property
     def layer_chunk_bytes(self) -> int:
         """Bytes of one chunk of one layer, K and V: ``2 * chunk_tokens *
-        kv_heads * head_dim * itemsize``."""
-        return 2 * self.chunk_tokens * self.kv_heads * self.head_dim * self.itemsize
+        kv_heads * head_dim * itemsize`` (``chunk_tokens * (kv_heads *
+        head_dim + v_heads * v_head_dim) * itemsize`` where V differs)."""
+        vh, vd = self.value_shape
+        return self.chunk_tokens * (self.kv_heads * self.head_dim + vh * vd) * self.itemsize
 
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.num_layers:
@@ -283,30 +299,107 @@ class BlockMajorPagedKV(_Paged):
         return [Range(layer, b * sb, sb) for b in blocks]
 
 
+def _split_last(t: Any, shape: Tuple[int, ...]) -> Any:
+    """A view of the 2-D slice ``t`` (rows of one stride, elements packed
+    within a row) as ``shape``; never a copy (torch ``view``, numpy
+    ``reshape`` checked to share memory)."""
+    if hasattr(t, "view") and hasattr(t, "element_size"):  # torch
+        return t.view(shape)
+    v = t.reshape(shape)
+    if v.size and v.__array_interface__["data"][0] != t.__array_interface__["data"][0]:
+        raise ValueError("buffers: a slot's K or V is not a view of the buffer")
+    return v
+
+
 class ContiguousChunks(Layout):
     """One contiguous buffer per chunk and layer: per layer a tensor
     ``[num_slots, 2, kv_heads, chunk_tokens, head_dim]`` (K then V, each
     heads-major); chunk ``c`` of a request is slot ``placement[c]`` (slot
-    ``c`` when ``placement`` is None), one segment of ``layer_chunk_bytes``."""
+    ``c`` when ``placement`` is None), one segment of ``layer_chunk_bytes``.
 
-    def __init__(self, buffers: Sequence[Any]) -> None:
-        info = _same_tensors(buffers, "buffers", 5)
-        slots, two, h, t, d = info.shape
-        if two != 2:
-            raise ValueError(f"buffers: second dimension must be 2 (K, V), got shape {info.shape}")
+    Flat form, for K and V of different shapes: per layer a tensor
+    ``[num_slots, chunk_tokens * (kv_heads * head_dim + v_heads *
+    v_head_dim)]`` with the sizes given as keywords (``v_heads`` and
+    ``v_head_dim`` default to K's); each slot holds K ``[kv_heads,
+    chunk_tokens, head_dim]`` then V ``[v_heads, chunk_tokens,
+    v_head_dim]``. With V shaped as K the bytes, the name and so the keys
+    are those of the 5-D form. ``key_view`` / ``value_view`` give a layer's
+    K and V as ``[num_slots, heads, chunk_tokens, head_dim]`` views in
+    either form.
+    """
+
+    def __init__(
+        self,
+        buffers: Sequence[Any],
+        *,
+        kv_heads: Optional[int] = None,
+        chunk_tokens: Optional[int] = None,
+        head_dim: Optional[int] = None,
+        v_heads: Optional[int] = None,
+        v_head_dim: Optional[int] = None,
+    ) -> None:
+        sizes = (kv_heads, chunk_tokens, head_dim, v_heads, v_head_dim)
+        if buffers and len(tensor_info(buffers[0]).shape) == 2:
+            if None in (kv_heads, chunk_tokens, head_dim):
+                raise ValueError("buffers: the flat form [num_slots, n] needs kv_heads, chunk_tokens and head_dim")
+            info = _same_tensors(buffers, "buffers", 2)
+            slots, n = info.shape
+            h, t, d = int(kv_heads), int(chunk_tokens), int(head_dim)  # type: ignore[arg-type]
+            vh = h if v_heads is None else int(v_heads)
+            vd = d if v_head_dim is None else int(v_head_dim)
+            if min(h, t, d, vh, vd) < 1:
+                raise ValueError(f"buffers: sizes must be positive, got kv_heads {h}, chunk_tokens {t}, head_dim {d}, v_heads {vh}, v_head_dim {vd}")
+            if n != t * (h * d + vh * vd):
+                raise ValueError(f"buffers: {n} elements per slot, but K [{h}, {t}, {d}] and V [{vh}, {t}, {vd}] need {t * (h * d + vh * vd)}")
+            self.flat = True
+        else:
+            if any(x is not None for x in sizes):
+                raise ValueError("buffers: kv_heads, chunk_tokens, head_dim, v_heads, v_head_dim are for the flat form [num_slots, n] only")
+            info = _same_tensors(buffers, "buffers", 5)
+            slots, two, h, t, d = info.shape
+            if two != 2:
+                raise ValueError(f"buffers: second dimension must be 2 (K, V), got shape {info.shape}")
+            vh, vd = h, d
+            self.flat = False
         self.itemsize, self.dtype = info.itemsize, info.dtype
         self.num_layers = len(buffers)
         self.tensors = list(buffers)
         self.num_slots, self.kv_heads, self.chunk_tokens, self.head_dim = slots, h, t, d
+        if (vh, vd) != (h, d):
+            self.v_heads, self.v_head_dim = vh, vd
         self.segments = 1
 
     @property
     def name(self) -> str:
-        return "chunk[2,h,t,d]"
+        if self.v_heads is None and self.v_head_dim is None:
+            return "chunk[2,h,t,d]"
+        return "chunk[h,t,d|vh,t,vd]"
 
     @property
     def segment_bytes(self) -> int:
         return self.layer_chunk_bytes
+
+    def key_view(self, layer: int) -> Any:
+        """Layer ``layer``'s K: a ``[num_slots, kv_heads, chunk_tokens,
+        head_dim]`` view of its buffer (writes go to the buffer)."""
+        self._check_layer(layer)
+        buf = self.tensors[layer]
+        if not self.flat:
+            return buf[:, 0]
+        h, t, d = self.kv_heads, self.chunk_tokens, self.head_dim
+        return _split_last(buf[:, : h * t * d], (self.num_slots, h, t, d))
+
+    def value_view(self, layer: int) -> Any:
+        """Layer ``layer``'s V: a ``[num_slots, v_heads, chunk_tokens,
+        v_head_dim]`` view of its buffer (K's heads and head size unless
+        set apart)."""
+        self._check_layer(layer)
+        buf = self.tensors[layer]
+        if not self.flat:
+            return buf[:, 1]
+        vh, vd = self.value_shape
+        k = self.kv_heads * self.chunk_tokens * self.head_dim
+        return _split_last(buf[:, k:], (self.num_slots, vh, self.chunk_tokens, vd))
 
     def _slot(self, chunk: int, placement: Optional[Sequence[int]]) -> int:
         slot = chunk if placement is None else int(placement[chunk])
