@@ -22,7 +22,9 @@ from tutti.integrations.vllm import (
     TuttiConnector,
     TuttiConnectorMetadata,
     TuttiVllmConfig,
+    UnsupportedModel,
     VllmPagedKV,
+    check_vllm_model,
     detect_form,
 )
 
@@ -55,6 +57,8 @@ class CacheConfig:
 @dataclass
 class ModelConfig:
     model: str = MODEL
+    hf_config: Any = None
+    max_model_len: Optional[int] = None
 
 
 @dataclass
@@ -74,6 +78,7 @@ class VllmConfig:
 @dataclass
 class KVCacheConfig:
     num_blocks: int = NB
+    kv_cache_groups: List[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -293,7 +298,13 @@ def test_layout_names_and_checks():
     with pytest.raises(ValueError, match="multiple of block_size"):
         VllmPagedKV(make_caches("flash_attn", poison_fill), BS, 12)
     with pytest.raises(ValueError, match="expected 5 dimensions"):
-        VllmPagedKV([np.zeros((4, 4, 4), np.float32)], BS, CT)
+        VllmPagedKV([np.zeros((4, 4, 4, 4, 4, 4), np.float32)], BS, CT)
+    with pytest.raises(UnsupportedModel, match="latent") as e:
+        VllmPagedKV([np.zeros((NB, BS, 576), np.float32)], BS, CT)
+    assert e.value.feature == "mla"
+    with pytest.raises(UnsupportedModel, match="differs") as e:
+        VllmPagedKV(make_caches("flash_attn", poison_fill)[:2] + [np.zeros((2, NB, BS, HEADS, 2 * DIM), np.float32)], BS, CT)
+    assert e.value.feature == "per_layer_shapes"
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -720,3 +731,98 @@ def test_torch_cuda_kv_caches_load_bit_identical(form):
             assert torch.equal(caches[layer][:, ta], snap[layer][:, ta])
     finally:
         eng.close()
+
+
+# Attention kinds: refused when the connector is built --------------------
+
+
+@dataclass
+class FullAttentionSpec:
+    block_size: int = BS
+    num_kv_heads: int = HEADS
+    head_size: int = DIM
+    head_size_v: Optional[int] = None
+    sliding_window: Optional[int] = None
+    attention_chunk_size: Optional[int] = None
+
+
+@dataclass
+class SlidingWindowSpec(FullAttentionSpec):
+    pass
+
+
+@dataclass
+class MLAAttentionSpec(FullAttentionSpec):
+    pass
+
+
+@dataclass
+class MambaSpec:
+    block_size: int = BS
+
+
+@dataclass
+class KVCacheGroupSpec:
+    layer_names: List[str]
+    kv_cache_spec: Any
+
+
+def hf(**kw: Any) -> Any:
+    """A transformers-shaped model config (Llama-like, 3 layers)."""
+    from types import SimpleNamespace
+
+    base = dict(model_type="llama", num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=HEADS, max_position_embeddings=4096)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def group(spec: Any, n: int = LAYERS) -> KVCacheGroupSpec:
+    return KVCacheGroupSpec(NAMES[:n], spec)
+
+
+@pytest.mark.parametrize(
+    "model,groups,feature",
+    [
+        # Mistral-style window shorter than max_model_len.
+        (ModelConfig(hf_config=hf(model_type="mistral", sliding_window=1024), max_model_len=4096), [], "sliding_window"),
+        # Gemma-style alternating layers: two groups in vLLM's hybrid manager.
+        (
+            ModelConfig(hf_config=hf(sliding_window=512, layer_types=["sliding_attention", "sliding_attention", "full_attention"]), max_model_len=4096),
+            [group(SlidingWindowSpec(sliding_window=512), 2), group(FullAttentionSpec(), 1)],
+            "sliding_window",
+        ),
+        # DeepSeek-V2/V3 with MLA: from the config, or from vLLM's spec alone.
+        (ModelConfig(hf_config=hf(model_type="deepseek_v2", kv_lora_rank=512, qk_rope_head_dim=64)), [], "mla"),
+        (ModelConfig(), [group(MLAAttentionSpec(head_size=576))], "mla"),
+        # Hybrid: Qwen3-Next-style linear attention layers; a Mamba group.
+        (ModelConfig(hf_config=hf(layer_types=["linear_attention", "linear_attention", "full_attention"])), [], "hybrid"),
+        (ModelConfig(), [group(FullAttentionSpec(), 1), group(MambaSpec(), 2)], "hybrid"),
+        # K and V of different head sizes; two groups of full attention.
+        (ModelConfig(), [group(FullAttentionSpec(head_size=192, head_size_v=128))], "kv_shapes"),
+        (ModelConfig(), [group(FullAttentionSpec(), 2), group(FullAttentionSpec(head_size=32), 1)], "hybrid"),
+        (ModelConfig(), [group(SlidingWindowSpec(sliding_window=256))], "sliding_window"),
+    ],
+    ids=["mistral", "gemma", "mla-config", "mla-spec", "linear-attention", "mamba-group", "kv-head-sizes", "two-groups", "window-spec"],
+)
+def test_unsupported_attention_is_refused_when_the_connector_is_built(model, groups, feature):
+    """Each kind the connector cannot restore exactly raises
+    UnsupportedModel (a ValueError) from the constructor, scheduler and
+    worker alike, before any runtime is opened."""
+    for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+        with pytest.raises(UnsupportedModel) as e:
+            TuttiConnector(vllm_config(model_config=model), role, KVCacheConfig(kv_cache_groups=groups))
+        assert e.value.feature == feature and isinstance(e.value, ValueError)
+
+
+def test_supported_attention_is_accepted():
+    """Full attention (GQA), a window no shorter than max_model_len, and
+    Qwen2's switched-off window pass the check; one full-attention group
+    of every layer is the layout the connector reads."""
+    for model in (
+        ModelConfig(hf_config=hf(), max_model_len=4096),
+        ModelConfig(hf_config=hf(model_type="mistral", sliding_window=4096), max_model_len=4096),
+        ModelConfig(hf_config=hf(model_type="qwen2", sliding_window=4096, use_sliding_window=False), max_model_len=32768),
+    ):
+        check_vllm_model(vllm_config(model_config=model), KVCacheConfig(kv_cache_groups=[group(FullAttentionSpec())]))
+    eng = Engine("flash_attn", make_caches("flash_attn", rand_fill(3)), vllm_config(model_config=ModelConfig(hf_config=hf(), max_model_len=4096)))
+    eng.close()

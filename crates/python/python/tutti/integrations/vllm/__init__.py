@@ -8,6 +8,8 @@ over ``tutti.engine``; docs/vllm.md is the guide.
 - ``worker.py``: ``WorkerLogic``, per-layer loads and saves and load errors
   (pure, no vLLM);
 - ``layout.py``: ``VllmPagedKV``, vLLM's paged KV tensors as an engine layout;
+- ``attention.py``: ``check_vllm_model``, the models the connector refuses
+  when built (``tutti.engine.UnsupportedModel``);
 - ``metadata.py``, ``config.py``, ``state.py``, ``_compat.py`` (the optional
   vLLM import).
 
@@ -16,7 +18,9 @@ vLLM is optional: without it the classes work with duck-typed inputs.
 
 from __future__ import annotations
 
+from tutti.engine.attention import UnsupportedModel
 from tutti.integrations.vllm._compat import HAVE_VLLM, KVConnectorRole
+from tutti.integrations.vllm.attention import check_vllm_model
 from tutti.integrations.vllm.config import KEYS as EXTRA_CONFIG_KEYS
 from tutti.integrations.vllm.config import TuttiVllmConfig
 from tutti.integrations.vllm.connector import TuttiConnector
@@ -39,8 +43,10 @@ __all__ = [
     "TuttiConnector",
     "TuttiConnectorMetadata",
     "TuttiVllmConfig",
+    "UnsupportedModel",
     "VLLM_COMMIT",
     "VllmPagedKV",
     "WorkerLogic",
+    "check_vllm_model",
     "detect_form",
 ]

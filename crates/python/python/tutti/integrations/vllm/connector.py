@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Set
 from tutti.engine import KvCacheClient
 from tutti.integrations.vllm import state
 from tutti.integrations.vllm._compat import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
+from tutti.integrations.vllm.attention import check_vllm_model
 from tutti.integrations.vllm.config import TuttiVllmConfig
 from tutti.integrations.vllm.layout import VllmPagedKV
 from tutti.integrations.vllm.metadata import TuttiConnectorMetadata
@@ -69,7 +70,10 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
 
     Supports one tensor-parallel and pipeline-parallel rank (the scheduler
     and the worker in one process, see state.py) and models whose
-    attention layers share one KV cache shape.
+    attention layers share one KV cache shape. Raises
+    ``tutti.engine.UnsupportedModel`` (a ``ValueError``) for models it
+    cannot restore exactly (sliding windows shorter than ``max_model_len``,
+    MLA, hybrid models; attention.py), before opening anything.
     """
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
@@ -81,6 +85,7 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
             n = int(getattr(par, what, 1) or 1)
             if n != 1:
                 raise ValueError(f"TuttiConnector supports {what} 1 only (got {n})")
+        check_vllm_model(vllm_config, kv_cache_config)
         model = getattr(getattr(vllm_config, "model_config", None), "model", None) or "unknown-model"
         self.tutti_config = TuttiVllmConfig.from_extra_config(
             extra, block_size=int(vllm_config.cache_config.block_size), model=str(model)

@@ -44,6 +44,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from tutti.engine.attention import UnsupportedModel
 from tutti.engine.layouts import Layout, Range, tensor_info
 
 SCRATCH = -1
@@ -60,10 +61,18 @@ def detect_form(shape: Tuple[int, ...], num_blocks: Optional[int] = None) -> str
     """The form (see the module docstring) of a per-layer KV tensor's shape.
 
     A 5-D shape with 2 in both of its first two dimensions (a cache of two
-    blocks) is ambiguous and refused. ``num_blocks`` (vLLM's
+    blocks) is ambiguous and refused; a 3-D shape (vLLM's MLA latent cache)
+    raises ``tutti.engine.UnsupportedModel``. ``num_blocks`` (vLLM's
     ``kv_cache_config.num_blocks``), when given, must be the shape's block
     count.
     """
+    if len(shape) == 3:
+        raise UnsupportedModel(
+            "mla",
+            f"KV cache shape {shape}: one latent tensor per layer ([num_blocks, block_size, kv_lora_rank + "
+            "qk_rope_head_dim], vLLM's multi-head latent attention cache)",
+            "a layout for the latent cache would be needed; the connector reads separate K and V per head",
+        )
     if len(shape) == 4:
         form = "blocks_heads"
     elif len(shape) == 5:
@@ -146,7 +155,11 @@ class VllmPagedKV(Layout):
         for i, t in enumerate(kv_caches):
             info = tensor_info(t)
             if (info.shape, info.dtype) != (first.shape, first.dtype):
-                raise ValueError(f"kv_caches[{i}]: shape/dtype {info.shape} {info.dtype} differs from [0]'s {first.shape} {first.dtype}")
+                raise UnsupportedModel(
+                    "per_layer_shapes",
+                    f"kv_caches[{i}]: shape/dtype {info.shape} {info.dtype} differs from [0]'s {first.shape} {first.dtype}",
+                    "every layer's KV cache must have one shape and dtype",
+                )
         shape = dict(zip(dims, first.shape))
         if shape["token"] != block_size:
             raise ValueError(
