@@ -120,6 +120,17 @@ def test_gqa_llama_is_accepted_and_keeps_its_keys(kv):
     check_exact(model, kv, chunk=16)
 
 
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        ("Qwen2", COMMON),  # GQA with q/k/v bias, window switched off
+        ("GPTNeoX", {k: v for k, v in COMMON.items() if k != "num_key_value_heads"}),  # MHA, partial rotary
+    ],
+)
+def test_other_full_attention_families_are_exact(kv, name, kw):
+    check_exact(build(name, **kw), kv, chunk=16)
+
+
 @pytest.mark.parametrize("name,extra", [("DeepseekV2", {}), ("DeepseekV3", {"q_lora_rank": 16, "n_group": 1, "topk_group": 1})])
 def test_mla_stores_k_and_v_with_their_own_shapes(kv, name, extra):
     from tutti.integrations.transformers import PrefixCache
