@@ -159,6 +159,17 @@ pub enum ConfigError {
     /// YAML syntax, an unknown key, a wrong type.
     #[error("parsing the config: {0}")]
     Parse(String),
+    /// A `pci` drive asks for `allow_no_iommu`. Without an IOMMU the
+    /// controller's DMA addresses are host physical addresses: every PRP a
+    /// client writes would reach all of host RAM (the daemon's, the
+    /// kernel's, other tenants'), so a shared daemon never accepts it.
+    #[error(
+        "{key}: refused: without an IOMMU PRPs are host physical addresses, so any allowed client could read or write all host RAM through its queues; bind the drive to vfio-pci with the IOMMU on"
+    )]
+    NoIommu {
+        /// YAML key path (`drives.NAME.device.pci.allow_no_iommu`).
+        key: String,
+    },
     /// A value breaks a rule.
     #[error("{key}: {rule}")]
     Invalid {
@@ -234,6 +245,9 @@ impl DaemonConfig {
                             "pci drives need forwarded doorbells: their doorbells share one BAR0 page (CAP.DSTRD = 0), which cannot be handed to a client (docs/tuttid.md, \"Real drives\")",
                         ));
                     }
+                    if p.allow_no_iommu {
+                        return Err(ConfigError::NoIommu { key: key("device.pci.allow_no_iommu") });
+                    }
                     if p.addr.trim().parse::<nvme_pci::PciAddr>().is_err() {
                         return Err(invalid(&key("device.pci.addr"), "a PCI address such as 0000:01:00.0"));
                     }
@@ -295,6 +309,17 @@ drives:
             DaemonConfig::from_yaml(&pci.replace("0000:01:00.0", "nope")),
             Err(ConfigError::Invalid { key, .. }) if key == "drives.d0.device.pci.addr"
         ));
+        let no_iommu = pci.replace("\"0000:01:00.0\"", "\"0000:01:00.0\", allow_no_iommu: true");
+        let err = DaemonConfig::from_yaml(&no_iommu).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::NoIommu { key } if key == "drives.d0.device.pci.allow_no_iommu"),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("physical addresses"), "{err}");
+        assert!(DaemonConfig::from_yaml(
+            &pci.replace("\"0000:01:00.0\"", "\"0000:01:00.0\", allow_no_iommu: false")
+        )
+        .is_ok());
         assert!(!DaemonConfig::from_yaml(GOOD).unwrap().drives["d0"].forwarded());
         let fwd =
             DaemonConfig::from_yaml(&GOOD.replace("allow:", "doorbells: forwarded\n    allow:")).unwrap();

@@ -421,10 +421,11 @@ fn open_device(name: &str, cfg: &DriveConfig, forwarded: bool) -> Result<Opened,
 }
 
 /// Opens a vfio-bound function (`tutti-probe bind` first); its IOMMU
-/// mappings are the daemon's container's.
+/// mappings are the daemon's container's. Never without an IOMMU (the
+/// config refuses `allow_no_iommu`; this holds even if it did not).
 fn open_pci(p: &PciDriveConfig) -> Result<Arc<dyn NvmeDevice>, String> {
     let addr: nvme_pci::PciAddr =
         p.addr.trim().parse().map_err(|e| format!("pci address {:?}: {e}", p.addr))?;
-    let opts = nvme_pci::OpenOptions { allow_no_iommu: p.allow_no_iommu, ..Default::default() };
+    let opts = nvme_pci::OpenOptions { allow_no_iommu: false, ..Default::default() };
     nvme_pci::open(&addr, &opts).map_err(|e| format!("opening {addr}: {e}"))
 }
