@@ -13,7 +13,10 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, Weak};
 
-use rustix::fs::{fcntl_add_seals, fcntl_get_seals, fstat, ftruncate, memfd_create, MemfdFlags, SealFlags};
+use rustix::fs::{
+    fallocate, fcntl_add_seals, fcntl_get_seals, fstat, fstatfs, ftruncate, memfd_create, FallocateFlags,
+    MemfdFlags, SealFlags,
+};
 use rustix::mm::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
 
 /// Page size shared mappings are made of, bytes.
@@ -45,7 +48,36 @@ pub enum ShmError {
     /// (F_SEAL_SHRINK): mapping it could fault later if it were truncated.
     #[error("descriptor is not a memfd sealed against shrinking")]
     NotSealed,
+    /// Client memory (a registration) is not sealed against growing too
+    /// (F_SEAL_GROW): [`SharedMemory`] always is, so a daemon accepts
+    /// nothing looser.
+    #[error("descriptor is not a memfd sealed against shrinking and growing (F_SEAL_SHRINK | F_SEAL_GROW)")]
+    NotSealedGrow,
+    /// The memfd has holes: fewer bytes allocated than its size. Mapping
+    /// it for DMA would make the daemon build page lists for, and on a
+    /// real drive pin, memory that does not exist yet (a 1 TiB sparse
+    /// memfd costs nothing to make). [`SharedMemory`] allocates all of its
+    /// pages at creation (fallocate).
+    #[error(
+        "memfd of {size} bytes has only {allocated} allocated (sparse): allocate all of it first (fallocate)"
+    )]
+    Sparse {
+        /// File size, bytes.
+        size: u64,
+        /// Bytes allocated (st_blocks * 512).
+        allocated: u64,
+    },
+    /// A hugetlbfs memfd. A hole punched into it later (or an exhausted
+    /// hugepage pool) makes the daemon's next access to the page raise
+    /// SIGBUS; the only seals that forbid punching (F_SEAL_WRITE,
+    /// F_SEAL_FUTURE_WRITE) also forbid the writable shared mapping that
+    /// I/O memory needs, so such memory cannot be made safe to share.
+    #[error("hugetlbfs memfds are refused: a hole punched later would kill the daemon with SIGBUS, and the seals that forbid punching also forbid writable mappings")]
+    HugeTlb,
 }
+
+/// `f_type` of hugetlbfs (linux/magic.h).
+const HUGETLBFS_MAGIC: u64 = 0x9584_58f6;
 
 fn os(op: &'static str) -> impl FnOnce(rustix::io::Errno) -> ShmError {
     move |e| ShmError::Os { op, source: e.into() }
@@ -97,6 +129,8 @@ impl SharedMemory {
         let fd = memfd_create("tutti-shm", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
             .map_err(os("memfd_create"))?;
         ftruncate(&fd, len as u64).map_err(os("ftruncate"))?;
+        // Every page allocated now: a daemon refuses sparse memfds.
+        fallocate(&fd, FallocateFlags::empty(), 0, len as u64).map_err(os("fallocate"))?;
         fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
             .map_err(os("F_ADD_SEALS"))?;
         // SAFETY: a fresh shared mapping of a file of exactly `len` bytes,
@@ -238,6 +272,36 @@ impl MappedFd {
         .map_err(os("mmap"))?;
         let ptr = NonNull::new(p.cast::<u8>()).ok_or(ShmError::NotSealed)?;
         Ok(Self { _fd: fd, ptr, len: len as usize })
+    }
+
+    /// Maps memory a client sent for registration, after the checks that
+    /// keep a client from costing the daemon more than what it really
+    /// allocated, or killing it with SIGBUS: sealed against shrinking and
+    /// growing, not hugetlbfs, and no holes (st_blocks * 512 >= st_size),
+    /// all checked on the descriptor before anything is mapped; then as
+    /// [`MappedFd::map`].
+    ///
+    /// # Errors
+    ///
+    /// [`ShmError::NotSealedGrow`], [`ShmError::HugeTlb`],
+    /// [`ShmError::Sparse`], and those of [`MappedFd::map`].
+    pub fn map_client(fd: OwnedFd, offset: u64, len: u64) -> Result<Self, ShmError> {
+        let seals = fcntl_get_seals(&fd).map_err(|_| ShmError::NotSealed)?;
+        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
+            return Err(ShmError::NotSealedGrow);
+        }
+        let fs = fstatfs(&fd).map_err(os("fstatfs"))?;
+        #[allow(clippy::unnecessary_cast)] // f_type's integer type differs between targets
+        if fs.f_type as u64 == HUGETLBFS_MAGIC {
+            return Err(ShmError::HugeTlb);
+        }
+        let st = fstat(&fd).map_err(os("fstat"))?;
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        let allocated = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
+        if allocated < size {
+            return Err(ShmError::Sparse { size, allocated });
+        }
+        Self::map(fd, offset, len)
     }
 
     /// Host address of the first byte.
@@ -395,6 +459,49 @@ mod tests {
         ftruncate(&unsealed, PAGE as u64).unwrap();
         assert!(matches!(MappedFd::map(unsealed, 0, PAGE as u64), Err(ShmError::NotSealed)));
         assert!(matches!(m.write(3 * PAGE - 1, b"xy"), Err(ShmError::BadRange { .. })));
+    }
+
+    #[test]
+    fn client_memory_must_be_allocated_sealed_and_not_hugetlb() {
+        let m = SharedMemory::new(3 * PAGE).unwrap();
+        let st = fstat(m.fd()).unwrap();
+        assert!(st.st_blocks * 512 >= st.st_size, "SharedMemory is fully allocated");
+        MappedFd::map_client(m.fd().try_clone_to_owned().unwrap(), 0, 3 * PAGE as u64).unwrap();
+        // Sealed against shrinking only: refused.
+        let shrink_only = sealed_memfd_with("s", PAGE, SealFlags::SHRINK);
+        fallocate(&shrink_only, FallocateFlags::empty(), 0, PAGE as u64).unwrap();
+        assert!(matches!(MappedFd::map_client(shrink_only, 0, PAGE as u64), Err(ShmError::NotSealedGrow)));
+        // A sealed, 1 TiB sparse memfd: refused before anything is mapped.
+        let sparse = sealed_memfd("sparse", PAGE).unwrap();
+        let big = memfd_create("big", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+        ftruncate(&big, 1 << 40).unwrap();
+        fcntl_add_seals(&big, SealFlags::SHRINK | SealFlags::GROW).unwrap();
+        let t = std::time::Instant::now();
+        assert!(matches!(
+            MappedFd::map_client(big, 0, 1 << 40),
+            Err(ShmError::Sparse { size, allocated: 0 }) if size == 1 << 40
+        ));
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        assert!(matches!(MappedFd::map_client(sparse, 0, PAGE as u64), Err(ShmError::Sparse { .. })));
+        // One page allocated of two: still a hole.
+        let half = sealed_memfd_with("h", 2 * PAGE, SealFlags::SHRINK | SealFlags::GROW);
+        fallocate(&half, FallocateFlags::empty(), 0, PAGE as u64).unwrap();
+        assert!(matches!(MappedFd::map_client(half, 0, PAGE as u64), Err(ShmError::Sparse { .. })));
+        // hugetlbfs, where the kernel has it (no pool needed to create one).
+        if let Ok(h) =
+            memfd_create("huge", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING | MemfdFlags::HUGETLB)
+        {
+            let _ = ftruncate(&h, 2 << 20);
+            let _ = fcntl_add_seals(&h, SealFlags::SHRINK | SealFlags::GROW);
+            assert!(matches!(MappedFd::map_client(h, 0, 2 << 20), Err(ShmError::HugeTlb)));
+        }
+    }
+
+    fn sealed_memfd_with(name: &str, len: usize, seals: SealFlags) -> OwnedFd {
+        let fd = memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+        ftruncate(&fd, len as u64).unwrap();
+        fcntl_add_seals(&fd, seals).unwrap();
+        fd
     }
 
     #[test]

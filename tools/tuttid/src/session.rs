@@ -206,7 +206,8 @@ impl Session {
         if len > (1 << 40) {
             return Err(DaemonError::BadMemory(format!("{len} bytes is more than 1 TiB")));
         }
-        let memory = MappedFd::map(fd, offset, len).map_err(|e| DaemonError::BadMemory(e.to_string()))?;
+        let memory =
+            MappedFd::map_client(fd, offset, len).map_err(|e| DaemonError::BadMemory(e.to_string()))?;
         let drive = &self.drives[d];
         let mapping = drive.map(&memory, self.domain)?;
         drive.registrations.fetch_add(1, Ordering::Relaxed);

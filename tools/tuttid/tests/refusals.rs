@@ -121,3 +121,39 @@ fn socket_file_mode_follows_the_config() {
     let mode = std::fs::metadata(&d.socket).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o660);
 }
+
+#[test]
+fn sparse_memfds_are_refused_fast_and_others_are_still_served() {
+    use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &config_yaml(&dir.path().join("tutti.sock"), 3000, ""));
+    let attacker = Client::connect(&d.socket).unwrap();
+    let victim = Client::connect(&d.socket).unwrap();
+    let t = std::time::Instant::now();
+    for _ in 0..4 {
+        let big = memfd_create("sparse", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+        ftruncate(&big, 1 << 40).unwrap();
+        fcntl_add_seals(&big, SealFlags::SHRINK | SealFlags::GROW).unwrap();
+        match attacker.register_memory("d0", big.as_fd(), 0, 1 << 40) {
+            Err(ClientError::Refused { rule: Rule::BadMemory, detail }) => {
+                assert!(detail.contains("sparse"), "{detail}")
+            }
+            other => panic!("a sparse 1 TiB memfd must be refused, got {other:?}"),
+        }
+    }
+    assert!(t.elapsed() < std::time::Duration::from_secs(2), "refusals took {:?}", t.elapsed());
+    // Sealed against shrinking only: refused too (F_SEAL_GROW required).
+    let loose = memfd_create("loose", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+    ftruncate(&loose, 4096).unwrap();
+    fcntl_add_seals(&loose, SealFlags::SHRINK).unwrap();
+    assert_eq!(rule_of(attacker.register_memory("d0", loose.as_fd(), 0, 4096)), Rule::BadMemory);
+    // The other client is served at once, and nothing stayed registered.
+    let t = std::time::Instant::now();
+    let shm = SharedMemory::new(1 << 20).unwrap();
+    let (id, _, _) = victim.register_memory("d0", shm.fd(), 0, 1 << 20).unwrap();
+    victim.grant_queue("d0", 16).unwrap();
+    assert!(t.elapsed() < std::time::Duration::from_secs(1), "victim waited {:?}", t.elapsed());
+    let s = victim.status().unwrap();
+    assert_eq!(s.drives.iter().map(|x| x.registrations).sum::<u32>(), 1, "{s:?}");
+    victim.unregister_memory(id).unwrap();
+}
