@@ -118,7 +118,14 @@ impl Client {
             });
         }
         let sock = self.sock.lock().unwrap_or_else(|p| p.into_inner());
-        let r = send_frame(&sock, &req.encode(), fds).and_then(|()| recv_frame(&sock));
+        // A daemon that refuses a connection at accept (peer on no allow
+        // list, too many connections) writes its refusal and closes before
+        // reading anything: the send then fails, and the refusal waits in
+        // the socket.
+        let r = match send_frame(&sock, &req.encode(), fds) {
+            Ok(()) => recv_frame(&sock),
+            Err(e) => recv_frame(&sock).map_err(|_| e),
+        };
         let frame = r.map_err(|e| self.fail(req.name(), e))?;
         let resp = Response::decode(&frame.payload).map_err(|e| {
             self.dead.store(true, Ordering::Release);

@@ -40,10 +40,21 @@ pub struct DaemonConfig {
     /// heartbeat) is reclaimed. 100..=600000, default 3000.
     #[serde(default = "default_lease")]
     pub lease_ms: u32,
-    /// Most memory registrations one client may hold (all drives).
-    /// Default 4096.
+    /// Most memory registrations one uid may hold (all drives, all its
+    /// connections). Default 4096.
     #[serde(default = "default_registrations")]
     pub registrations_per_client: u32,
+    /// Most bytes of memory one uid may register (all drives, all its
+    /// connections). Default 1 TiB.
+    #[serde(default = "default_memory")]
+    pub memory_per_uid: u64,
+    /// Most connections one uid may hold at once. Default 64.
+    #[serde(default = "default_connections_per_uid")]
+    pub connections_per_uid: u32,
+    /// Most connections (each a thread) the daemon serves at once.
+    /// Default 1024.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
     /// The drives, by name.
     pub drives: BTreeMap<String, DriveEntry>,
 }
@@ -73,7 +84,8 @@ pub struct DriveEntry {
     pub forward_spin_us: Option<u32>,
     /// Who may use it.
     pub allow: Allow,
-    /// Most queue pairs one client holds on this drive at once (default 4).
+    /// Most queue pairs one uid holds on this drive at once, all its
+    /// connections together (default 4).
     #[serde(default = "default_quota")]
     pub queues_per_client: u16,
     /// Namespace served (default 1).
@@ -142,6 +154,15 @@ fn default_nsid() -> u32 {
 }
 fn default_registrations() -> u32 {
     4096
+}
+fn default_memory() -> u64 {
+    1 << 40
+}
+fn default_connections_per_uid() -> u32 {
+    64
+}
+fn default_max_connections() -> u32 {
+    1024
 }
 
 /// A config that cannot be used, naming the key and the rule.
@@ -220,6 +241,18 @@ impl DaemonConfig {
         if !(100..=600_000).contains(&self.lease_ms) {
             return Err(invalid("lease_ms", "must be 100..=600000"));
         }
+        if self.registrations_per_client == 0 {
+            return Err(invalid("registrations_per_client", "must be at least 1"));
+        }
+        if self.memory_per_uid == 0 {
+            return Err(invalid("memory_per_uid", "must be at least 1"));
+        }
+        if !(1..=65_536).contains(&self.max_connections) {
+            return Err(invalid("max_connections", "must be 1..=65536"));
+        }
+        if self.connections_per_uid == 0 || self.connections_per_uid > self.max_connections {
+            return Err(invalid("connections_per_uid", "must be 1..=max_connections"));
+        }
         if self.drives.is_empty() || self.drives.len() > 64 {
             return Err(invalid("drives", "1 to 64 drives"));
         }
@@ -287,6 +320,11 @@ drives:
         let c = DaemonConfig::from_yaml(GOOD).unwrap();
         assert_eq!(c.mode().unwrap(), 0o660);
         assert_eq!(c.lease_ms, 3000);
+        assert_eq!((c.connections_per_uid, c.max_connections, c.memory_per_uid), (64, 1024, 1 << 40));
+        assert!(matches!(
+            DaemonConfig::from_yaml(&format!("{GOOD}connections_per_uid: 2000\n")),
+            Err(ConfigError::Invalid { key, .. }) if key == "connections_per_uid"
+        ));
         let d = &c.drives["d0"];
         assert!(d.allow.permits(1000, 5) && !d.allow.permits(7, 7));
         assert_eq!(d.queues_per_client, 4);

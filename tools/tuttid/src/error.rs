@@ -22,7 +22,8 @@ pub enum DaemonError {
         /// Peer gid.
         gid: u32,
     },
-    /// The client holds its quota of queue pairs on the drive.
+    /// The uid holds its quota of queue pairs on the drive (all its
+    /// connections together).
     #[error("quota of {quota} queue pairs on drive {drive:?} reached")]
     Quota {
         /// The drive.
@@ -30,11 +31,46 @@ pub enum DaemonError {
         /// The quota.
         quota: u16,
     },
-    /// The client holds its quota of memory registrations.
+    /// The uid holds its quota of memory registrations.
     #[error("quota of {quota} memory registrations reached")]
     MemoryQuota {
         /// The quota.
         quota: u32,
+    },
+    /// The uid holds its quota of registered bytes.
+    #[error(
+        "{held} bytes registered and {asked} more asked: more than the {limit} bytes one uid may register"
+    )]
+    MemoryBytes {
+        /// Bytes the uid holds.
+        held: u64,
+        /// Bytes asked.
+        asked: u64,
+        /// The quota.
+        limit: u64,
+    },
+    /// The uid (`Some`), or the daemon (`None`), holds its cap of
+    /// connections.
+    #[error("{}", match uid {
+        Some(u) => format!("uid {u} holds its {limit} connections"),
+        None => format!("the daemon serves {limit} connections, its most"),
+    })]
+    TooManyConnections {
+        /// The uid, for the per-uid cap.
+        uid: Option<u32>,
+        /// The cap.
+        limit: u32,
+    },
+    /// The peer is on no drive's allow list (and not the operator, or the
+    /// operator asking for more than the status).
+    #[error("uid {uid} / gid {gid} is on no drive's allow list: {what}")]
+    Unauthenticated {
+        /// Peer uid.
+        uid: u32,
+        /// Peer gid.
+        gid: u32,
+        /// What was refused.
+        what: &'static str,
     },
     /// No free I/O queue id on the drive.
     #[error("every I/O queue pair of drive {drive:?} is granted")]
@@ -82,7 +118,9 @@ impl DaemonError {
     pub fn rule(&self) -> Rule {
         match self {
             DaemonError::UnknownDrive { .. } => Rule::UnknownDrive,
-            DaemonError::NotAllowed { .. } => Rule::NotAllowed,
+            DaemonError::NotAllowed { .. } | DaemonError::Unauthenticated { .. } => Rule::NotAllowed,
+            DaemonError::TooManyConnections { .. } => Rule::Quota,
+            DaemonError::MemoryBytes { .. } => Rule::MemoryQuota,
             DaemonError::Quota { .. } => Rule::Quota,
             DaemonError::MemoryQuota { .. } => Rule::MemoryQuota,
             DaemonError::PoolEmpty { .. } => Rule::PoolEmpty,

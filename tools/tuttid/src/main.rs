@@ -11,6 +11,7 @@
 //! tuttid status --socket /run/tutti.sock
 //! ```
 
+mod accounts;
 mod config;
 mod drive;
 mod error;

@@ -14,6 +14,7 @@ use tuttid_proto::frame::{borrow_all, recv_frame, send_frame, FrameError};
 use tuttid_proto::message::{ClientStatus, Request, Response, StatusReport};
 use tuttid_proto::{Rule, MAX_FRAME};
 
+use crate::accounts::{Accounts, Limits};
 use crate::config::DaemonConfig;
 use crate::drive::Drive;
 use crate::error::DaemonError;
@@ -38,7 +39,8 @@ pub struct Server {
     reclaimed: AtomicU64,
     lease: Duration,
     lease_ms: u32,
-    registrations_max: u32,
+    /// Per-uid quotas and the connection caps.
+    accounts: Arc<Accounts>,
     own_uid: u32,
 }
 
@@ -61,7 +63,12 @@ impl Server {
             reclaimed: AtomicU64::new(0),
             lease: Duration::from_millis(u64::from(cfg.lease_ms)),
             lease_ms: cfg.lease_ms,
-            registrations_max: cfg.registrations_per_client,
+            accounts: Arc::new(Accounts::new(Limits {
+                connections_per_uid: cfg.connections_per_uid,
+                max_connections: cfg.max_connections,
+                registrations_per_uid: cfg.registrations_per_client,
+                memory_per_uid: cfg.memory_per_uid,
+            })),
             own_uid: rustix::process::getuid().as_raw(),
         }))
     }
@@ -74,14 +81,7 @@ impl Server {
         }
         while !stop.load(Ordering::Acquire) {
             match listener.accept() {
-                Ok((sock, _)) => {
-                    let me = self.clone();
-                    let spawned =
-                        std::thread::Builder::new().name("tuttid-conn".into()).spawn(move || me.serve(sock));
-                    if let Err(e) = spawned {
-                        tracing::error!(error = %e, "cannot spawn a connection thread");
-                    }
-                }
+                Ok((sock, _)) => self.admit(sock),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     std::thread::sleep(Duration::from_millis(5))
                 }
@@ -96,8 +96,12 @@ impl Server {
         }
     }
 
-    /// One connection, from accept to reclaim.
-    fn serve(self: Arc<Self>, sock: UnixStream) {
+    /// A new connection, on the accepting thread: a peer on no drive's
+    /// allow list (and not the operator: root or the daemon's uid), or one
+    /// past its uid's or the daemon's cap of connections, gets one refusal
+    /// and is closed here, with no thread and nothing read from it; any
+    /// other gets its thread.
+    fn admit(self: &Arc<Self>, sock: UnixStream) {
         let Ok(cred) = rustix::net::sockopt::socket_peercred(&sock) else {
             tracing::warn!("SO_PEERCRED failed; connection dropped");
             return;
@@ -107,7 +111,36 @@ impl Server {
             uid: cred.uid.as_raw(),
             gid: cred.gid.as_raw(),
         };
+        let listed = self.drives.iter().any(|d| d.allow.permits(peer.uid, peer.gid));
+        let operator = peer.uid == 0 || peer.uid == self.own_uid;
+        let admitted = if listed || operator {
+            self.accounts.connect(peer.uid)
+        } else {
+            Err(DaemonError::Unauthenticated { uid: peer.uid, gid: peer.gid, what: "nothing is served" })
+        };
+        if let Err(e) = admitted {
+            tracing::info!(pid = peer.pid, uid = peer.uid, error = %e, "connection refused");
+            // Never blocks the accepting thread: a peer that does not read
+            // loses the refusal, not the daemon's time.
+            let _ = sock.set_nonblocking(true);
+            let _ = reply(&sock, refused(e.rule(), e.to_string()));
+            return;
+        }
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tuttid-conn".into())
+            .spawn(move || me.serve(sock, peer, !listed));
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot spawn a connection thread");
+            self.accounts.disconnect(peer.uid);
+        }
+    }
+
+    /// One admitted connection, from its thread's start to reclaim.
+    /// `status_only`: the operator on no allow list, served `Status` only.
+    fn serve(self: Arc<Self>, sock: UnixStream, peer: Peer, status_only: bool) {
         if sock.set_nonblocking(false).is_err() || sock.set_read_timeout(Some(self.lease)).is_err() {
+            self.accounts.disconnect(peer.uid);
             return;
         }
         let id = self.next_client.fetch_add(1, Ordering::Relaxed);
@@ -117,16 +150,23 @@ impl Server {
         tracing::info!(pid = peer.pid, uid = peer.uid, gid = peer.gid, "client connected");
         let domain = domain_of(id);
         let mut session =
-            Session::new(peer, self.drives.clone(), self.registrations_max, self.lease_ms, domain);
-        let why = self.serve_loop(&sock, &mut session, id);
+            Session::new(peer, self.drives.clone(), self.accounts.clone(), self.lease_ms, domain);
+        let why = self.serve_loop(&sock, &mut session, id, status_only);
         tracing::info!(pid = peer.pid, reason = why, "client gone: reclaiming");
         lock(&self.clients).remove(&id);
         session.reclaim();
+        self.accounts.disconnect(peer.uid);
         self.reclaimed.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Requests until the connection ends; returns why it ended.
-    fn serve_loop(&self, sock: &UnixStream, session: &mut Session, id: u64) -> &'static str {
+    fn serve_loop(
+        &self,
+        sock: &UnixStream,
+        session: &mut Session,
+        id: u64,
+        status_only: bool,
+    ) -> &'static str {
         loop {
             let frame = match recv_frame(sock) {
                 Ok(f) => f,
@@ -154,6 +194,13 @@ impl Server {
                     }
                 },
                 Ok(Request::Status) => self.status_reply(session.peer),
+                Ok(_) if status_only => {
+                    let Peer { uid, gid, .. } = session.peer;
+                    let what = "the operator is served the status only";
+                    let e = DaemonError::Unauthenticated { uid, gid, what };
+                    let _ = reply(sock, refused(e.rule(), e.to_string()));
+                    return "not on any allow list";
+                }
                 Ok(req) => session.handle(req, frame.fds),
             };
             if let Some(r) = lock(&self.clients).get_mut(&id) {

@@ -12,6 +12,7 @@ use tuttid_proto::message::{Request, Response};
 use tuttid_proto::shm::MappedFd;
 use tuttid_proto::PROTOCOL_VERSION;
 
+use crate::accounts::Accounts;
 use crate::drive::{Drive, Rings};
 use crate::error::DaemonError;
 
@@ -44,7 +45,8 @@ pub struct Session {
     queues: Vec<(usize, Rings)>,
     memory: HashMap<u64, Registration>,
     next_id: u64,
-    registrations_max: u32,
+    /// The per-uid ledger the quotas are taken from.
+    accounts: Arc<Accounts>,
     lease_ms: u32,
     /// The connection's DMA domain: its rings and memory are mapped in it
     /// and its SQs belong to it, so its commands reach no one else's
@@ -62,11 +64,12 @@ fn refuse(e: DaemonError) -> Reply {
 }
 
 impl Session {
-    /// A new session for `peer`, whose DMA domain is `domain` (nonzero).
+    /// A new session for `peer`, whose DMA domain is `domain` (nonzero);
+    /// its queues and memory count against `peer.uid` in `accounts`.
     pub fn new(
         peer: Peer,
         drives: Arc<Vec<Drive>>,
-        registrations_max: u32,
+        accounts: Arc<Accounts>,
         lease_ms: u32,
         domain: u32,
     ) -> Self {
@@ -77,7 +80,7 @@ impl Session {
             queues: Vec::new(),
             memory: HashMap::new(),
             next_id: 1,
-            registrations_max,
+            accounts,
             lease_ms,
             greeted: false,
         }
@@ -149,23 +152,19 @@ impl Session {
         Ok(i)
     }
 
-    fn held(&self, d: usize) -> u16 {
-        self.queues.iter().filter(|(i, _)| *i == d).count() as u16
-    }
-
     fn open_drive(&mut self, name: &str) -> Result<Reply, DaemonError> {
         let d = self.drive(name)?;
-        let left = self.drives[d].quota.saturating_sub(self.held(d));
+        let left = self.drives[d].quota.saturating_sub(self.accounts.queues(self.peer.uid, d));
         Ok((Response::DriveFacts(self.drives[d].facts(left)), Vec::new()))
     }
 
     fn grant(&mut self, name: &str, entries: u32) -> Result<Reply, DaemonError> {
         let d = self.drive(name)?;
         let drive = &self.drives[d];
-        if self.held(d) >= drive.quota {
-            return Err(DaemonError::Quota { drive: name.to_owned(), quota: drive.quota });
-        }
-        let (rings, grant, fds) = drive.grant(entries, self.domain)?;
+        self.accounts.take_queue(self.peer.uid, d, name, drive.quota)?;
+        let (rings, grant, fds) = drive.grant(entries, self.domain).inspect_err(|_| {
+            self.accounts.give_queue(self.peer.uid, d);
+        })?;
         self.queues.push((d, rings));
         Ok((Response::QueueGranted(grant), fds.into()))
     }
@@ -178,6 +177,7 @@ impl Session {
             .position(|(i, r)| *i == d && r.qid == qid)
             .ok_or(DaemonError::NotOwned { what: "queue", id: u64::from(qid) })?;
         let (d, rings) = self.queues.swap_remove(pos);
+        self.accounts.give_queue(self.peer.uid, d);
         let drive = &self.drives[d];
         if drive.delete_sq(qid) && drive.delete_cq(qid) {
             drive.reclaim_rings(rings);
@@ -199,17 +199,20 @@ impl Session {
         fds: Vec<OwnedFd>,
     ) -> Result<Reply, DaemonError> {
         let d = self.drive(name)?;
-        if self.memory.len() >= self.registrations_max as usize {
-            return Err(DaemonError::MemoryQuota { quota: self.registrations_max });
-        }
         let fd = fds.into_iter().next().ok_or_else(|| DaemonError::BadMemory("no descriptor".into()))?;
         if len > (1 << 40) {
             return Err(DaemonError::BadMemory(format!("{len} bytes is more than 1 TiB")));
         }
-        let memory =
-            MappedFd::map_client(fd, offset, len).map_err(|e| DaemonError::BadMemory(e.to_string()))?;
+        let uid = self.peer.uid;
+        self.accounts.take_memory(uid, len)?;
+        let give_back = |e| {
+            self.accounts.give_memory(uid, len);
+            e
+        };
+        let memory = MappedFd::map_client(fd, offset, len)
+            .map_err(|e| give_back(DaemonError::BadMemory(e.to_string())))?;
         let drive = &self.drives[d];
-        let mapping = drive.map(&memory, self.domain)?;
+        let mapping = drive.map(&memory, self.domain).map_err(give_back)?;
         drive.registrations.fetch_add(1, Ordering::Relaxed);
         let (id, iova) = (self.next_id, mapping.pages()[0]);
         self.next_id += 1;
@@ -226,6 +229,7 @@ impl Session {
     /// Unmaps a registration; on failure keeps its memory mapped forever
     /// (the device might still reach it).
     fn unmap(&self, r: Registration) {
+        self.accounts.give_memory(self.peer.uid, r.memory.len() as u64);
         let drive = &self.drives[r.drive];
         drive.registrations.fetch_sub(1, Ordering::Relaxed);
         if let Err(e) = drive.device().dma_unmap(&r.mapping) {
@@ -244,6 +248,7 @@ impl Session {
         let sq_ok: Vec<bool> = queues.iter().map(|(d, r)| self.drives[*d].delete_sq(r.qid)).collect();
         let mut bad_drives = Vec::new();
         for ((d, rings), ok) in queues.into_iter().zip(sq_ok) {
+            self.accounts.give_queue(self.peer.uid, d);
             let drive = &self.drives[d];
             if ok && drive.delete_cq(rings.qid) {
                 drive.reclaim_rings(rings);
@@ -254,6 +259,7 @@ impl Session {
         }
         for (_, r) in std::mem::take(&mut self.memory) {
             if bad_drives.contains(&r.drive) {
+                self.accounts.give_memory(self.peer.uid, r.memory.len() as u64);
                 std::mem::forget(r);
             } else {
                 self.unmap(r);

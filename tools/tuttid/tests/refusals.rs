@@ -12,9 +12,11 @@ use common::*;
 use tuttid_proto::frame::{recv_frame, send_frame};
 use tuttid_proto::{Client, ClientError, Request, Response, Rule, SharedMemory};
 
-/// A drive only uid/gid 4242 may use (the test runs as another uid).
+/// A drive only uid/gid 4242 may use (the test runs as another uid), and
+/// a drive `q` with a quota of 2 queue pairs per uid.
 fn locked_drive() -> String {
-    "  locked:\n    device: { emulated: { namespaces: [ { capacity: 4MiB, block_size: 4096 } ] } }\n    allow: { uids: [4242], gids: [4242] }\n".into()
+    let uid = rustix::process::getuid().as_raw();
+    format!("  locked:\n    device: {{ emulated: {{ namespaces: [ {{ capacity: 4MiB, block_size: 4096 }} ] }} }}\n    allow: {{ uids: [4242], gids: [4242] }}\n  q:\n    device: {{ emulated: {{ namespaces: [ {{ capacity: 4MiB, block_size: 4096 }} ] }} }}\n    allow: {{ uids: [{uid}] }}\n    queues_per_client: 2\n")
 }
 
 fn rule_of<T: std::fmt::Debug>(r: Result<T, ClientError>) -> Rule {
@@ -39,18 +41,21 @@ fn refusals_name_their_rule() {
     assert_eq!(rule_of(c.grant_queue("locked", 16)), Rule::NotAllowed);
     // Unknown drive.
     assert_eq!(rule_of(c.open_drive("nope")), Rule::UnknownDrive);
-    // Quota: 2 queue pairs per client on d0.
-    let facts = c.open_drive("d0").unwrap();
+    // Quota: 2 queue pairs per uid on q.
+    let facts = c.open_drive("q").unwrap();
     assert_eq!((facts.quota_left, facts.dstrd), (2, 9));
-    let (g1, _fds1) = c.grant_queue("d0", 16).unwrap();
-    let (g2, _fds2) = c.grant_queue("d0", 16).unwrap();
+    let (g1, _fds1) = c.grant_queue("q", 16).unwrap();
+    let (g2, _fds2) = c.grant_queue("q", 16).unwrap();
     assert_ne!(g1.qid, g2.qid);
     assert_eq!(g1.doorbell_page, 0x1000 + u64::from(g1.qid) * 4096);
-    assert_eq!(rule_of(c.grant_queue("d0", 16)), Rule::Quota);
+    assert_eq!(rule_of(c.grant_queue("q", 16)), Rule::Quota);
     // Queues and memory of someone else, or of nobody.
     let other = Client::connect(&d.socket).unwrap();
-    assert_eq!(rule_of(other.release_queue("d0", g1.qid)), Rule::NotOwned);
-    assert_eq!(rule_of(other.release_queue("d0", 63)), Rule::NotOwned);
+    // The quota is the uid's, not the connection's.
+    assert_eq!(other.open_drive("q").unwrap().quota_left, 0);
+    assert_eq!(rule_of(other.grant_queue("q", 16)), Rule::Quota);
+    assert_eq!(rule_of(other.release_queue("q", g1.qid)), Rule::NotOwned);
+    assert_eq!(rule_of(other.release_queue("q", 63)), Rule::NotOwned);
     let shm = SharedMemory::new(8192).unwrap();
     let (id, _, len) = c.register_memory("d1", shm.fd(), 0, 8192).unwrap();
     assert_eq!(len, 8192);
@@ -66,8 +71,8 @@ fn refusals_name_their_rule() {
     assert_eq!(rule_of(c.register_memory("d1", shm.fd(), 1, 4096)), Rule::BadMemory);
     assert_eq!(rule_of(c.register_memory("locked", shm.fd(), 0, 4096)), Rule::NotAllowed);
     // Giving a queue back frees the quota.
-    c.release_queue("d0", g1.qid).unwrap();
-    c.grant_queue("d0", 16).unwrap();
+    c.release_queue("q", g1.qid).unwrap();
+    c.grant_queue("q", 16).unwrap();
     // The operator view shows both clients and their queues.
     let s = c.status().unwrap();
     assert!(s.clients.iter().any(|cl| cl.queues.len() == 2));

@@ -44,7 +44,7 @@ pub fn config_yaml_timed(socket: &Path, lease_ms: u32, extra: &str, emu_extra: &
         format!("socket: {}\nsocket_mode: \"0660\"\nlease_ms: {lease_ms}\ndrives:\n", socket.display());
     for d in 0..4 {
         s.push_str(&format!(
-            "  d{d}:\n    device: {{ emulated: {{ {emu_extra}namespaces: [ {{ capacity: 8MiB, block_size: 4096 }} ], io_queues: 64 }} }}\n    allow: {{ uids: [0, {uid}] }}\n    queues_per_client: 2\n"
+            "  d{d}:\n    device: {{ emulated: {{ {emu_extra}namespaces: [ {{ capacity: 8MiB, block_size: 4096 }} ], io_queues: 64 }} }}\n    allow: {{ uids: [0, {uid}] }}\n    queues_per_client: 16\n"
         ));
     }
     s.push_str(extra);
