@@ -17,7 +17,7 @@ use tuttid_proto::shm::{sealed_memfd, MappedFd, PAGE};
 
 use crate::config::{Allow, DriveEntry};
 use crate::error::DaemonError;
-use crate::forward::{Forwarder, SHADOW_DSTRD};
+use crate::forward::{Forwarder, LeaseEnd, SHADOW_DSTRD};
 
 /// How clients ring a drive's doorbells.
 #[derive(Debug)]
@@ -66,8 +66,8 @@ pub struct Rings {
     pub qid: u16,
     /// Keeps the SQ ring mapped in the daemon (the device DMAs into it).
     _sq: MappedFd,
-    /// Keeps the CQ ring mapped.
-    _cq: MappedFd,
+    /// Keeps the CQ ring mapped (shared with the forwarder, which reads it).
+    cq: Arc<MappedFd>,
     sq_map: DmaMapping,
     cq_map: DmaMapping,
 }
@@ -156,10 +156,15 @@ impl Drive {
     ///
     /// [`DaemonError::PoolEmpty`]; [`DaemonError::Drive`] when memory or
     /// the admin commands fail (the qid goes back, nothing stays mapped).
-    pub fn grant(&self, entries: u32, domain: u32) -> Result<(Rings, QueueGrant, [OwnedFd; 3]), DaemonError> {
+    pub fn grant(
+        &self,
+        entries: u32,
+        domain: u32,
+        lease_end: &LeaseEnd,
+    ) -> Result<(Rings, QueueGrant, [OwnedFd; 3]), DaemonError> {
         let entries = entries.clamp(2, u32::from(self.facts.mqes) + 1);
         let qid = lock(&self.free).pop().ok_or(DaemonError::PoolEmpty { drive: self.name.clone() })?;
-        match self.create(qid, entries, domain) {
+        match self.create(qid, entries, domain, lease_end) {
             Ok(r) => Ok(r),
             Err(e) => {
                 lock(&self.free).push(qid);
@@ -173,6 +178,7 @@ impl Drive {
         qid: u16,
         entries: u32,
         domain: u32,
+        lease_end: &LeaseEnd,
     ) -> Result<(Rings, QueueGrant, [OwnedFd; 3]), DaemonError> {
         let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what };
         let sq_len = (entries as usize * 64).next_multiple_of(PAGE);
@@ -191,6 +197,13 @@ impl Drive {
             self.stop_forwarding(qid);
         }
         let (rings, sq_fd, cq_fd) = r?;
+        if let Doorbells::Forwarded(f) = &self.doorbells {
+            // Cannot fail for a shadow just added and a page-aligned ring;
+            // if it did, the queue's doorbells are never forwarded.
+            if let Err(e) = f.attach(qid, rings.cq.clone(), lease_end.clone()) {
+                tracing::error!(drive = %self.name, qid, error = %e, "forwarder attach");
+            }
+        }
         let grant = QueueGrant {
             qid,
             entries,
@@ -223,7 +236,7 @@ impl Drive {
                 return Err(e);
             }
         };
-        let rings = Rings { qid, _sq: sq, _cq: cq, sq_map, cq_map };
+        let rings = Rings { qid, _sq: sq, cq: Arc::new(cq), sq_map, cq_map };
         let (sq_iova, cq_iova) = (rings.sq_map.pages()[0], rings.cq_map.pages()[0]);
         // Before Create I/O SQ: the controller takes the SQ's domain then,
         // so the client's first command is already confined to its memory.

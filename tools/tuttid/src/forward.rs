@@ -16,12 +16,19 @@
 //! controller polls, used by QEMU's and cloud hypervisors' emulated NVMe),
 //! with the daemon in the controller's place.
 //!
-//! Validation ([`check`]): a value must be an entry index of its queue
-//! (`< entries`); anything else is counted (`invalid`) and not forwarded,
-//! so a client cannot make the controller see an Invalid Doorbell Write
-//! (an asynchronous error that some controllers treat as fatal). A client
-//! can still only ring its own queues: the shadow page is the only thing
-//! it holds, and the forwarder maps each page to exactly one qid.
+//! Validation ([`check`], [`Track`]): a value must be an entry index of
+//! its queue (`< entries`), an SQ tail may add no more entries than the SQ
+//! has free (its head is the SQHD of the newest completion the controller
+//! posted), and a CQ head may pass only completions the controller posted
+//! (the CQ ring, read here, phase tag first). A value that breaks a rule
+//! is counted (`invalid`), never forwarded, and ends the client's lease
+//! (its connection is shut down, so the daemon reclaims its queues), so a
+//! client cannot make the controller see an Invalid Doorbell Write (an
+//! asynchronous error that some controllers treat as fatal). A client can
+//! still only ring its own queues: the shadow page is the only thing it
+//! holds, and the forwarder maps each page to exactly one qid. The CQ ring
+//! is mapped writable in the client too: a client that forges completions
+//! in its own CQ can still mislead the SQ head bound (docs/tuttid.md).
 //!
 //! Cost: while any shadow word changed within the last [`SPIN_FOR`] (the
 //! drive's `forward_spin_us`), the
@@ -59,16 +66,124 @@ pub fn check(value: u32, entries: u32) -> bool {
     value < entries
 }
 
+/// Ends a client's lease (shuts its connection down) when it breaks a
+/// doorbell rule.
+#[derive(Clone)]
+pub struct LeaseEnd(pub Arc<dyn Fn() + Send + Sync>);
+
+impl LeaseEnd {
+    /// Ends the lease.
+    pub fn end(&self) {
+        (self.0)();
+    }
+}
+
+impl std::fmt::Debug for LeaseEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LeaseEnd")
+    }
+}
+
+/// What the forwarder knows of one queue pair's rings: the doorbell values
+/// it forwarded, the SQ head the controller reported, and how far it has
+/// read the controller's completions. Indices are entry indices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Track {
+    entries: u32,
+    /// SQ tail last forwarded.
+    sq_tail: u32,
+    /// SQ head: SQHD of the newest completion read.
+    sq_head: u32,
+    /// CQ head last forwarded.
+    cq_head: u32,
+    /// Next CQ slot to read, and the phase tag a new completion there has.
+    cq_next: u32,
+    phase: bool,
+}
+
+impl Track {
+    /// A new queue pair of `entries` entries (all indices 0, phase 1).
+    pub fn new(entries: u32) -> Self {
+        Self { entries, sq_tail: 0, sq_head: 0, cq_head: 0, cq_next: 0, phase: true }
+    }
+
+    /// Ring distance from `a` forward to `b`.
+    fn dist(&self, a: u32, b: u32) -> u32 {
+        (b + self.entries - a) % self.entries
+    }
+
+    /// Completions posted and not yet released by a forwarded CQ head.
+    fn posted(&self) -> u32 {
+        self.dist(self.cq_head, self.cq_next)
+    }
+
+    /// Whether the CQ may hold another completion that was not read yet.
+    fn may_read(&self) -> bool {
+        self.posted() < self.entries - 1
+    }
+
+    /// A completion read at `cq_next` (its phase matched) reporting SQ head
+    /// `sqhd`. `false` when no controller could have posted it: SQHD
+    /// outside what was forwarded (a forged entry).
+    pub fn completion(&mut self, sqhd: u32) -> bool {
+        if sqhd >= self.entries || self.dist(self.sq_head, sqhd) > self.dist(self.sq_head, self.sq_tail) {
+            return false;
+        }
+        self.sq_head = sqhd;
+        self.cq_next = (self.cq_next + 1) % self.entries;
+        if self.cq_next == 0 {
+            self.phase = !self.phase;
+        }
+        true
+    }
+
+    /// A new SQ tail: taken when it is an entry index and adds no more
+    /// entries than the SQ has free (one slot always empty).
+    pub fn sq_tail(&mut self, v: u32) -> bool {
+        let used = self.dist(self.sq_head, self.sq_tail);
+        if !check(v, self.entries) || used + self.dist(self.sq_tail, v) > self.entries - 1 {
+            return false;
+        }
+        self.sq_tail = v;
+        true
+    }
+
+    /// A new CQ head: taken when it passes only completions read.
+    pub fn cq_head(&mut self, v: u32) -> bool {
+        if !check(v, self.entries) || self.dist(self.cq_head, v) > self.posted() {
+            return false;
+        }
+        self.cq_head = v;
+        true
+    }
+}
+
+/// A queue pair's CQ ring as the forwarder reads it.
+struct CqView {
+    /// Atomic view of `_ring` (declared first: dropped before it).
+    words: Mmio,
+    _ring: Arc<MappedFd>,
+}
+
 /// One granted queue pair's shadow page.
-#[derive(Debug)]
 struct Shadow {
     qid: u16,
-    entries: u32,
     /// Atomic view of `_page` (declared first: dropped before the mapping).
     words: Mmio,
     _page: MappedFd,
     /// Last value seen in the SQ tail / CQ head word.
     last: [u32; 2],
+    track: Track,
+    /// The CQ ring and the lease to end, once the queue exists.
+    cq: Option<(CqView, LeaseEnd)>,
+    /// A rule was broken: nothing more is forwarded.
+    dead: bool,
+}
+
+impl std::fmt::Debug for Shadow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shadow").field("qid", &self.qid).field("track", &self.track).finish()
+    }
 }
 
 /// Counters of one forwarder.
@@ -151,8 +266,38 @@ impl Forwarder {
         // (the client's stores are another process's atomics).
         let words =
             unsafe { Mmio::new(page.as_ptr(), page.len()) }.map_err(|e| format!("shadow page: {e}"))?;
-        lock(&self.shadows).push(Shadow { qid, entries, words, _page: page, last: [0, 0] });
+        let track = Track::new(entries);
+        lock(&self.shadows).push(Shadow {
+            qid,
+            words,
+            _page: page,
+            last: [0, 0],
+            track,
+            cq: None,
+            dead: false,
+        });
         Ok(theirs)
+    }
+
+    /// Gives the forwarder queue pair `qid`'s CQ ring (mapped here, the
+    /// controller's writes land in it) and the lease to end when its
+    /// client breaks a doorbell rule. Until this is called no doorbell of
+    /// `qid` is forwarded.
+    ///
+    /// # Errors
+    ///
+    /// The ring is not 4-byte aligned (a message).
+    #[allow(unsafe_code)] // Mmio::new's contract, stated at the call
+    pub fn attach(&self, qid: u16, cq: Arc<MappedFd>, lease_end: LeaseEnd) -> Result<(), String> {
+        // SAFETY: `cq` is mapped for its length and kept alive by the Arc
+        // stored beside the Mmio (dropped after it); it is only read here,
+        // through the Mmio's atomic 32-bit loads.
+        let words = unsafe { Mmio::new(cq.as_ptr(), cq.len()) }.map_err(|e| format!("CQ ring: {e}"))?;
+        let mut shadows = lock(&self.shadows);
+        let s =
+            shadows.iter_mut().find(|s| s.qid == qid).ok_or_else(|| format!("no shadow page for {qid}"))?;
+        s.cq = Some((CqView { words, _ring: cq }, lease_end));
+        Ok(())
     }
 
     /// Stops forwarding for `qid` (before its SQ is deleted: a doorbell of
@@ -189,13 +334,18 @@ impl Forwarder {
         }
     }
 
-    /// One pass over the shadow pages: forwards every changed, valid word.
-    /// Returns whether any word changed and how many queues there are.
+    /// One pass over the shadow pages: forwards every changed, valid word
+    /// (the CQ head first: it frees CQ room the SQ tail may use); a word
+    /// that breaks a rule ends its client's lease. Returns whether any
+    /// word changed and how many queues there are.
     fn pass(&self) -> (bool, usize) {
         let mut shadows = lock(&self.shadows);
         let mut changed = false;
         for s in shadows.iter_mut() {
-            for (i, is_cq) in [false, true].into_iter().enumerate() {
+            if s.dead {
+                continue;
+            }
+            for (i, is_cq) in [(1, true), (0, false)] {
                 let off = if is_cq { SHADOW_CQ_OFFSET } else { 0 };
                 // Acquire: the client's SQE stores before its shadow store
                 // are visible to this thread, and so ordered before the
@@ -206,14 +356,48 @@ impl Forwarder {
                 }
                 s.last[i] = v;
                 changed = true;
-                if !check(v, s.entries) {
-                    self.stats.invalid.fetch_add(1, Ordering::Relaxed);
-                    continue;
+                if !self.admit(s, is_cq, v) {
+                    self.violation(s, is_cq, v);
+                    break;
                 }
                 self.ring(s.qid, is_cq, v);
             }
         }
         (changed, shadows.len())
+    }
+
+    /// Whether doorbell value `v` of `s` may be forwarded (taking it into
+    /// the queue's [`Track`] if so). Completions are read first, and read
+    /// again before a refusal: the client may have seen one posted after
+    /// this pass's first read.
+    fn admit(&self, s: &mut Shadow, is_cq: bool, v: u32) -> bool {
+        let Some((cq, _)) = &s.cq else { return false };
+        let take = |t: &mut Track| if is_cq { t.cq_head(v) } else { t.sq_tail(v) };
+        for _ in 0..2 {
+            if !read_completions(&mut s.track, &cq.words) {
+                return false;
+            }
+            let mut t = s.track;
+            if take(&mut t) {
+                s.track = t;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// `s`'s client broke a rule with value `v`: counted, nothing more of
+    /// the queue forwarded, and its lease ended (the daemon then deletes
+    /// the queue and reclaims the client).
+    fn violation(&self, s: &mut Shadow, is_cq: bool, v: u32) {
+        self.stats.invalid.fetch_add(1, Ordering::Relaxed);
+        s.dead = true;
+        let which = if is_cq { "CQ head" } else { "SQ tail" };
+        tracing::warn!(drive = %self.name, qid = s.qid, which, value = v, track = ?s.track,
+            "doorbell value refused; ending the client's lease");
+        if let Some((_, end)) = &s.cq {
+            end.end();
+        }
     }
 
     fn ring(&self, qid: u16, is_cq: bool, value: u32) {
@@ -233,9 +417,86 @@ impl Forwarder {
     }
 }
 
+/// Reads the completions the controller posted since the last read into
+/// `t` (phase tag first, Acquire, then SQHD). `false` for one no
+/// controller could have posted.
+fn read_completions(t: &mut Track, cq: &Mmio) -> bool {
+    while t.may_read() {
+        let off = t.cq_next as usize * 16;
+        let Ok(dw3) = cq.read32(off + 12) else { return false };
+        if (dw3 >> 16) & 1 != u32::from(t.phase) {
+            return true;
+        }
+        let Ok(dw2) = cq.read32(off + 8) else { return false };
+        if !t.completion(dw2 & 0xffff) {
+            return false;
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sq(mut t: Track, v: u32) -> bool {
+        t.sq_tail(v)
+    }
+
+    fn cqh(mut t: Track, v: u32) -> bool {
+        t.cq_head(v)
+    }
+
+    #[test]
+    fn sq_tails_never_overflow_and_cq_heads_never_pass_what_was_posted() {
+        let mut t = Track::new(4);
+        assert!(!sq(t, 4), "not an index");
+        assert!(t.sq_tail(2));
+        // Three usable slots of four: a third entry fits, a fourth not.
+        let mut full = t;
+        assert!(full.sq_tail(3));
+        assert!(!full.sq_tail(0), "a fourth entry would overflow the SQ");
+        // Nothing posted: no CQ head may move.
+        assert!(!cqh(t, 1));
+        // The controller fetched one command and posted its completion
+        // (SQHD 1): one CQ entry may be released, and one more SQ slot.
+        assert!(t.completion(1));
+        assert!(!cqh(t, 2), "past the one posted completion");
+        assert!(t.cq_head(1));
+        assert!(t.sq_tail(0), "tail 2 -> 0 adds 2 with head 1: 3 used");
+        assert!(!sq(t, 1), "would overflow");
+        // A completion reporting an SQ head past the forwarded tail is forged.
+        let mut forged = Track::new(4);
+        assert!(forged.sq_tail(1));
+        assert!(!forged.completion(2));
+        assert!(!forged.completion(9));
+    }
+
+    #[test]
+    fn completions_are_read_by_phase_tag() {
+        let mem = sealed_memfd("cq", PAGE).unwrap();
+        let ring = MappedFd::map(mem, 0, PAGE as u64).unwrap();
+        // SAFETY: `ring` is mapped for PAGE bytes and outlives `cq`.
+        #[allow(unsafe_code)]
+        let cq = unsafe { Mmio::new(ring.as_ptr(), ring.len()) }.unwrap();
+        let mut t = Track::new(4);
+        assert!(t.sq_tail(3));
+        assert!(read_completions(&mut t, &cq));
+        assert!(!cqh(t, 1), "nothing posted yet");
+        let post = |slot: usize, sqhd: u32, phase: u32| {
+            cq.write32(slot * 16 + 8, sqhd).unwrap();
+            cq.write32(slot * 16 + 12, phase << 16).unwrap();
+        };
+        post(0, 1, 1);
+        post(1, 3, 1);
+        assert!(read_completions(&mut t, &cq));
+        assert!(cqh(t, 2) && !cqh(t, 3));
+        assert!(t.cq_head(2));
+        assert!(t.sq_tail(1), "head 3: tail 3 -> 1 adds 2 of 3 free");
+        // A forged completion (SQHD past the tail) is refused.
+        post(2, 2, 1);
+        assert!(!read_completions(&mut t, &cq));
+    }
 
     #[test]
     fn only_entry_indices_pass() {

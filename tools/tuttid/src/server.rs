@@ -149,8 +149,25 @@ impl Server {
         lock(&self.clients).insert(id, row);
         tracing::info!(pid = peer.pid, uid = peer.uid, gid = peer.gid, "client connected");
         let domain = domain_of(id);
-        let mut session =
-            Session::new(peer, self.drives.clone(), self.accounts.clone(), self.lease_ms, domain);
+        // A doorbell rule broken on a forwarded drive ends the lease: the
+        // connection is shut down, this thread sees it end and reclaims.
+        let lease_end: crate::forward::LeaseEnd = match sock.try_clone() {
+            Ok(s) => crate::forward::LeaseEnd(Arc::new(move || {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            })),
+            Err(_) => {
+                self.accounts.disconnect(peer.uid);
+                lock(&self.clients).remove(&id);
+                return;
+            }
+        };
+        let mut session = Session::new(
+            peer,
+            self.drives.clone(),
+            (self.accounts.clone(), lease_end),
+            self.lease_ms,
+            domain,
+        );
         let why = self.serve_loop(&sock, &mut session, id, status_only);
         tracing::info!(pid = peer.pid, reason = why, "client gone: reclaiming");
         lock(&self.clients).remove(&id);

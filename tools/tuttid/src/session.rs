@@ -15,6 +15,7 @@ use tuttid_proto::PROTOCOL_VERSION;
 use crate::accounts::Accounts;
 use crate::drive::{Drive, Rings};
 use crate::error::DaemonError;
+use crate::forward::LeaseEnd;
 
 /// Peer credentials from SO_PEERCRED at accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +48,9 @@ pub struct Session {
     next_id: u64,
     /// The per-uid ledger the quotas are taken from.
     accounts: Arc<Accounts>,
+    /// Ends this connection's lease (a forwarder that sees this client
+    /// break a doorbell rule calls it).
+    lease_end: LeaseEnd,
     lease_ms: u32,
     /// The connection's DMA domain: its rings and memory are mapped in it
     /// and its SQs belong to it, so its commands reach no one else's
@@ -65,11 +69,12 @@ fn refuse(e: DaemonError) -> Reply {
 
 impl Session {
     /// A new session for `peer`, whose DMA domain is `domain` (nonzero);
-    /// its queues and memory count against `peer.uid` in `accounts`.
+    /// its queues and memory count against `peer.uid` in `accounts`;
+    /// `lease_end` ends the connection.
     pub fn new(
         peer: Peer,
         drives: Arc<Vec<Drive>>,
-        accounts: Arc<Accounts>,
+        (accounts, lease_end): (Arc<Accounts>, LeaseEnd),
         lease_ms: u32,
         domain: u32,
     ) -> Self {
@@ -81,6 +86,7 @@ impl Session {
             memory: HashMap::new(),
             next_id: 1,
             accounts,
+            lease_end,
             lease_ms,
             greeted: false,
         }
@@ -162,7 +168,7 @@ impl Session {
         let d = self.drive(name)?;
         let drive = &self.drives[d];
         self.accounts.take_queue(self.peer.uid, d, name, drive.quota)?;
-        let (rings, grant, fds) = drive.grant(entries, self.domain).inspect_err(|_| {
+        let (rings, grant, fds) = drive.grant(entries, self.domain, &self.lease_end).inspect_err(|_| {
             self.accounts.give_queue(self.peer.uid, d);
         })?;
         self.queues.push((d, rings));

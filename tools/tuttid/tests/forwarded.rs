@@ -89,3 +89,61 @@ fn sigkilled_clients_of_forwarded_drives_are_reclaimed() {
     assert!(s.reclaimed >= 21, "{s:?}");
     assert!(s.drives.iter().map(|d| d.sq_deletion_aborts).sum::<u64>() > 0, "no kill landed mid-I/O: {s:?}");
 }
+
+/// A Read of one block at `slba` into `prp1`, command id `cid`, as the
+/// 64 bytes of an SQE.
+fn read_sqe(cid: u16, slba: u64, prp1: u64) -> [u8; 64] {
+    let mut b = [0u8; 64];
+    b[0] = 0x02;
+    b[2..4].copy_from_slice(&cid.to_le_bytes());
+    b[4..8].copy_from_slice(&1u32.to_le_bytes());
+    b[24..32].copy_from_slice(&prp1.to_le_bytes());
+    b[40..48].copy_from_slice(&slba.to_le_bytes());
+    b
+}
+
+/// Whether `c`'s connection ends within a few seconds.
+fn lease_ends(c: &Client) -> bool {
+    eventually(Duration::from_secs(5), || c.heartbeat().is_err().then_some(())).is_some()
+}
+
+#[test]
+fn doorbell_values_past_the_rings_end_the_lease() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    // LBAs 64..128 never complete: commands there stay fetched but without
+    // a completion, so the SQ head the controller reports stays put.
+    let faults = "faults: [ { lba: [64, 128], action: never_complete } ], ";
+    let d = Daemon::start(dir.path(), &forwarded_yaml(dir.path(), faults));
+
+    // A CQ head past what the controller posted (nothing).
+    let a = Client::connect(&d.socket).unwrap();
+    let (_, [_sq, _cq, db]) = a.grant_queue("d0", 16).unwrap();
+    std::fs::File::from(db).write_at(&3u32.to_le_bytes(), 2048).unwrap();
+    assert!(lease_ends(&a), "a CQ head past the posted completions left the lease alive");
+
+    // An SQ tail adding more entries than the SQ has free: 10 Reads that
+    // never complete, then 11 more (21 > 15 usable slots).
+    let b = Client::connect(&d.socket).unwrap();
+    let shm = tuttid_proto::SharedMemory::new(4096).unwrap();
+    let (_, iova, _) = b.register_memory("d0", shm.fd(), 0, 4096).unwrap();
+    let (g, [sq, _cq, db]) = b.grant_queue("d0", 16).unwrap();
+    assert_eq!(g.entries, 16);
+    let (sq, db) = (std::fs::File::from(sq), std::fs::File::from(db));
+    for i in 0..16u16 {
+        sq.write_at(&read_sqe(i, 64, iova), u64::from(i) * 64).unwrap();
+    }
+    db.write_at(&10u32.to_le_bytes(), 0).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(b.heartbeat().is_ok(), "ten entries of fifteen free are fine");
+    db.write_at(&5u32.to_le_bytes(), 0).unwrap();
+    assert!(lease_ends(&b), "an overflowing SQ tail left the lease alive");
+
+    // Both were reclaimed (the ten held commands aborted by Delete I/O
+    // SQ), and the drive serves verified I/O to the next client.
+    let s = assert_all_reclaimed(&d.socket);
+    assert!(s.drives[0].sq_deletion_aborts >= 10, "{s:?}");
+    let mut k = spawn_client(&d.socket, dir.path(), 0, 1);
+    let line = wait_line(&mut k, "verified");
+    assert!(k.wait().unwrap().success() && !line.is_empty(), "{line:?}");
+}
