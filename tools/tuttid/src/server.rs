@@ -283,14 +283,18 @@ fn reply(sock: &UnixStream, (resp, fds): Reply) -> Result<(), FrameError> {
 
 /// Binds the socket at `path` with `mode` (and group `gid`): a stale
 /// socket file is replaced, a live one (a daemon answers) or any other
-/// file is refused. The socket is created under umask 0177 and then
-/// chmod-ed, so it is never more open than configured.
+/// file is refused. The socket is bound, chown-ed and chmod-ed inside a
+/// private directory (mode 0700, made here next to `path`: no other user
+/// can swap a symlink in while the path is used), under umask 0177, and
+/// then renamed to `path` (rename replaces a name, never follows a link);
+/// so it is never more open than configured, and nothing is done by a
+/// path someone else could redirect.
 ///
 /// # Errors
 ///
 /// [`DaemonError::Socket`].
 pub fn bind(path: &Path, mode: u32, gid: Option<u32>) -> Result<UnixListener, DaemonError> {
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
     let err = |op, source| DaemonError::Socket { op, path: path.display().to_string(), source };
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
@@ -302,22 +306,70 @@ pub fn bind(path: &Path, mode: u32, gid: Option<u32>) -> Result<UnixListener, Da
         if UnixStream::connect(path).is_ok() {
             return Err(err("another daemon listens on", std::io::ErrorKind::AddrInUse.into()));
         }
-        std::fs::remove_file(path).map_err(|e| err("removing the stale socket", e))?;
     }
+    let name =
+        path.file_name().ok_or_else(|| err("no file name in", std::io::ErrorKind::InvalidInput.into()))?;
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let private = parent.join(format!(".{}.{}.bind", name.to_string_lossy(), std::process::id()));
+    // Fails if the name exists: the directory is always one made here.
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .map_err(|e| err("making a private directory for", e))?;
+    let r = bind_in(&private.join("sock"), path, mode, gid).map_err(|(op, e)| err(op, e));
+    let _ = std::fs::remove_dir_all(&private);
+    r
+}
+
+/// Binds at `tmp` (in a private directory), sets group and mode there,
+/// renames it to `path`.
+fn bind_in(
+    tmp: &Path,
+    path: &Path,
+    mode: u32,
+    gid: Option<u32>,
+) -> Result<UnixListener, (&'static str, std::io::Error)> {
+    use std::os::unix::fs::PermissionsExt;
     let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
-    let l = UnixListener::bind(path);
+    let l = UnixListener::bind(tmp);
     rustix::process::umask(old);
-    let l = l.map_err(|e| err("binding", e))?;
+    let l = l.map_err(|e| ("binding", e))?;
     if let Some(g) = gid {
-        std::os::unix::fs::chown(path, None, Some(g)).map_err(|e| err("chown of", e))?;
+        std::os::unix::fs::lchown(tmp, None, Some(g)).map_err(|e| ("chown of", e))?;
     }
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| err("chmod of", e))?;
+    std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(mode)).map_err(|e| ("chmod of", e))?;
+    std::fs::rename(tmp, path).map_err(|e| ("renaming the bound socket to", e))?;
     Ok(l)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::domain_of;
+    use super::{bind, domain_of};
+
+    #[test]
+    fn the_socket_is_bound_privately_then_renamed_into_place() {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.sock");
+        let l = bind(&path, 0o640, None).unwrap();
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o640);
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["t.sock"], "the private directory is gone");
+        let _c = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        assert!(l.accept().is_ok(), "the renamed socket is the listener's");
+        // A live daemon's socket is refused; a stale one replaced.
+        assert!(bind(&path, 0o600, None).is_err());
+        drop(l);
+        let _l = bind(&path, 0o600, None).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        // A symlink at the path is refused, never followed.
+        let link = dir.path().join("link.sock");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(bind(&link, 0o666, None).is_err());
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    }
 
     #[test]
     fn connection_domains_are_never_the_daemons_and_do_not_repeat_soon() {
