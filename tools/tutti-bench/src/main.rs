@@ -32,6 +32,7 @@ mod replay;
 mod soak;
 mod stripe;
 mod threads;
+mod words;
 
 /// KV-cache offload benchmark for tutti.
 #[derive(Debug, Parser)]

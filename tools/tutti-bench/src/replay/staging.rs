@@ -81,21 +81,10 @@ impl Staging {
         .map_err(|e| tutti::error_chain(&e))
     }
 
-    fn host_bytes(words: &mut [u64]) -> &mut [u8] {
-        let n = words.len() * 8;
-        let p = words.as_mut_ptr().cast::<u8>();
-        // SAFETY: a u64 buffer viewed as bytes (no alignment or validity
-        // requirement for u8); used only while no I/O on it is in flight.
-        #[allow(unsafe_code)]
-        unsafe {
-            std::slice::from_raw_parts_mut(p, n)
-        }
-    }
-
     /// Overwrites the first `len` bytes with [`POISON`].
     pub fn poison(&mut self, len: usize) -> Result<(), String> {
         match self {
-            Staging::Host(w) => Self::host_bytes(w)[..len].fill(POISON),
+            Staging::Host(w) => crate::words::as_bytes_mut(w)[..len].fill(POISON),
             Staging::Gpu { buf, mirror, .. } => {
                 mirror[..len].fill(POISON);
                 buf.copy_in(0, &mirror[..len]).map_err(err)?;
@@ -108,7 +97,7 @@ impl Staging {
     /// `at..at + len`.
     pub fn fill(&mut self, at: usize, len: usize, hash: u64, version: u64) -> Result<(), String> {
         match self {
-            Staging::Host(w) => fill_block(&mut Self::host_bytes(w)[at..at + len], hash, version),
+            Staging::Host(w) => fill_block(&mut crate::words::as_bytes_mut(w)[at..at + len], hash, version),
             Staging::Gpu { buf, mirror, .. } => {
                 fill_block(&mut mirror[at..at + len], hash, version);
                 buf.copy_in(at, &mirror[at..at + len]).map_err(err)?;
@@ -121,7 +110,7 @@ impl Staging {
     /// at `version`.
     pub fn verify(&mut self, at: usize, len: usize, hash: u64, version: u64) -> Result<(), Mismatch> {
         match self {
-            Staging::Host(w) => verify_block(&Self::host_bytes(w)[at..at + len], hash, version),
+            Staging::Host(w) => verify_block(&crate::words::as_bytes_mut(w)[at..at + len], hash, version),
             Staging::Gpu { buf, mirror, .. } => {
                 // A failed copy leaves the mirror poisoned: a mismatch.
                 mirror[at..at + len].fill(POISON);

@@ -97,7 +97,7 @@ impl Values {
     /// The host bytes (for GPU memory: the mirror, as last copied).
     fn host(&mut self) -> &mut [u8] {
         match &mut self.bytes {
-            Bytes::Host(w) => host_bytes(w),
+            Bytes::Host(w) => crate::words::as_bytes_mut(w),
             Bytes::Gpu { mirror, .. } => mirror,
         }
     }
@@ -165,19 +165,6 @@ impl Drop for Values {
             // A drive may still write it: never free it.
             std::mem::forget(std::mem::replace(&mut self.bytes, Bytes::Host(Vec::new())));
         }
-    }
-}
-
-/// A u64 buffer viewed as bytes.
-fn host_bytes(words: &mut [u64]) -> &mut [u8] {
-    let n = words.len() * 8;
-    let p = words.as_mut_ptr().cast::<u8>();
-    // SAFETY: a u64 buffer viewed as bytes (u8 has no alignment or
-    // validity requirement), borrowed mutably for the slice's lifetime;
-    // used only while no I/O on it is in flight.
-    #[allow(unsafe_code)]
-    unsafe {
-        std::slice::from_raw_parts_mut(p, n)
     }
 }
 
