@@ -109,8 +109,6 @@ pub(crate) struct Drive {
     pub gpu: Option<GpuQueues>,
     pub queues: Vec<Mutex<QueuePair>>,
     next_queue: AtomicUsize,
-    /// Next GPU queue for a GPU-executed command (round robin).
-    next_gpu_queue: AtomicUsize,
     /// [`DriveState`] as a `u8`, written only under `health`.
     state: AtomicU8,
     health: Mutex<Health>,
@@ -349,7 +347,6 @@ impl Drive {
             gpu: gpu_queues,
             queues,
             next_queue: AtomicUsize::new(0),
-            next_gpu_queue: AtomicUsize::new(0),
             state: AtomicU8::new(DriveState::Ready as u8),
             health: Mutex::new(Health { state: DriveState::Ready, gpu_kernels: 0, pinned: Vec::new() }),
             ns,
@@ -415,7 +412,6 @@ impl Drive {
             gpu: gpu_queues,
             queues,
             next_queue: AtomicUsize::new(0),
-            next_gpu_queue: AtomicUsize::new(0),
             state: AtomicU8::new(DriveState::Ready as u8),
             health: Mutex::new(Health { state: DriveState::Ready, gpu_kernels: 0, pinned: Vec::new() }),
             ns,
@@ -545,16 +541,6 @@ impl Drive {
             }
         }
         self.queues[start % n].lock().ok()
-    }
-
-    /// The GPU queue (index among the drive's GPU queues) for the next
-    /// GPU-executed command, round robin; 0 without GPU queues.
-    pub fn next_gpu_queue(&self) -> u16 {
-        let n = self.gpu.as_ref().map_or(0, |g| g.queues.len());
-        if n == 0 {
-            return 0;
-        }
-        (self.next_gpu_queue.fetch_add(1, Ordering::Relaxed) % n) as u16
     }
 }
 

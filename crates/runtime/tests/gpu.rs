@@ -454,3 +454,58 @@ fn a_submit_on_the_callers_stream_round_trips_gpu_memory_and_exposes_its_event()
     let r = rt.shutdown(Duration::from_secs(5));
     assert!(r.drives.iter().all(|(_, x)| x.is_ok()), "{:?}", r.drives);
 }
+
+#[test]
+fn a_second_batch_runs_beside_a_first_that_a_slow_read_holds() {
+    // d1 completes its first read of LBA 0 two seconds late. Batch A reads
+    // slot 0 (which covers it); batch B, submitted while A's kernel runs,
+    // reads slot 1. With every batch on one stream B's kernel would start
+    // only after A's; each batch on its own lane (own queue per drive, own
+    // stream) B completes while A still waits.
+    let Some(rt) = two_drives_with_d1_first_read(FaultActionConfig::DelayUs(2_000_000)) else { return };
+    let mut src: Vec<u64> = (0..(2 << 20) / 8).map(|i| (i as u64).wrapping_mul(0x9E37_79B9)).collect();
+    let mut dst = vec![0u64; (2 << 20) / 8];
+    // SAFETY: both vectors outlive the registrations (unregistered below,
+    // after every operation is final) and are untouched while I/O runs.
+    #[allow(unsafe_code)]
+    let (ms, md) = unsafe {
+        (
+            rt.register_memory(src.as_mut_ptr().cast(), 2 << 20).unwrap(),
+            rt.register_memory(dst.as_mut_ptr().cast(), 2 << 20).unwrap(),
+        )
+    };
+    let (t0, t1) = (rt.open("tutti://kv/0").unwrap(), rt.open("tutti://kv/1").unwrap());
+    let writes = [Request::write(t0, 0, 1 << 20, ms, 0), Request::write(t1, 0, 1 << 20, ms, 1 << 20)];
+    wait_ok(&rt, rt.submit(&writes).op().unwrap(), "the writes");
+    let started = std::time::Instant::now();
+    let a = rt.submit(&[Request::read(t0, 0, 1 << 20, md, 0)]).op().unwrap();
+    let b = rt.submit(&[Request::read(t1, 0, 1 << 20, md, 1 << 20)]).op().unwrap();
+    let st = rt.wait(b, Duration::from_millis(1_000)).unwrap();
+    assert_eq!(st, [RequestStatus::Success], "batch B waited behind A ({:?})", started.elapsed());
+    assert_eq!(rt.wait(a, Duration::from_secs(10)).unwrap(), [RequestStatus::Success]);
+    let a_took = started.elapsed();
+    assert!(a_took >= Duration::from_millis(1_500), "A took {a_took:?}: the delay did not hold it");
+    assert!(src == dst, "both reads landed whole");
+    rt.unregister_memory(ms).unwrap();
+    rt.unregister_memory(md).unwrap();
+}
+
+#[test]
+fn a_shorter_gpu_command_budget_ends_a_stuck_kernel_sooner() {
+    // d1 never completes its first read of LBA 0: the kernel gives the
+    // command up after the budget, here 300 ms instead of 10 s.
+    let Some(rt) = two_drives_with_d1_first_read(FaultActionConfig::NeverComplete) else { return };
+    rt.set_gpu_command_budget(Duration::from_millis(300));
+    assert_eq!(rt.gpu_command_budget(), Duration::from_millis(300));
+    let mut buf = vec![0u64; (1 << 20) / 8];
+    // SAFETY: the vector outlives the registration and is untouched while
+    // I/O runs.
+    #[allow(unsafe_code)]
+    let m = unsafe { rt.register_memory(buf.as_mut_ptr().cast(), 1 << 20).unwrap() };
+    let t = rt.open("tutti://kv/0").unwrap();
+    let started = std::time::Instant::now();
+    let st = rt.wait(rt.submit(&[Request::read(t, 0, 1 << 20, m, 0)]).op().unwrap(), Duration::from_secs(5));
+    let took = started.elapsed();
+    assert_eq!(st.unwrap(), [RequestStatus::Timeout]);
+    assert!(took < Duration::from_secs(2), "the kernel ran {took:?} with a 300 ms budget");
+}

@@ -60,6 +60,15 @@ impl Runtime {
                 gpu.as_deref(),
             )?));
         }
+        let lanes = match &gpu {
+            Some(g) => {
+                let n = drives.iter().filter_map(|d| d.gpu.as_ref()).map(|q| q.queues.len()).max();
+                let lanes = super::lanes::GpuLanes::new(g, n.unwrap_or(1))
+                    .map_err(|source| Error::Gpu { context: "creating launch streams".into(), source })?;
+                Some(lanes)
+            }
+            None => None,
+        };
         let (datapaths, dp_index) = build_datapaths(&config, &drives)?;
         let (stores, store_index) = build_stores(&config, &datapaths, &dp_index)?;
         let id = next_runtime_id().ok_or(Error::TooManyRuntimes { limit: RUNTIME_ID_MAX })?;
@@ -75,7 +84,9 @@ impl Runtime {
             shut_down: AtomicBool::new(false),
             queues_gone: AtomicBool::new(false),
             submitters: AtomicUsize::new(0),
+            lanes,
             gpu,
+            gpu_budget_ns: AtomicU64::new(super::GPU_COMMAND_BUDGET.as_nanos() as u64),
             late_completions: AtomicU64::new(0),
         })
     }

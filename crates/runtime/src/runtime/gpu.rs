@@ -17,7 +17,8 @@
 //! kernel with no lock held.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use gpu_io::abi::TuttiRequest;
 use gpu_io::{GpuLaunch, GpuQueue, GpuRegion, GpuStatus};
@@ -25,7 +26,9 @@ use gpu_io::{GpuLaunch, GpuQueue, GpuRegion, GpuStatus};
 use super::ops::drop_if_done;
 use super::ops::OpState;
 use super::plan::{BatchPlan, PlannedRequest};
-use super::{error_chain, lock, Runtime, GPU_COMMAND_BUDGET};
+#[cfg(doc)]
+use super::GPU_COMMAND_BUDGET;
+use super::{error_chain, lock, Runtime};
 use crate::drive::KernelsRunning;
 use crate::error::{Error, RequestStatus};
 use crate::handle::{OpHandle, RawHandle};
@@ -56,21 +59,25 @@ struct Launch<'a> {
     cmds: Vec<TuttiRequest>,
     cmd_req: Vec<u32>,
     cmd_drive: Vec<u16>,
-    /// The launch's queue list: every GPU queue of each drive used.
+    /// The launch's lane (`lanes.rs`).
+    lane: usize,
+    /// The launch's queue list: the lane's GPU queue of each drive used.
     queues: Vec<(&'a GpuQueue, &'a GpuRegion)>,
-    /// Drive index -> index of its first queue in `queues`.
+    /// Drive index -> index of its queue in `queues`.
     first_queue: HashMap<usize, u16>,
     /// Requests failed before launch: (request, commands, why).
     refused: Vec<(usize, u32, String)>,
 }
 
 impl Runtime {
-    /// Launches every GPU-executed command of the batch as one kernel.
-    /// `stream`: the caller's CUDA stream (see
-    /// [`Runtime::submit_on_stream`]), or the GPU's own for `None`.
+    /// Launches every GPU-executed command of the batch as one kernel, on
+    /// one lane (`lanes.rs`): one GPU queue of each drive, and the caller's
+    /// CUDA stream (see [`Runtime::submit_on_stream`]) or, for `None`, the
+    /// lane's own.
     pub(super) fn launch_gpu(&self, op: RawHandle, plan: &BatchPlan, stream: Option<u64>) {
-        let Some(gpu) = &self.gpu else { return };
-        let mut l = Launch::default();
+        let (Some(gpu), Some(lanes)) = (&self.gpu, &self.lanes) else { return };
+        let lane = lanes.pick(stream);
+        let mut l = Launch { lane: lane.index, ..Launch::default() };
         for (i, r) in plan.accepted().filter(|(_, r)| r.gpu) {
             if let Err(why) = self.add_request(&mut l, plan, i, r) {
                 l.refused.push((i, r.commands, why));
@@ -85,13 +92,25 @@ impl Runtime {
                     failed.extend(per_request(&l.cmd_req, "a drive of the batch failed or is being reset"))
                 }
                 Some(running) => {
-                    // SAFETY: the caller of `submit_on_stream` keeps `stream`
+                    // SAFETY: the lane's own stream lives as long as the
+                    // runtime, which waits for its kernels before it goes;
+                    // the caller of `submit_on_stream` keeps its stream
                     // alive until the operation is waited on, which waits
                     // for this launch.
-                    let r =
-                        unsafe { gpu.launch_on(&l.queues, &l.cmds, u32::MAX, GPU_COMMAND_BUDGET, stream) };
+                    let r = unsafe {
+                        gpu.launch_on(
+                            &l.queues,
+                            &l.cmds,
+                            u32::MAX,
+                            self.gpu_command_budget(),
+                            Some(lane.stream),
+                        )
+                    };
                     match r {
-                        Ok(launch) => launched = Some((launch, running)),
+                        Ok(launch) => {
+                            lanes.launched(lane, launch.end());
+                            launched = Some((launch, running));
+                        }
                         Err(e) => failed.extend(per_request(&l.cmd_req, &error_chain(&e))),
                     }
                 }
@@ -106,6 +125,25 @@ impl Runtime {
             let cmds = GpuCmds { req: l.cmd_req, drive: l.cmd_drive };
             st.gpu = Some(GpuOp { launch, cmds, _running: running });
         }
+    }
+
+    /// Each GPU-executed command's budget: the kernel reports a command it
+    /// has waited this long for as timed out (default
+    /// [`GPU_COMMAND_BUDGET`]).
+    pub fn gpu_command_budget(&self) -> Duration {
+        Duration::from_nanos(self.gpu_budget_ns.load(Ordering::Relaxed))
+    }
+
+    /// Sets each GPU-executed command's budget for launches from now on,
+    /// clamped to 1 ms..=10 min. A longer one suits kernels that run
+    /// slowly on purpose (under `compute-sanitizer`, whose instrumentation
+    /// slows the I/O kernel's polling many times over; `tutti-bench
+    /// gpu-soak --time-scale`); a shorter one gives up on a drive sooner.
+    /// Waits keep their own deadlines either way; the budget bounds how
+    /// long a timed-out command's memory stays busy.
+    pub fn set_gpu_command_budget(&self, budget: Duration) {
+        let b = budget.clamp(Duration::from_millis(1), Duration::from_secs(600));
+        self.gpu_budget_ns.store(b.as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// Appends request `i`'s commands to the launch, or says why it cannot
@@ -135,15 +173,19 @@ impl Runtime {
                 l.truncate(start);
                 return Err(format!("drive {:?} is {:?}; reset_drive brings it back", d.name, d.state()));
             }
-            let base = *l.first_queue.entry(d.index).or_insert_with(|| {
-                let base = l.queues.len() as u16;
-                l.queues.extend(gq.queues.iter().map(|q| (q, greg)));
-                base
+            let lane = l.lane % gq.queues.len().max(1);
+            let Some(queue) = gq.queues.get(lane) else {
+                l.truncate(start);
+                return Err(format!("drive {:?} has no GPU queues", d.name));
+            };
+            let index = *l.first_queue.entry(d.index).or_insert_with(|| {
+                l.queues.push((queue, greg));
+                (l.queues.len() - 1) as u16
             });
             for c in p.io {
                 l.cmds.push(TuttiRequest {
                     opcode,
-                    queue: base + d.next_gpu_queue(),
+                    queue: index,
                     nsid: d.ns.nsid,
                     slba: c.slba,
                     nlb: u32::from(c.nlb.zero_based()),

@@ -25,6 +25,7 @@
 mod assemble;
 mod completion;
 mod gpu;
+mod lanes;
 mod memory;
 mod ops;
 mod plan;
@@ -57,8 +58,9 @@ pub const URI_SCHEME: &str = "tutti://";
 /// [`crate::RequestStatus::SubmitFailed`].
 pub const SUBMIT_RETRY_BOUND: Duration = Duration::from_secs(5);
 
-/// Bound on each GPU-executed command's wait for its completion (the
-/// kernel reports TIMEOUT for that command when it passes).
+/// Default bound on each GPU-executed command's wait for its completion
+/// (the kernel reports TIMEOUT for that command when it passes);
+/// [`Runtime::set_gpu_command_budget`] changes it per runtime.
 pub const GPU_COMMAND_BUDGET: Duration = Duration::from_secs(10);
 
 /// Requests per [`Runtime::submit`] call (the request index travels in 24
@@ -155,8 +157,14 @@ pub struct Runtime {
     queues_gone: AtomicBool,
     /// Threads inside `submit`.
     submitters: AtomicUsize,
+    /// Launch lanes (queues and streams of GPU-executed batches), when a
+    /// datapath uses GPU execution; dropped before `gpu`.
+    lanes: Option<lanes::GpuLanes>,
     /// The GPU, when a datapath uses GPU execution.
     gpu: Option<Arc<Gpu>>,
+    /// Each GPU-executed command's budget, nanoseconds
+    /// ([`Runtime::set_gpu_command_budget`]).
+    gpu_budget_ns: AtomicU64,
     late_completions: AtomicU64,
 }
 

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::recovery::controller_gone;
-use super::{error_chain, lock, Runtime, ABORT_REAP_BOUND, GPU_COMMAND_BUDGET, HEALTH_CHECK_INTERVAL};
+use super::{error_chain, lock, Runtime, ABORT_REAP_BOUND, HEALTH_CHECK_INTERVAL};
 use crate::drive::{Drive, DriveState};
 use crate::handle::{OpHandle, RawHandle};
 
@@ -90,7 +90,7 @@ impl Runtime {
         for h in gpu_ops {
             let _ = self.finish_gpu(OpHandle(h));
         }
-        let gpu_deadline = Instant::now() + GPU_COMMAND_BUDGET + Duration::from_secs(1);
+        let gpu_deadline = Instant::now() + self.gpu_command_budget() + Duration::from_secs(1);
         while self.drives.iter().any(|d| d.gpu_kernels() > 0) && Instant::now() < gpu_deadline {
             std::thread::sleep(Duration::from_millis(1));
         }

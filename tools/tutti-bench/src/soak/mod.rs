@@ -78,8 +78,9 @@ pub struct SoakArgs {
     /// Write every cell's result and the summary to this JSON file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// Multiply every deadline and bound by this (1 to 10): e.g. 10 under
-    /// compute-sanitizer, which runs kernels far slower.
+    /// Multiply every deadline and bound, and the runtime's GPU command
+    /// budget, by this (1 to 10): e.g. 10 under compute-sanitizer, which
+    /// runs kernels far slower.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10))]
     pub time_scale: u32,
 }
@@ -104,9 +105,13 @@ pub struct Settings {
     /// A cell running longer than this counts as hung, waits or not
     /// (300 s).
     pub cell_limit: Duration,
+    /// Each GPU-executed command's budget (the runtime's 10 s default,
+    /// scaled: under compute-sanitizer the I/O kernel polls many times
+    /// slower, and a command would time out that completes).
+    pub gpu_budget: Duration,
     /// How long a hung cell's worker is given to return before the run
-    /// exits (twice the 10 s GPU command budget, plus 10 s: a GPU wait
-    /// ends with its kernel, whose commands may each wait a budget).
+    /// exits (twice the GPU command budget, plus 10 s: a GPU wait ends
+    /// with its kernel, whose commands may each wait a budget).
     pub grace: Duration,
     /// Pattern version of every object (names the run's data).
     pub version: u64,
@@ -124,7 +129,8 @@ impl Settings {
             fault_deadline: ms(500),
             fault_late: ms(400),
             cell_limit: ms(300_000),
-            grace: tutti::GPU_COMMAND_BUDGET * 2 + ms(10_000),
+            gpu_budget: tutti::GPU_COMMAND_BUDGET * scale,
+            grace: tutti::GPU_COMMAND_BUDGET * scale * 2 + ms(10_000),
             version: 1,
         }
     }

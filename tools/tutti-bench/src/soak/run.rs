@@ -154,6 +154,7 @@ fn run_in(cell: &Cell, s: &Settings, watch: &Watch, t: &mut Tally) -> Result<(),
     let config = Config::from_yaml_str(&config::yaml(cell, &execs, plan.keys()))?;
     let what = || "starting the runtime".to_owned();
     let rt = Arc::new(watch.within(0, &what, s.cell_limit / 4, || Runtime::from_config(config)).0?);
+    rt.set_gpu_command_budget(s.gpu_budget);
     let ctx = Ctx { cell, s, watch, rt: &rt };
     let mut lanes = Vec::with_capacity(execs.len());
     for (i, e) in execs.iter().enumerate() {
@@ -185,7 +186,7 @@ fn run_in(cell: &Cell, s: &Settings, watch: &Watch, t: &mut Tally) -> Result<(),
     drop(lanes);
     check_drives(&rt, t);
     let what = || "shutting the runtime down".to_owned();
-    let limit = tutti::GPU_COMMAND_BUDGET + s.hang;
+    let limit = s.gpu_budget + s.hang;
     let report = watch.within(0, &what, limit, || rt.shutdown(s.hang.max(Duration::from_secs(1)))).0;
     if report.ops_in_flight > 0 || report.commands_in_flight > 0 || report.commands_lost > 0 {
         t.fail(crate::interrupt::shutdown_summary(&report));
