@@ -91,6 +91,47 @@ pub struct DriveEntry {
     /// Namespace served (default 1).
     #[serde(default = "default_nsid")]
     pub nsid: u32,
+    /// Mediated submission (docs/tuttid.md, "Mediated submission"):
+    /// clients write SQEs into shadow rings and the forwarding thread
+    /// checks each (opcode, NSID, LBA partition, PRPs inside the client's
+    /// own registrations) before the controller sees it. Default: on for
+    /// `pci` drives, off for emulated ones (which isolate clients' DMA by
+    /// per-connection domains instead); `true` on an emulated drive is how
+    /// CI tests it. Implies forwarded doorbells. `false` on a `pci` drive
+    /// gives up DMA isolation between its clients (a warning at start).
+    #[serde(default)]
+    pub mediated: Option<bool>,
+    /// LBA partitions of a mediated drive: each entry gives the uids and
+    /// gids listed (one tenant, or a group sharing its blocks) the LBAs
+    /// `first_lba .. first_lba + blocks`; entries may not overlap. Empty
+    /// (the default): every allowed peer may name every LBA of the
+    /// namespace. Not empty: an allowed peer on no entry gets no queue.
+    /// Needs mediation (nothing else can confine LBAs).
+    #[serde(default)]
+    pub partitions: Vec<PartitionEntry>,
+}
+
+/// One LBA partition of a drive (see [`DriveEntry::partitions`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartitionEntry {
+    /// User ids whose commands are confined to it.
+    #[serde(default)]
+    pub uids: Vec<u32>,
+    /// Group ids (primary gid from SO_PEERCRED); a uid entry wins.
+    #[serde(default)]
+    pub gids: Vec<u32>,
+    /// First LBA.
+    pub first_lba: u64,
+    /// Length in logical blocks.
+    pub blocks: u64,
+}
+
+impl PartitionEntry {
+    /// As a [`Partition`](crate::mediate::Partition).
+    pub fn range(&self) -> crate::mediate::Partition {
+        crate::mediate::Partition { first: self.first_lba, blocks: self.blocks }
+    }
 }
 
 /// How clients reach a drive's doorbells (see [`DriveEntry::doorbells`]).
@@ -110,9 +151,18 @@ impl DriveEntry {
             .map_or(crate::forward::SPIN_FOR, |us| std::time::Duration::from_micros(u64::from(us)))
     }
 
-    /// Whether the drive's doorbells are forwarded (explicitly, or by
-    /// default for a `pci` drive).
+    /// Whether submission is mediated (explicitly, or by default for a
+    /// `pci` drive).
+    pub fn mediated(&self) -> bool {
+        self.mediated.unwrap_or(matches!(self.device, DriveConfig::Pci(_)))
+    }
+
+    /// Whether the drive's doorbells are forwarded (explicitly, by
+    /// default for a `pci` drive, or because submission is mediated).
     pub fn forwarded(&self) -> bool {
+        if self.mediated() {
+            return true;
+        }
         match self.doorbells {
             Some(m) => m == DoorbellMode::Forwarded,
             None => matches!(self.device, DriveConfig::Pci(_)),
@@ -138,6 +188,22 @@ impl Allow {
     pub fn permits(&self, uid: u32, gid: u32) -> bool {
         self.uids.contains(&uid) || self.gids.contains(&gid)
     }
+}
+
+/// The partition of a peer (`uid`, `gid`) among `partitions`: a uid
+/// entry first, then a gid entry; `Some(None)` (the whole namespace) when
+/// there are none; `None` when there are some and none for this peer.
+pub fn partition_of(
+    partitions: &[PartitionEntry],
+    uid: u32,
+    gid: u32,
+) -> Option<Option<crate::mediate::Partition>> {
+    if partitions.is_empty() {
+        return Some(None);
+    }
+    let by_uid = partitions.iter().find(|e| e.uids.contains(&uid));
+    let found = by_uid.or_else(|| partitions.iter().find(|e| e.gids.contains(&gid)));
+    found.map(|e| Some(e.range()))
 }
 
 fn default_mode() -> String {
@@ -270,6 +336,7 @@ impl DaemonConfig {
             if d.queues_per_client == 0 || d.queues_per_client > 64 {
                 return Err(invalid(&key("queues_per_client"), "must be 1..=64"));
             }
+            validate_mediation(name, d)?;
             match (&d.device, d.doorbells) {
                 (DriveConfig::Pci(p), m) => {
                     if m == Some(DoorbellMode::Pages) {
@@ -296,6 +363,38 @@ impl DaemonConfig {
         }
         Ok(())
     }
+}
+
+/// `mediated` and `partitions` of drive `name`: mediation needs forwarded
+/// doorbells; partitions need mediation, a uid or gid each, a nonzero
+/// length without overflow, and no overlap.
+fn validate_mediation(name: &str, d: &DriveEntry) -> Result<(), ConfigError> {
+    let key = |k: &str| format!("drives.{name}.{k}");
+    if d.mediated() && d.doorbells == Some(DoorbellMode::Pages) {
+        return Err(invalid(&key("doorbells"), "mediated submission needs forwarded doorbells"));
+    }
+    if d.partitions.is_empty() {
+        return Ok(());
+    }
+    if !d.mediated() {
+        return Err(invalid(
+            &key("partitions"),
+            "LBA partitions need mediated submission (mediated: true): without it a client's SQEs reach the controller unchecked",
+        ));
+    }
+    for (i, p) in d.partitions.iter().enumerate() {
+        let k = key(&format!("partitions[{i}]"));
+        if p.uids.is_empty() && p.gids.is_empty() {
+            return Err(invalid(&k, "names no uid and no gid"));
+        }
+        if p.blocks == 0 || p.first_lba.checked_add(p.blocks).is_none() {
+            return Err(invalid(&k, "blocks must be nonzero and first_lba + blocks fit in 64 bits"));
+        }
+        if d.partitions[..i].iter().any(|q| q.range().overlaps(&p.range())) {
+            return Err(invalid(&k, "overlaps an earlier partition (list the uids of a group in one entry)"));
+        }
+    }
+    Ok(())
 }
 
 fn invalid(key: &str, rule: &str) -> ConfigError {

@@ -15,9 +15,10 @@ use tutti::config::{DriveConfig, PciDriveConfig};
 use tuttid_proto::message::{DriveFacts, DriveStatus, QueueGrant};
 use tuttid_proto::shm::{sealed_memfd, MappedFd, PAGE};
 
-use crate::config::{Allow, DriveEntry};
+use crate::config::{Allow, DriveEntry, PartitionEntry};
 use crate::error::DaemonError;
 use crate::forward::{Forwarder, LeaseEnd, SHADOW_DSTRD};
+use crate::mediate::{prp, MediatedQueue, Partition, QueueMemory, Regions, Tenant};
 
 /// How clients ring a drive's doorbells.
 #[derive(Debug)]
@@ -32,6 +33,21 @@ enum Doorbells {
 
 /// I/O queue pairs asked of a PCI controller (it grants what it has).
 const PCI_IO_QUEUES: u16 = 64;
+
+/// Most bytes one command moves on a mediated drive (the controller's
+/// MDTS if smaller): bounds the daemon's PRP list copies (one 4 KiB list
+/// page per command at 2 MiB).
+pub const MEDIATED_MAX_TRANSFER: u64 = 2 << 20;
+
+/// A mediated drive's per-client rules.
+#[derive(Debug)]
+struct Mediation {
+    partitions: Vec<PartitionEntry>,
+    /// Namespace size in logical blocks.
+    blocks: u64,
+    /// List pages per command slot.
+    pages_per_slot: usize,
+}
 
 /// One drive.
 #[derive(Debug)]
@@ -55,6 +71,8 @@ pub struct Drive {
     pub registrations: AtomicU32,
     /// Queue pairs whose deletion failed (memory kept, qid withheld).
     pub quarantined: AtomicU32,
+    /// Mediated submission, when on.
+    mediation: Option<Mediation>,
 }
 
 /// A granted queue pair's rings, as the daemon holds them. Dropping it
@@ -64,12 +82,15 @@ pub struct Drive {
 pub struct Rings {
     /// Queue id.
     pub qid: u16,
-    /// Keeps the SQ ring mapped in the daemon (the device DMAs into it).
-    _sq: MappedFd,
-    /// Keeps the CQ ring mapped (shared with the forwarder, which reads it).
+    /// Keeps the controller's SQ ring mapped in the daemon (the device
+    /// DMAs from it).
+    _sq: Arc<MappedFd>,
+    /// Keeps the controller's CQ ring mapped (the forwarder reads it).
     cq: Arc<MappedFd>,
-    sq_map: DmaMapping,
-    cq_map: DmaMapping,
+    /// Device mappings: SQ, CQ and, mediated, the PRP list pages.
+    maps: Vec<DmaMapping>,
+    /// Mediated: the client's rings and the list pages.
+    mediated: Option<QueueMemory>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -107,12 +128,17 @@ impl Drive {
             Doorbells::Pages(_) => (controller.cap().dstrd(), device.bar0().len() as u64),
             Doorbells::Forwarded(_) => (SHADOW_DSTRD, nvme_regs_doorbell_page(total) + PAGE as u64),
         };
+        let mediation = mediation(name, entry, ns.blocks, controller.page_size())?;
+        let max_transfer = match &mediation {
+            Some(_) => (controller.max_transfer() as u64).min(MEDIATED_MAX_TRANSFER),
+            None => controller.max_transfer() as u64,
+        };
         let facts = DriveFacts {
             drive: name.to_owned(),
             nsid: ns.nsid,
             block_size: ns.block_size,
             blocks: ns.blocks,
-            max_transfer: controller.max_transfer() as u64,
+            max_transfer,
             page_size: controller.page_size() as u32,
             dstrd,
             mqes: controller.cap().mqes_z(),
@@ -133,7 +159,36 @@ impl Drive {
             facts,
             registrations: AtomicU32::new(0),
             quarantined: AtomicU32::new(0),
+            mediation,
         })
+    }
+
+    /// Whether submission on this drive is mediated.
+    pub fn mediated(&self) -> bool {
+        self.mediation.is_some()
+    }
+
+    /// What a peer's commands may reach on a mediated drive (`None` on a
+    /// drive without mediation): the served namespace, its partition, the
+    /// block size and the mediated maximum transfer.
+    ///
+    /// # Errors
+    ///
+    /// [`DaemonError::NoPartition`]: the drive lists partitions, none for
+    /// this peer.
+    pub fn tenant(&self, uid: u32, gid: u32) -> Result<Option<Tenant>, DaemonError> {
+        let Some(m) = &self.mediation else { return Ok(None) };
+        let entry = crate::config::partition_of(&m.partitions, uid, gid).ok_or(DaemonError::NoPartition {
+            drive: self.name.clone(),
+            uid,
+            gid,
+        })?;
+        Ok(Some(Tenant {
+            nsid: self.facts.nsid,
+            partition: entry.unwrap_or(Partition::whole(m.blocks)),
+            block_size: u64::from(self.facts.block_size),
+            max_transfer: self.facts.max_transfer,
+        }))
     }
 
     /// The device (for mapping client memory).
@@ -161,10 +216,11 @@ impl Drive {
         entries: u32,
         domain: u32,
         lease_end: &LeaseEnd,
+        tenant: Option<(Tenant, Arc<Regions>)>,
     ) -> Result<(Rings, QueueGrant, [OwnedFd; 3]), DaemonError> {
         let entries = entries.clamp(2, u32::from(self.facts.mqes) + 1);
         let qid = lock(&self.free).pop().ok_or(DaemonError::PoolEmpty { drive: self.name.clone() })?;
-        match self.create(qid, entries, domain, lease_end) {
+        match self.create(qid, entries, domain, lease_end, tenant) {
             Ok(r) => Ok(r),
             Err(e) => {
                 lock(&self.free).push(qid);
@@ -179,6 +235,7 @@ impl Drive {
         entries: u32,
         domain: u32,
         lease_end: &LeaseEnd,
+        tenant: Option<(Tenant, Arc<Regions>)>,
     ) -> Result<(Rings, QueueGrant, [OwnedFd; 3]), DaemonError> {
         let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what };
         let sq_len = (entries as usize * 64).next_multiple_of(PAGE);
@@ -192,28 +249,92 @@ impl Drive {
             }
             Doorbells::Forwarded(f) => f.add(qid, entries).map_err(fail)?,
         };
-        let r = self.create_rings(qid, entries, (sq_len, cq_len), domain);
+        let r = match &self.mediation {
+            Some(m) => self.create_mediated_rings(qid, entries, (sq_len, cq_len), m.pages_per_slot),
+            None => self.create_rings(qid, entries, (sq_len, cq_len), domain),
+        };
         if r.is_err() {
             self.stop_forwarding(qid);
         }
         let (rings, sq_fd, cq_fd) = r?;
         if let Doorbells::Forwarded(f) = &self.doorbells {
-            // Cannot fail for a shadow just added and a page-aligned ring;
-            // if it did, the queue's doorbells are never forwarded.
-            if let Err(e) = f.attach(qid, rings.cq.clone(), lease_end.clone()) {
+            // Cannot fail for a shadow just added, page-aligned rings and
+            // list memory sized for the queue; if it did, the queue's
+            // doorbells are never forwarded (the client sees no progress).
+            let attached = match (tenant, &rings.mediated) {
+                (Some((t, regions)), Some(mem)) => {
+                    let page = u64::from(self.facts.page_size);
+                    MediatedQueue::new((qid, entries, page), t, regions, mem.clone())
+                        .and_then(|q| f.attach_mediated(qid, q, lease_end.clone()))
+                }
+                (None, None) => f.attach(qid, rings.cq.clone(), lease_end.clone()),
+                _ => Err("mediation without a tenant".into()),
+            };
+            if let Err(e) = attached {
                 tracing::error!(drive = %self.name, qid, error = %e, "forwarder attach");
             }
         }
+        // Mediated: the client's rings are not mapped for the controller
+        // (its SQ is never read by it): no device address to give.
+        let iova = |i: usize| if rings.mediated.is_some() { 0 } else { rings.maps[i].pages()[0] };
         let grant = QueueGrant {
             qid,
             entries,
-            sq_iova: rings.sq_map.pages()[0],
-            cq_iova: rings.cq_map.pages()[0],
+            sq_iova: iova(0),
+            cq_iova: iova(1),
             sq_len: sq_len as u64,
             cq_len: cq_len as u64,
             doorbell_page: nvme_regs_doorbell_page(qid),
         };
         Ok((rings, grant, [sq_fd, cq_fd, db]))
+    }
+
+    /// Mediated: the client's rings (shared with it, never mapped for the
+    /// controller), the controller's rings and `pages_per_slot` PRP list
+    /// pages per command slot (daemon memory, mapped for the controller in
+    /// the drive's one address space), then Create I/O CQ and SQ on the
+    /// controller's rings.
+    fn create_mediated_rings(
+        &self,
+        qid: u16,
+        entries: u32,
+        (sq_len, cq_len): (usize, usize),
+        pages_per_slot: usize,
+    ) -> Result<(Rings, OwnedFd, OwnedFd), DaemonError> {
+        let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what };
+        let (client_sq, sq_fd) = self.ring(sq_len)?;
+        let (client_cq, cq_fd) = self.ring(cq_len)?;
+        let lists_len = (entries as usize - 1).max(1) * pages_per_slot.max(1) * self.facts.page_size as usize;
+        let mut mine = Vec::new();
+        for len in [sq_len, cq_len, lists_len.next_multiple_of(PAGE)] {
+            mine.push(Arc::new(self.ring(len)?.0));
+        }
+        let mut maps = Vec::new();
+        for m in &mine {
+            match self.map(m, 0) {
+                Ok(map) => maps.push(map),
+                Err(e) => {
+                    self.unmap_all(qid, &maps);
+                    return Err(e);
+                }
+            }
+        }
+        let mem = QueueMemory {
+            client_sq: Arc::new(client_sq),
+            client_cq: Arc::new(client_cq),
+            real_sq: mine[0].clone(),
+            real_cq: mine[1].clone(),
+            lists: mine[2].clone(),
+            lists_iova: maps[2].pages()[0],
+            pages_per_slot,
+        };
+        let (sq_iova, cq_iova) = (maps[0].pages()[0], maps[1].pages()[0]);
+        if let Err(e) = lock(&self.controller).create_io_queues_at(qid, entries, sq_iova, cq_iova) {
+            self.unmap_all(qid, &maps);
+            return Err(fail(format!("creating queue {qid}: {e}")));
+        }
+        let rings = Rings { qid, _sq: mine[0].clone(), cq: mine[1].clone(), maps, mediated: Some(mem) };
+        Ok((rings, sq_fd, cq_fd))
     }
 
     /// Ring memfds mapped here and for the device, then Create I/O CQ and
@@ -236,13 +357,14 @@ impl Drive {
                 return Err(e);
             }
         };
-        let rings = Rings { qid, _sq: sq, cq: Arc::new(cq), sq_map, cq_map };
-        let (sq_iova, cq_iova) = (rings.sq_map.pages()[0], rings.cq_map.pages()[0]);
+        let (sq_iova, cq_iova) = (sq_map.pages()[0], cq_map.pages()[0]);
+        let rings =
+            Rings { qid, _sq: Arc::new(sq), cq: Arc::new(cq), maps: vec![sq_map, cq_map], mediated: None };
         // Before Create I/O SQ: the controller takes the SQ's domain then,
         // so the client's first command is already confined to its memory.
         // Emulated drives only: a real drive's isolation would be the
         // IOMMU's (PASID), not done.
-        if let Some(emu) = &self.emulator {
+        if let Some(emu) = self.emulator.as_ref().filter(|_| self.mediation.is_none()) {
             if let Err(e) = emu.set_sq_domain(qid, domain) {
                 self.unmap_rings(&rings);
                 return Err(fail(format!("DMA domain of queue {qid}: {e}")));
@@ -282,11 +404,14 @@ impl Drive {
         // (its owner, a `Rings` or a registration, is dropped only after
         // `reclaim_memory`/`unregister` unmapped it, or is leaked).
         let map = match &self.emulator {
+            // Mediated: one address space for everyone, as a real drive's
+            // vfio container (the checks, not domains, isolate clients).
             // SAFETY: as stated above.
-            Some(emu) => unsafe { emu.dma_map_in_domain(ptr, m.len(), domain) },
-            // A real drive: one IOMMU domain for the daemon's container.
+            Some(emu) if self.mediation.is_none() => unsafe { emu.dma_map_in_domain(ptr, m.len(), domain) },
+            // A real drive (one IOMMU domain for the daemon's container) or
+            // a mediated emulated one.
             // SAFETY: as stated above.
-            None => unsafe { self.device.dma_map(ptr, m.len()) },
+            _ => unsafe { self.device.dma_map(ptr, m.len()) },
         }
         .map_err(|e| fail(format!("DMA mapping: {e}")))?;
         let contiguous = map.pages().windows(2).all(|w| w[1] == w[0] + PAGE as u64);
@@ -298,9 +423,13 @@ impl Drive {
     }
 
     fn unmap_rings(&self, r: &Rings) {
-        for m in [&r.sq_map, &r.cq_map] {
+        self.unmap_all(r.qid, &r.maps);
+    }
+
+    fn unmap_all(&self, qid: u16, maps: &[DmaMapping]) {
+        for m in maps {
             if let Err(e) = self.device.dma_unmap(m) {
-                tracing::error!(drive = %self.name, qid = r.qid, error = %e, "ring unmap failed");
+                tracing::error!(drive = %self.name, qid, error = %e, "ring unmap failed");
             }
         }
     }
@@ -383,6 +512,9 @@ impl Drive {
                 drive = %self.name,
                 forwarded = st.forwarded.load(Ordering::Relaxed),
                 invalid = st.invalid.load(Ordering::Relaxed),
+                mediated = st.mediated.load(Ordering::Relaxed),
+                refused = st.refused.load(Ordering::Relaxed),
+                stray = st.stray.load(Ordering::Relaxed),
                 "doorbell forwarding stopped"
             );
         }
@@ -406,6 +538,39 @@ impl Drop for Drive {
 /// `1000h + 2y * 2048` = `1000h + y * 4096`, CQyHDBL 2048 bytes later.
 fn nvme_regs_doorbell_page(qid: u16) -> u64 {
     0x1000 + u64::from(qid) * PAGE as u64
+}
+
+/// Drive `name`'s mediation rules, when its submission is mediated:
+/// partitions inside the namespace of `blocks` blocks, a 4 KiB memory
+/// page (the list copies are laid out in 4 KiB pages).
+fn mediation(
+    name: &str,
+    entry: &DriveEntry,
+    blocks: u64,
+    page: usize,
+) -> Result<Option<Mediation>, DaemonError> {
+    let fail = |what: String| DaemonError::Drive { drive: name.to_owned(), what };
+    if !entry.mediated() {
+        if matches!(entry.device, DriveConfig::Pci(_)) {
+            tracing::warn!(drive = %name, "mediated: false on a pci drive: its clients' PRPs reach every client's memory");
+        }
+        return Ok(None);
+    }
+    if page != PAGE {
+        return Err(fail(format!(
+            "mediated submission needs a {PAGE}-byte memory page, the controller runs {page}"
+        )));
+    }
+    if let Some(p) = entry.partitions.iter().find(|p| p.range().end() > blocks) {
+        return Err(fail(format!(
+            "partition {}+{} is past the namespace's {blocks} blocks",
+            p.first_lba, p.blocks
+        )));
+    }
+    // Entries of the longest list: PRP1 covers at least 4 bytes.
+    let per_cmd = MEDIATED_MAX_TRANSFER.div_ceil(PAGE as u64);
+    let pages_per_slot = prp::list_pages(per_cmd, (PAGE / 8) as u64) as usize;
+    Ok(Some(Mediation { partitions: entry.partitions.clone(), blocks, pages_per_slot }))
 }
 
 /// The drive's device: an emulator (doorbell pages at CAP.DSTRD = 9

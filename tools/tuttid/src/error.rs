@@ -72,6 +72,16 @@ pub enum DaemonError {
         /// What was refused.
         what: &'static str,
     },
+    /// The drive lists LBA partitions and none for this peer.
+    #[error("uid {uid} / gid {gid} has no LBA partition on drive {drive:?}")]
+    NoPartition {
+        /// The drive.
+        drive: String,
+        /// Peer uid.
+        uid: u32,
+        /// Peer gid.
+        gid: u32,
+    },
     /// No free I/O queue id on the drive.
     #[error("every I/O queue pair of drive {drive:?} is granted")]
     PoolEmpty {
@@ -118,7 +128,9 @@ impl DaemonError {
     pub fn rule(&self) -> Rule {
         match self {
             DaemonError::UnknownDrive { .. } => Rule::UnknownDrive,
-            DaemonError::NotAllowed { .. } | DaemonError::Unauthenticated { .. } => Rule::NotAllowed,
+            DaemonError::NotAllowed { .. }
+            | DaemonError::Unauthenticated { .. }
+            | DaemonError::NoPartition { .. } => Rule::NotAllowed,
             DaemonError::TooManyConnections { .. } => Rule::Quota,
             DaemonError::MemoryBytes { .. } => Rule::MemoryQuota,
             DaemonError::Quota { .. } => Rule::Quota,

@@ -47,6 +47,8 @@ use nvm_queue::{Mmio, NvmeDevice};
 use nvme_regs::registers::doorbell_offset;
 use tuttid_proto::shm::{sealed_memfd, MappedFd, PAGE};
 
+use crate::mediate::{MediatedQueue, Violation};
+
 /// CAP.DSTRD of the shadow layout the client sees: a 2048-byte stride puts
 /// queue pair y's two doorbells in page y + 1 of the register window.
 pub const SHADOW_DSTRD: u8 = 9;
@@ -176,6 +178,8 @@ struct Shadow {
     track: Track,
     /// The CQ ring and the lease to end, once the queue exists.
     cq: Option<(CqView, LeaseEnd)>,
+    /// A mediated queue pair (instead of `cq`): its rings and the lease.
+    mediated: Option<(Box<MediatedQueue>, LeaseEnd)>,
     /// A rule was broken: nothing more is forwarded.
     dead: bool,
 }
@@ -193,6 +197,13 @@ pub struct ForwardStats {
     pub forwarded: AtomicU64,
     /// Shadow values refused by [`check`] (not forwarded).
     pub invalid: AtomicU64,
+    /// Mediated: SQEs checked and copied to a real SQ.
+    pub mediated: AtomicU64,
+    /// Mediated: SQEs refused (completed by the daemon).
+    pub refused: AtomicU64,
+    /// Mediated: controller completions with a CID of no outstanding
+    /// command (dropped).
+    pub stray: AtomicU64,
 }
 
 /// The forwarding thread of one drive and the shadow pages it polls.
@@ -274,6 +285,7 @@ impl Forwarder {
             last: [0, 0],
             track,
             cq: None,
+            mediated: None,
             dead: false,
         });
         Ok(theirs)
@@ -297,6 +309,22 @@ impl Forwarder {
         let s =
             shadows.iter_mut().find(|s| s.qid == qid).ok_or_else(|| format!("no shadow page for {qid}"))?;
         s.cq = Some((CqView { words, _ring: cq }, lease_end));
+        Ok(())
+    }
+
+    /// Gives the forwarder queue pair `qid`'s mediated rings (its shadow
+    /// page must have been added) and the lease to end when its client
+    /// breaks a queue rule. Until this is called nothing of `qid` is
+    /// forwarded.
+    ///
+    /// # Errors
+    ///
+    /// No shadow page for `qid` (a message).
+    pub fn attach_mediated(&self, qid: u16, q: MediatedQueue, lease_end: LeaseEnd) -> Result<(), String> {
+        let mut shadows = lock(&self.shadows);
+        let s =
+            shadows.iter_mut().find(|s| s.qid == qid).ok_or_else(|| format!("no shadow page for {qid}"))?;
+        s.mediated = Some((Box::new(q), lease_end));
         Ok(())
     }
 
@@ -345,6 +373,10 @@ impl Forwarder {
             if s.dead {
                 continue;
             }
+            if s.mediated.is_some() {
+                changed |= self.pass_mediated(s);
+                continue;
+            }
             for (i, is_cq) in [(1, true), (0, false)] {
                 let off = if is_cq { SHADOW_CQ_OFFSET } else { 0 };
                 // Acquire: the client's SQE stores before its shadow store
@@ -364,6 +396,36 @@ impl Forwarder {
             }
         }
         (changed, shadows.len())
+    }
+
+    /// One pass over a mediated queue pair: its completions copied, its new
+    /// SQEs checked and copied, the real doorbells written. Returns whether
+    /// anything changed.
+    fn pass_mediated(&self, s: &mut Shadow) -> bool {
+        let (Ok(sq), Ok(cq)) = (s.words.read32(0), s.words.read32(SHADOW_CQ_OFFSET)) else { return false };
+        let changed = [sq, cq] != s.last;
+        s.last = [sq, cq];
+        let Some((q, _)) = &mut s.mediated else { return false };
+        match q.pass(sq, cq) {
+            Ok(p) => {
+                let st = &self.stats;
+                st.mediated.fetch_add(p.forwarded, Ordering::Relaxed);
+                st.refused.fetch_add(p.refused, Ordering::Relaxed);
+                st.stray.fetch_add(p.stray, Ordering::Relaxed);
+                if let Some(h) = p.cq_head {
+                    self.ring(s.qid, true, h);
+                }
+                if let Some(t) = p.sq_tail {
+                    self.ring(s.qid, false, t);
+                }
+                changed || p.moved()
+            }
+            Err(v) => {
+                let is_cq = matches!(v, Violation::CqHead { .. });
+                self.violation(s, is_cq, if is_cq { cq } else { sq });
+                true
+            }
+        }
     }
 
     /// Whether doorbell value `v` of `s` may be forwarded (taking it into
@@ -396,6 +458,9 @@ impl Forwarder {
         tracing::warn!(drive = %self.name, qid = s.qid, which, value = v, track = ?s.track,
             "doorbell value refused; ending the client's lease");
         if let Some((_, end)) = &s.cq {
+            end.end();
+        }
+        if let Some((_, end)) = &s.mediated {
             end.end();
         }
     }

@@ -16,6 +16,7 @@ mod config;
 mod drive;
 mod error;
 mod forward;
+mod mediate;
 mod server;
 mod session;
 mod verify;

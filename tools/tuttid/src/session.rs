@@ -16,6 +16,12 @@ use crate::accounts::Accounts;
 use crate::drive::{Drive, Rings};
 use crate::error::DaemonError;
 use crate::forward::LeaseEnd;
+use crate::mediate::Regions;
+
+/// How long an unregistration waits for the mediated commands that might
+/// name the memory to complete (the controller completes or times out
+/// commands well before; past this the memory stays mapped for good).
+const UNREGISTER_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Peer credentials from SO_PEERCRED at accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +38,7 @@ pub struct Peer {
 #[derive(Debug)]
 struct Registration {
     drive: usize,
-    memory: MappedFd,
+    memory: Arc<MappedFd>,
     mapping: DmaMapping,
 }
 
@@ -45,6 +51,9 @@ pub struct Session {
     /// Granted rings, by (drive index, qid).
     queues: Vec<(usize, Rings)>,
     memory: HashMap<u64, Registration>,
+    /// This connection's registrations per drive, as the forwarders of
+    /// mediated drives check PRPs against them.
+    regions: HashMap<usize, Arc<Regions>>,
     next_id: u64,
     /// The per-uid ledger the quotas are taken from.
     accounts: Arc<Accounts>,
@@ -84,6 +93,7 @@ impl Session {
             drives,
             queues: Vec::new(),
             memory: HashMap::new(),
+            regions: HashMap::new(),
             next_id: 1,
             accounts,
             lease_end,
@@ -166,13 +176,21 @@ impl Session {
 
     fn grant(&mut self, name: &str, entries: u32) -> Result<Reply, DaemonError> {
         let d = self.drive(name)?;
+        let tenant = self.drives[d].tenant(self.peer.uid, self.peer.gid)?;
+        let mediated = tenant.map(|t| (t, self.regions_of(d)));
         let drive = &self.drives[d];
         self.accounts.take_queue(self.peer.uid, d, name, drive.quota)?;
-        let (rings, grant, fds) = drive.grant(entries, self.domain, &self.lease_end).inspect_err(|_| {
-            self.accounts.give_queue(self.peer.uid, d);
-        })?;
+        let (rings, grant, fds) =
+            drive.grant(entries, self.domain, &self.lease_end, mediated).inspect_err(|_| {
+                self.accounts.give_queue(self.peer.uid, d);
+            })?;
         self.queues.push((d, rings));
         Ok((Response::QueueGranted(grant), fds.into()))
+    }
+
+    /// This connection's registrations on drive `d`.
+    fn regions_of(&mut self, d: usize) -> Arc<Regions> {
+        self.regions.entry(d).or_default().clone()
     }
 
     fn release(&mut self, name: &str, qid: u16) -> Result<Reply, DaemonError> {
@@ -222,6 +240,10 @@ impl Session {
         drive.registrations.fetch_add(1, Ordering::Relaxed);
         let (id, iova) = (self.next_id, mapping.pages()[0]);
         self.next_id += 1;
+        let memory = Arc::new(memory);
+        if drive.mediated() {
+            self.regions_of(d).insert(iova, memory.clone());
+        }
         self.memory.insert(id, Registration { drive: d, memory, mapping });
         Ok((Response::MemoryRegistered { id, iova, len }, Vec::new()))
     }
@@ -233,11 +255,21 @@ impl Session {
     }
 
     /// Unmaps a registration; on failure keeps its memory mapped forever
-    /// (the device might still reach it).
+    /// (the device might still reach it). On a mediated drive it is first
+    /// taken out of the ranges PRPs may name, and the commands forwarded
+    /// before are waited for (they may name it).
     fn unmap(&self, r: Registration) {
         self.accounts.give_memory(self.peer.uid, r.memory.len() as u64);
         let drive = &self.drives[r.drive];
         drive.registrations.fetch_sub(1, Ordering::Relaxed);
+        let iova = r.mapping.pages()[0];
+        if let Some(regions) = self.regions.get(&r.drive) {
+            if !regions.remove(iova, UNREGISTER_DRAIN) {
+                tracing::error!(drive = %drive.name, iova, "commands naming the memory did not complete; keeping it mapped");
+                std::mem::forget(r);
+                return;
+            }
+        }
         if let Err(e) = drive.device().dma_unmap(&r.mapping) {
             tracing::error!(drive = %drive.name, error = %e, "unmapping client memory failed; keeping it");
             std::mem::forget(r);

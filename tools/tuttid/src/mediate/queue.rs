@@ -1,0 +1,363 @@
+//! One mediated queue pair. Four rings of `entries` entries each:
+//!
+//! - the **shadow SQ** (the client's SQ ring): the client writes SQEs
+//!   here; the controller never reads it;
+//! - the **real SQ** (daemon memory, mapped for the controller): the
+//!   forwarder copies each checked entry here, with its CID replaced by a
+//!   slot of the daemon's (so a client's duplicate CIDs cannot confuse it);
+//! - the **real CQ** (daemon memory): the controller posts here;
+//! - the **client CQ** (the client's CQ ring): only the daemon writes it,
+//!   copying each controller completion (the client's CID restored, SQHD
+//!   in shadow SQ terms, the client CQ's phase) and posting a completion
+//!   of its own for each refused entry.
+//!
+//! Why the CQ is shadowed too: a refused entry must complete in the
+//! client's CQ, and an entry in a ring the controller also posts to
+//! would race the controller for the same slot (it owns the CQ tail and
+//! never learns of entries it did not write). With the daemon as the only
+//! writer of the client's CQ its entries interleave in one order, and the
+//! forwarder no longer has to trust a CQ the client can write.
+//!
+//! Flow control: an entry is taken from the shadow SQ only while the
+//! commands in flight plus the completions the client has not consumed
+//! leave room in its CQ, a slot is free and the real SQ has room, so every
+//! completion, the daemon's included, always has a CQ slot. A client that
+//! never consumes completions stalls only itself. An honest client (at
+//! most `entries - 1` commands outstanding) never waits on this.
+
+use std::sync::Arc;
+
+use nvm_queue::Mmio;
+use nvme_regs::Sqe;
+use tuttid_proto::shm::MappedFd;
+
+use super::prp::{self, ListOut};
+use super::sqe::{self, Tenant};
+use super::{Refusal, Regions, Violation};
+
+/// The memory of a mediated queue pair; the owner (the drive's `Rings`)
+/// keeps these alive until the queues are deleted and unmapped.
+#[derive(Debug, Clone)]
+pub struct QueueMemory {
+    /// The client's SQ ring (shadow SQ).
+    pub client_sq: Arc<MappedFd>,
+    /// The client's CQ ring.
+    pub client_cq: Arc<MappedFd>,
+    /// The controller's SQ ring.
+    pub real_sq: Arc<MappedFd>,
+    /// The controller's CQ ring.
+    pub real_cq: Arc<MappedFd>,
+    /// PRP list copies: `pages_per_slot` pages per slot, slot-major.
+    pub lists: Arc<MappedFd>,
+    /// Device address of `lists`.
+    pub lists_iova: u64,
+    /// List pages per command.
+    pub pages_per_slot: usize,
+}
+
+/// What one [`MediatedQueue::pass`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// New real SQ tail to write to the controller's doorbell.
+    pub sq_tail: Option<u32>,
+    /// New real CQ head to write to the controller's doorbell.
+    pub cq_head: Option<u32>,
+    /// Entries forwarded to the controller.
+    pub forwarded: u64,
+    /// Entries refused (completed by the daemon).
+    pub refused: u64,
+    /// Controller completions with a CID of no outstanding command.
+    pub stray: u64,
+}
+
+impl Progress {
+    /// Whether anything moved.
+    pub fn moved(&self) -> bool {
+        self.sq_tail.is_some() || self.cq_head.is_some() || self.refused > 0
+    }
+}
+
+/// A forwarded command: the client's CID and its epoch bucket.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    cid: u16,
+    bucket: u8,
+}
+
+/// One mediated queue pair's rings and indices (module docs).
+pub struct MediatedQueue {
+    qid: u16,
+    entries: u32,
+    page: u64,
+    tenant: Tenant,
+    regions: Arc<Regions>,
+    shadow_sq: Mmio,
+    client_cq: Mmio,
+    real_sq: Mmio,
+    real_cq: Mmio,
+    lists: Mmio,
+    /// Declared after the Mmio views: dropped after them.
+    mem: QueueMemory,
+    /// Shadow SQ entries taken (the SQHD the client sees).
+    sq_head: u32,
+    real_tail: u32,
+    /// Real SQ head: SQHD of the newest controller completion.
+    real_head: u32,
+    real_cq_head: u32,
+    real_phase: bool,
+    cq_tail: u32,
+    cq_head: u32,
+    cq_phase: bool,
+    slots: Vec<Option<Slot>>,
+    free: Vec<u16>,
+}
+
+impl std::fmt::Debug for MediatedQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MediatedQueue")
+            .field("qid", &self.qid)
+            .field("sq_head", &self.sq_head)
+            .field("real_tail", &self.real_tail)
+            .field("cq_tail", &self.cq_tail)
+            .field("in_flight", &(self.slots.len() - self.free.len()))
+            .finish()
+    }
+}
+
+#[allow(unsafe_code)] // Mmio::new's contract, stated at the call
+fn view(m: &Arc<MappedFd>) -> Result<Mmio, String> {
+    // SAFETY: the mapping is kept alive by the `QueueMemory` stored in the
+    // same `MediatedQueue`, declared after the views (dropped later); the
+    // daemon touches these rings only through the Mmio's atomic accesses.
+    unsafe { Mmio::new(m.as_ptr(), m.len()) }.map_err(|e| format!("ring view: {e}"))
+}
+
+impl MediatedQueue {
+    /// Queue pair `qid` of `entries` entries per ring, memory page size
+    /// `page`, for `tenant`, whose registrations are `regions`.
+    ///
+    /// # Errors
+    ///
+    /// A ring smaller than its entries, or list memory smaller than
+    /// `entries - 1` slots (a message).
+    pub fn new(
+        (qid, entries, page): (u16, u32, u64),
+        tenant: Tenant,
+        regions: Arc<Regions>,
+        mem: QueueMemory,
+    ) -> Result<Self, String> {
+        let n = entries as usize;
+        let slots = n.saturating_sub(1);
+        if n < 2
+            || !page.is_power_of_two()
+            || page < 4096
+            || mem.client_sq.len() < n * 64
+            || mem.real_sq.len() < n * 64
+            || mem.client_cq.len() < n * 16
+            || mem.real_cq.len() < n * 16
+            || mem.lists.len() < slots * mem.pages_per_slot * page as usize
+        {
+            return Err(format!("queue {qid}: ring or list memory too small for {entries} entries"));
+        }
+        Ok(Self {
+            qid,
+            entries,
+            page,
+            tenant,
+            regions,
+            shadow_sq: view(&mem.client_sq)?,
+            client_cq: view(&mem.client_cq)?,
+            real_sq: view(&mem.real_sq)?,
+            real_cq: view(&mem.real_cq)?,
+            lists: view(&mem.lists)?,
+            mem,
+            sq_head: 0,
+            real_tail: 0,
+            real_head: 0,
+            real_cq_head: 0,
+            real_phase: true,
+            cq_tail: 0,
+            cq_head: 0,
+            cq_phase: true,
+            slots: vec![None; slots],
+            free: (0..slots as u16).rev().collect(),
+        })
+    }
+
+    fn dist(&self, a: u32, b: u32) -> u32 {
+        (b + self.entries - a) % self.entries
+    }
+
+    fn next(&self, i: u32) -> u32 {
+        (i + 1) % self.entries
+    }
+
+    /// One pass: takes the client's CQ head `cq_head` (its shadow word),
+    /// copies the controller's new completions into the client's CQ, then
+    /// checks and forwards the shadow SQ entries up to `sq_tail`.
+    ///
+    /// # Errors
+    ///
+    /// [`Violation`]: a shadow word that is not an index, or a CQ head
+    /// past the completions posted; the caller ends the client's lease.
+    pub fn pass(&mut self, sq_tail: u32, cq_head: u32) -> Result<Progress, Violation> {
+        let (head, tail) = (self.cq_head, self.cq_tail);
+        if cq_head >= self.entries || self.dist(head, cq_head) > self.dist(head, tail) {
+            return Err(Violation::CqHead { value: cq_head, head, tail });
+        }
+        self.cq_head = cq_head;
+        if sq_tail >= self.entries {
+            return Err(Violation::SqTail { value: sq_tail, entries: self.entries });
+        }
+        let mut p = Progress::default();
+        self.drain(&mut p);
+        self.consume(sq_tail, &mut p);
+        Ok(p)
+    }
+
+    /// Completions in the client's CQ that it has not consumed.
+    fn unconsumed(&self) -> u32 {
+        self.dist(self.cq_head, self.cq_tail)
+    }
+
+    /// Copies controller completions into the client's CQ while it has room.
+    fn drain(&mut self, p: &mut Progress) {
+        while self.unconsumed() < self.entries - 1 {
+            let off = self.real_cq_head as usize * 16;
+            // Phase tag first (Acquire): the rest of the entry is visible.
+            let Ok(dw3) = self.real_cq.read32(off + 12) else { return };
+            if (dw3 >> 16) & 1 != u32::from(self.real_phase) {
+                return;
+            }
+            let dw = [0, 4, 8].map(|o| self.real_cq.read32(off + o).unwrap_or(0));
+            self.real_cq_head = self.next(self.real_cq_head);
+            if self.real_cq_head == 0 {
+                self.real_phase = !self.real_phase;
+            }
+            p.cq_head = Some(self.real_cq_head);
+            let sqhd = dw[2] & 0xffff;
+            if sqhd < self.entries {
+                self.real_head = sqhd;
+            }
+            let cid = dw3 & 0xffff;
+            let Some(slot) = self.slots.get_mut(cid as usize).and_then(Option::take) else {
+                p.stray += 1;
+                continue;
+            };
+            self.regions.done(slot.bucket);
+            self.free.push(cid as u16);
+            let client_dw2 = self.sq_head | (u32::from(self.qid) << 16);
+            self.post([dw[0], dw[1], client_dw2, u32::from(slot.cid) | (dw3 & 0xfffe_0000)]);
+        }
+    }
+
+    /// Takes shadow SQ entries up to `tail`: each checked, then copied to
+    /// the real SQ or completed with its refusal's status.
+    fn consume(&mut self, tail: u32, p: &mut Progress) {
+        let start = self.real_tail;
+        while self.sq_head != tail {
+            let in_flight = (self.slots.len() - self.free.len()) as u32;
+            let real_used = self.dist(self.real_head, self.real_tail);
+            if in_flight + self.unconsumed() >= self.entries - 1 || real_used >= self.entries - 1 {
+                break;
+            }
+            let Some(slot) = self.free.pop() else { break };
+            let sqe = self.read_shadow(self.sq_head);
+            self.sq_head = self.next(self.sq_head);
+            let bucket = self.regions.issue();
+            match self.mediate(&sqe, slot) {
+                Ok(out) => {
+                    self.write_real(&out);
+                    self.slots[usize::from(slot)] = Some(Slot { cid: sqe.cid(), bucket });
+                    p.forwarded += 1;
+                }
+                Err(r) => {
+                    self.regions.done(bucket);
+                    self.free.push(slot);
+                    self.refuse(&sqe, r);
+                    p.refused += 1;
+                }
+            }
+        }
+        if self.real_tail != start {
+            p.sq_tail = Some(self.real_tail);
+        }
+    }
+
+    /// The controller's copy of `sqe` (CID = `slot`, PRPs checked, list
+    /// copied into the slot's daemon pages).
+    fn mediate(&self, sqe: &Sqe, slot: u16) -> Result<Sqe, Refusal> {
+        let bytes = sqe::check(sqe, &self.tenant)?;
+        let mut out = *sqe;
+        // OPC kept; FUSE and PSDT are 0 (checked); CID is the daemon's slot.
+        out.cdw0 = u32::from(sqe.opcode()) | (u32::from(slot) << 16);
+        out.mptr = 0;
+        (out.prp1, out.prp2) = if bytes == 0 {
+            (0, 0)
+        } else {
+            let bytes_per_slot = self.mem.pages_per_slot * self.page as usize;
+            let offset = usize::from(slot) * bytes_per_slot;
+            let out_list = ListOut {
+                mmio: &self.lists,
+                offset,
+                iova: self.mem.lists_iova + offset as u64,
+                pages: self.mem.pages_per_slot,
+            };
+            prp::check(sqe.prp1, sqe.prp2, bytes, self.page, &self.regions.view(), &out_list)?
+        };
+        Ok(out)
+    }
+
+    fn read_shadow(&self, index: u32) -> Sqe {
+        let base = index as usize * 64;
+        let mut d = [0u32; 16];
+        for (i, w) in d.iter_mut().enumerate() {
+            *w = self.shadow_sq.read32(base + i * 4).unwrap_or(0);
+        }
+        Sqe::from_dwords(d)
+    }
+
+    fn write_real(&mut self, sqe: &Sqe) {
+        let base = self.real_tail as usize * 64;
+        for (i, w) in sqe.as_dwords().iter().enumerate() {
+            // In bounds: the ring holds `entries` SQEs (checked in `new`).
+            let _ = self.real_sq.write32(base + i * 4, *w);
+        }
+        self.real_tail = self.next(self.real_tail);
+    }
+
+    /// Completes a refused entry in the client's CQ.
+    fn refuse(&mut self, sqe: &Sqe, r: Refusal) {
+        tracing::debug!(qid = self.qid, cid = sqe.cid(), refusal = %r, "SQE refused");
+        let status = u32::from(r.status().to_field(false)) << 16;
+        let dw2 = self.sq_head | (u32::from(self.qid) << 16);
+        self.post([0, 0, dw2, u32::from(sqe.cid()) | status]);
+    }
+
+    /// Posts one entry at the client CQ's tail: DW0..DW2 first, then DW3
+    /// with the phase tag (Release: the client, which loads DW3 with
+    /// Acquire, sees the whole entry once it sees the new phase).
+    fn post(&mut self, dw: [u32; 4]) {
+        let off = self.cq_tail as usize * 16;
+        for (i, w) in dw[..3].iter().enumerate() {
+            let _ = self.client_cq.write32(off + i * 4, *w);
+        }
+        let dw3 = (dw[3] & !(1 << 16)) | (u32::from(self.cq_phase) << 16);
+        let _ = self.client_cq.write32(off + 12, dw3);
+        self.cq_tail = self.next(self.cq_tail);
+        if self.cq_tail == 0 {
+            self.cq_phase = !self.cq_phase;
+        }
+    }
+}
+
+impl Drop for MediatedQueue {
+    /// Forwarding stopped (the queue is about to be deleted, which ends
+    /// every command the controller holds): the commands in flight no
+    /// longer hold back an unregistration of this connection.
+    fn drop(&mut self) {
+        for s in self.slots.iter_mut().filter_map(Option::take) {
+            self.regions.done(s.bucket);
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! The checks on one submission queue entry that need no memory: the
+//! opcode allow-list, FUSE/PSDT/MPTR, the tenant's NSID, SLBA + NLB inside
+//! its partition, and the transfer length (NVM Command Set 2.0: Read 3.2.4,
+//! Write 3.2.6, Write Zeroes 3.2.8; Flush, Base 2.0 7.1).
+
+use nvme_regs::opcode::nvm_opcode;
+use nvme_regs::Sqe;
+
+use super::{Partition, Refusal};
+
+/// What one tenant's commands may reach on a mediated drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tenant {
+    /// The drive's served namespace.
+    pub nsid: u32,
+    /// The LBAs the tenant may name.
+    pub partition: Partition,
+    /// Logical block size in bytes.
+    pub block_size: u64,
+    /// Most bytes one command may move (the mediated MDTS).
+    pub max_transfer: u64,
+}
+
+/// The opcodes a client's I/O SQ may carry: what the runtime and tutti-kv
+/// issue. Everything else (Compare, Write Uncorrectable, Dataset
+/// Management, vendor opcodes) is refused: DSM's range list would be one
+/// more buffer to copy and check, and nothing here uses it.
+pub const ALLOWED: [u8; 4] =
+    [nvm_opcode::FLUSH, nvm_opcode::WRITE, nvm_opcode::READ, nvm_opcode::WRITE_ZEROES];
+
+/// Checks `sqe` for `tenant`; returns the bytes its data pointer must
+/// cover (0: no data, PRPs unused).
+///
+/// # Errors
+///
+/// [`Refusal::Opcode`], [`Refusal::Shape`], [`Refusal::Nsid`],
+/// [`Refusal::Lba`], [`Refusal::TooLong`].
+pub fn check(sqe: &Sqe, tenant: &Tenant) -> Result<u64, Refusal> {
+    let opcode = sqe.opcode();
+    if !ALLOWED.contains(&opcode) {
+        return Err(Refusal::Opcode { opcode });
+    }
+    if sqe.fuse() != 0 || sqe.psdt() != 0 || sqe.mptr != 0 {
+        return Err(Refusal::Shape { fuse: sqe.fuse(), psdt: sqe.psdt(), mptr: sqe.mptr });
+    }
+    if sqe.nsid != tenant.nsid {
+        return Err(Refusal::Nsid { nsid: sqe.nsid, expected: tenant.nsid });
+    }
+    if opcode == nvm_opcode::FLUSH {
+        return Ok(0);
+    }
+    let slba = u64::from(sqe.cdw10) | (u64::from(sqe.cdw11) << 32);
+    let blocks = u64::from(sqe.cdw12 & 0xffff) + 1;
+    let p = tenant.partition;
+    if !p.contains(slba, blocks) {
+        return Err(Refusal::Lba { slba, blocks, first: p.first, len: p.blocks });
+    }
+    if opcode == nvm_opcode::WRITE_ZEROES {
+        return Ok(0);
+    }
+    let bytes = blocks * tenant.block_size;
+    if bytes > tenant.max_transfer {
+        return Err(Refusal::TooLong { bytes, max: tenant.max_transfer });
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenant() -> Tenant {
+        Tenant {
+            nsid: 1,
+            partition: Partition { first: 16, blocks: 16 },
+            block_size: 4096,
+            max_transfer: 64 << 10,
+        }
+    }
+
+    fn rw(opcode: u8, slba: u64, blocks: u32) -> Sqe {
+        let mut s = Sqe::new(opcode, 1);
+        s.cdw10 = slba as u32;
+        s.cdw11 = (slba >> 32) as u32;
+        s.cdw12 = blocks - 1;
+        s
+    }
+
+    #[test]
+    fn only_allowed_opcodes_in_the_partition_pass() {
+        let t = tenant();
+        assert_eq!(check(&rw(nvm_opcode::READ, 16, 2), &t), Ok(8192));
+        assert_eq!(check(&rw(nvm_opcode::WRITE, 31, 1), &t), Ok(4096));
+        assert_eq!(check(&rw(nvm_opcode::WRITE_ZEROES, 16, 16), &t), Ok(0));
+        assert_eq!(check(&Sqe::new(nvm_opcode::FLUSH, 1), &t), Ok(0));
+        for (s, what) in [
+            (rw(nvm_opcode::READ, 15, 1), "before"),
+            (rw(nvm_opcode::WRITE, 31, 2), "past the end"),
+            (rw(nvm_opcode::WRITE_ZEROES, 0, 64), "write zeroes"),
+            (rw(nvm_opcode::READ, u64::MAX, 2), "wrapping"),
+        ] {
+            assert!(matches!(check(&s, &t), Err(Refusal::Lba { .. })), "{what}");
+        }
+        // Admin opcodes in an I/O SQ: Create/Delete I/O SQ, Format NVM, ...
+        for opcode in [0x04, 0x05, 0x06, 0x09, 0x0c, 0x10, 0x7f, 0x80, 0x81, 0xff] {
+            let s = Sqe::new(opcode, 1);
+            if !ALLOWED.contains(&opcode) {
+                assert_eq!(check(&s, &t), Err(Refusal::Opcode { opcode }));
+            }
+        }
+        assert!(matches!(check(&Sqe::new(nvm_opcode::FLUSH, 2), &t), Err(Refusal::Nsid { .. })));
+        assert!(matches!(check(&Sqe::new(nvm_opcode::FLUSH, u32::MAX), &t), Err(Refusal::Nsid { .. })));
+        let mut sgl = rw(nvm_opcode::READ, 16, 1);
+        sgl.cdw0 |= 1 << 14;
+        assert!(matches!(check(&sgl, &t), Err(Refusal::Shape { psdt: 1, .. })));
+        let mut fused = rw(nvm_opcode::READ, 16, 1);
+        fused.cdw0 |= 1 << 8;
+        assert!(matches!(check(&fused, &t), Err(Refusal::Shape { fuse: 1, .. })));
+        let mut meta = rw(nvm_opcode::READ, 16, 1);
+        meta.mptr = 0x1000;
+        assert!(matches!(check(&meta, &t), Err(Refusal::Shape { .. })));
+        let big = Tenant { partition: Partition::whole(1 << 20), ..t };
+        assert!(matches!(check(&rw(nvm_opcode::READ, 0, 17), &big), Err(Refusal::TooLong { .. })));
+    }
+}

@@ -1,0 +1,309 @@
+//! Mediated submission on emulated drives (`mediated: true`, the default
+//! of `pci` drives): the controller reads only the daemon's copy of each
+//! SQE, checked first. All memory is in one device address space, as in a
+//! real drive's vfio container, so only the checks stand between a client
+//! and another's memory. Each attack fails for the attacker with the
+//! status of its refusal, the victim's bytes stay as they were, and both
+//! clients' honest I/O (single-page, two-page and PRP list transfers)
+//! still round-trips.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use nvm_queue::QueuePair;
+use nvme_regs::status::generic;
+use nvme_regs::{Sqe, Status};
+use tuttid_proto::{Client, DaemonDevice, SharedMemory};
+
+const PAGE: usize = 4096;
+const P: u64 = PAGE as u64;
+const READ: u8 = 0x02;
+const WRITE: u8 = 0x01;
+/// Where the emulator's device addresses start: the daemon's admin SQ.
+const DAEMON_IOVA: u64 = 0x1_0000_0000;
+
+/// The client process body; a no-op unless run by a test as a client.
+#[test]
+fn client_role() {
+    if std::env::var("TUTTID_TEST_ROLE").as_deref() == Ok("client") {
+        std::process::exit(client_main());
+    }
+}
+
+/// The four test drives with mediated submission, plus `drive_extra`
+/// keys on each.
+fn mediated_yaml(dir: &std::path::Path, drive_extra: &str) -> String {
+    config_yaml(&dir.join("tutti.sock"), 10_000, "")
+        .replace("    allow:", &format!("    mediated: true\n{drive_extra}    allow:"))
+}
+
+fn rw(opcode: u8, slba: u64, blocks: u32, prp1: u64, prp2: u64) -> Sqe {
+    let mut s = Sqe::new(opcode, 1);
+    s.prp1 = prp1;
+    s.prp2 = prp2;
+    s.cdw10 = slba as u32;
+    s.cdw11 = (slba >> 32) as u32;
+    s.cdw12 = blocks - 1;
+    s
+}
+
+/// Submits `sqe` (PRPs as given) on `qp` and waits for its status.
+fn run(qp: &mut QueuePair, sqe: Sqe) -> Status {
+    qp.submit(sqe, None, 0).expect("submit");
+    qp.ring();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut status = None;
+    while status.is_none() {
+        assert!(Instant::now() < deadline, "no completion");
+        qp.poll(|c| status = Some(c.status));
+    }
+    status.unwrap_or(Status::SUCCESS)
+}
+
+fn queue_pair(c: &Arc<Client>) -> QueuePair {
+    DaemonDevice::open(c.clone(), "d0").unwrap().grant_queue_pair(16, 8).unwrap()
+}
+
+/// A client's registered memory of `pages` pages and its device address.
+struct Mem {
+    shm: SharedMemory,
+    iova: u64,
+}
+
+impl Mem {
+    fn new(c: &Client, pages: usize) -> Mem {
+        let shm = SharedMemory::new(pages * PAGE).unwrap();
+        let (_, iova, _) = c.register_memory("d0", shm.fd(), 0, shm.len() as u64).unwrap();
+        Mem { shm, iova }
+    }
+    fn page(&self, i: u64) -> u64 {
+        self.iova + i * P
+    }
+    /// Writes a PRP list of `entries` at page `at`.
+    fn list(&self, at: usize, entries: &[u64]) {
+        let bytes: Vec<u8> = entries.iter().flat_map(|e| e.to_le_bytes()).collect();
+        self.shm.write(at * PAGE, &bytes).unwrap();
+    }
+    fn bytes(&self, from: usize, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        self.shm.read(from, &mut v).unwrap();
+        v
+    }
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8).collect()
+}
+
+#[test]
+fn honest_transfers_round_trip_through_mediation() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &mediated_yaml(dir.path(), ""));
+    let c = Client::connect(&d.socket).unwrap();
+    let facts = c.open_drive("d0").unwrap();
+    assert!(facts.max_transfer <= 2 << 20, "mediated transfers are bounded");
+    let mut qp = queue_pair(&c);
+    let m = Mem::new(&c, 80);
+    // The largest transfer (the emulator's MDTS: 32 pages) written by one
+    // command through a PRP list at page 70.
+    let n = (facts.max_transfer / P).min(64) as u32;
+    assert!(n >= 4);
+    let data = pattern(7, n as usize * PAGE);
+    m.shm.write(0, &data).unwrap();
+    m.list(70, &(1..u64::from(n)).map(|i| m.page(i)).collect::<Vec<_>>());
+    assert_eq!(run(&mut qp, rw(WRITE, 0, n, m.page(0), m.page(70))), Status::SUCCESS);
+    let cases: [(&str, u32, u64, u64, Vec<u64>); 4] = [
+        ("one page", 1, m.page(0), 0, vec![]),
+        ("two pages", 2, m.page(0), m.page(1), vec![]),
+        ("list", 3, m.page(0), m.page(70), vec![m.page(1), m.page(2)]),
+        ("list with a PRP1 offset", 2, m.page(0) + 512, m.page(70), vec![m.page(1), m.page(2)]),
+    ];
+    for (what, blocks, prp1, prp2, list) in cases {
+        m.shm.write(0, &vec![0; 3 * PAGE]).unwrap();
+        m.list(70, &list);
+        assert_eq!(run(&mut qp, rw(READ, 0, blocks, prp1, prp2)), Status::SUCCESS, "{what}");
+        let off = (prp1 - m.iova) as usize;
+        let len = blocks as usize * PAGE;
+        assert_eq!(m.bytes(off, len), data[..len], "{what}");
+    }
+    // Flush and Write Zeroes (what tutti-kv issues besides Read and Write).
+    assert_eq!(run(&mut qp, Sqe::new(0x00, 1)), Status::SUCCESS);
+    assert_eq!(run(&mut qp, rw(0x08, 100, 8, 0, 0)), Status::SUCCESS);
+}
+
+#[test]
+fn attacks_fail_and_the_victims_io_is_unaffected() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &mediated_yaml(dir.path(), ""));
+    let attacker = Client::connect(&d.socket).unwrap();
+    let victim = Client::connect(&d.socket).unwrap();
+    let mut aq = queue_pair(&attacker);
+    let mut vq = queue_pair(&victim);
+    let own = Mem::new(&attacker, 4);
+    let theirs = Mem::new(&victim, 4);
+    theirs.shm.write(0, &vec![0x5A; 4 * PAGE]).unwrap();
+    let data = pattern(3, 3 * PAGE);
+    own.shm.write(0, &data).unwrap();
+    own.list(3, &[own.page(1), own.page(2)]);
+    assert_eq!(run(&mut aq, rw(WRITE, 0, 3, own.page(0), own.page(3))), Status::SUCCESS);
+
+    let field = Status::generic(generic::INVALID_FIELD).with_dnr(true);
+    let t = theirs.page(0);
+    for (what, sqe, list) in [
+        ("read into the victim (PRP1)", rw(READ, 0, 1, t, 0), None),
+        ("write from the victim (PRP1)", rw(WRITE, 0, 1, t, 0), None),
+        ("read into the victim (PRP2)", rw(READ, 0, 2, own.page(0), t + P), None),
+        ("write from the victim (PRP2)", rw(WRITE, 0, 2, own.page(0), t + P), None),
+        (
+            "read into the victim (list entry)",
+            rw(READ, 0, 3, own.page(0), own.page(3)),
+            Some([own.page(1), t]),
+        ),
+        (
+            "write from the victim (list entry)",
+            rw(WRITE, 0, 3, own.page(0), own.page(3)),
+            Some([t, own.page(2)]),
+        ),
+        ("victim page as the PRP list", rw(READ, 0, 3, own.page(0), t), None),
+        ("read into daemon memory (PRP1)", rw(READ, 0, 1, DAEMON_IOVA, 0), None),
+        (
+            "read into daemon memory (list entry)",
+            rw(READ, 0, 3, own.page(0), own.page(3)),
+            Some([own.page(1), DAEMON_IOVA]),
+        ),
+        ("write from daemon memory (PRP2)", rw(WRITE, 0, 2, own.page(0), DAEMON_IOVA), None),
+        ("PRP1 past its registration", rw(READ, 0, 1, own.page(4), 0), None),
+    ] {
+        if let Some(l) = list {
+            own.list(3, &l);
+        }
+        assert_eq!(run(&mut aq, sqe), field, "{what}");
+    }
+    // Admin opcodes in an I/O SQ (Create I/O CQ, Identify, Set Features,
+    // Format NVM, Firmware Commit) and other NVM opcodes not allowed.
+    for opcode in [0x05, 0x06, 0x09, 0x80, 0x10, 0x04, 0x05, 0x09, 0x0c] {
+        let st = run(&mut aq, Sqe::new(opcode, 1));
+        assert_eq!(st, Status::generic(generic::INVALID_OPCODE).with_dnr(true), "opcode {opcode:#x}");
+    }
+    let ns = Status::generic(generic::INVALID_NAMESPACE_OR_FORMAT).with_dnr(true);
+    let mut other_ns = rw(READ, 0, 1, own.page(0), 0);
+    other_ns.nsid = 0xffff_ffff;
+    assert_eq!(run(&mut aq, other_ns), ns);
+    let offset = Status::generic(generic::PRP_OFFSET_INVALID).with_dnr(true);
+    assert_eq!(run(&mut aq, rw(READ, 0, 2, own.page(0), own.page(1) + 8)), offset);
+
+    assert_eq!(theirs.bytes(0, 4 * PAGE), vec![0x5A; 4 * PAGE], "victim's bytes unchanged");
+    // The refused writes did not reach the media; both are still served.
+    own.shm.write(0, &vec![0; 3 * PAGE]).unwrap();
+    own.list(3, &[own.page(1), own.page(2)]);
+    assert_eq!(run(&mut aq, rw(READ, 0, 3, own.page(0), own.page(3))), Status::SUCCESS);
+    assert_eq!(own.bytes(0, 3 * PAGE), data, "media unchanged by the refused writes");
+    theirs.list(3, &[theirs.page(1), theirs.page(2)]);
+    assert_eq!(run(&mut vq, rw(READ, 0, 3, theirs.page(0), theirs.page(3))), Status::SUCCESS);
+    assert_eq!(theirs.bytes(0, 3 * PAGE), data, "the victim reads into its own memory");
+    let st = Client::connect(&d.socket).unwrap().status().unwrap();
+    assert_eq!(st.drives[0].dma_faults, 0, "refused before the controller saw them");
+}
+
+#[test]
+fn a_prp_list_rewritten_after_the_doorbell_is_not_used() {
+    // A thread flips the list's entry between the attacker's page and the
+    // victim's while the attacker reads through it, again and again: the
+    // daemon checks and uses its own copy, so every command either reads
+    // into the attacker's page or is refused, and the victim's page is
+    // never written. (Without the copy the controller would read the list
+    // after the check, and some reads would land in the victim's page.)
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &mediated_yaml(dir.path(), ""));
+    let attacker = Client::connect(&d.socket).unwrap();
+    let victim = Client::connect(&d.socket).unwrap();
+    let mut aq = queue_pair(&attacker);
+    let own = Arc::new(Mem::new(&attacker, 4));
+    let theirs = Mem::new(&victim, 2);
+    theirs.shm.write(0, &vec![0x5A; 2 * PAGE]).unwrap();
+    let (good, bad) = (own.page(2), theirs.page(0));
+    own.list(3, &[own.page(1), good]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let flipper = {
+        let (own, stop) = (own.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                own.list(3, &[own.page(1), if n.is_multiple_of(2) { bad } else { good }]);
+                n += 1;
+            }
+        })
+    };
+    let field = Status::generic(generic::INVALID_FIELD).with_dnr(true);
+    let (mut ok, mut refused) = (0, 0);
+    for _ in 0..2000 {
+        match run(&mut aq, rw(READ, 0, 3, own.page(0), own.page(3))) {
+            Status::SUCCESS => ok += 1,
+            s if s == field => refused += 1,
+            s => panic!("unexpected status {s:?}"),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    flipper.join().unwrap();
+    eprintln!("{ok} read into the attacker's page, {refused} refused");
+    assert_eq!(theirs.bytes(0, 2 * PAGE), vec![0x5A; 2 * PAGE], "victim's page never written");
+}
+
+#[test]
+fn lbas_outside_the_partition_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let uid = rustix::process::getuid().as_raw();
+    // This uid's commands may name LBAs 256..512 of each 2048-block namespace.
+    let part = format!("    partitions: [ {{ uids: [{uid}], first_lba: 256, blocks: 256 }} ]\n");
+    let d = Daemon::start(dir.path(), &mediated_yaml(dir.path(), &part));
+    let c = Client::connect(&d.socket).unwrap();
+    let mut qp = queue_pair(&c);
+    let m = Mem::new(&c, 2);
+    let range = Status::generic(generic::LBA_OUT_OF_RANGE).with_dnr(true);
+    for (what, slba, blocks) in
+        [("before", 0, 1), ("just before", 255, 2), ("past the end", 511, 2), ("far", 1500, 1)]
+    {
+        assert_eq!(run(&mut qp, rw(WRITE, slba, blocks, m.page(0), m.page(1))), range, "write {what}");
+        assert_eq!(run(&mut qp, rw(READ, slba, blocks, m.page(0), m.page(1))), range, "read {what}");
+    }
+    assert_eq!(run(&mut qp, rw(0x08, 0, 16, 0, 0)), range, "write zeroes before");
+    let data = pattern(9, 2 * PAGE);
+    m.shm.write(0, &data).unwrap();
+    assert_eq!(run(&mut qp, rw(WRITE, 510, 2, m.page(0), m.page(1))), Status::SUCCESS);
+    m.shm.write(0, &vec![0; 2 * PAGE]).unwrap();
+    assert_eq!(run(&mut qp, rw(READ, 510, 2, m.page(0), m.page(1))), Status::SUCCESS);
+    assert_eq!(m.bytes(0, 2 * PAGE), data);
+    // A peer on no partition gets no queue.
+    let other = format!("    partitions: [ {{ uids: [{}], first_lba: 0, blocks: 8 }} ]\n", uid + 1);
+    let dir2 = tempfile::tempdir().unwrap();
+    let d2 = Daemon::start(dir2.path(), &mediated_yaml(dir2.path(), &other));
+    let c2 = Client::connect(&d2.socket).unwrap();
+    assert!(c2.grant_queue("d0", 16).is_err(), "no partition, no queue");
+}
+
+#[test]
+fn clients_stripe_through_mediated_drives() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &mediated_yaml(dir.path(), ""));
+    let mut kids: Vec<_> = (0..4).map(|r| spawn_client(&d.socket, dir.path(), r, 4)).collect();
+    for (r, k) in kids.iter_mut().enumerate() {
+        let line = wait_line(k, "verified");
+        let st = k.wait().unwrap();
+        assert!(st.success(), "client {r}: {st:?} {line}");
+        let bytes: u64 = line.trim().trim_start_matches("verified ").parse().unwrap();
+        assert_eq!(bytes, 4 * SLOTS_PER_REGION * SLOT as u64, "client {r}");
+    }
+    let status = || Client::connect(&d.socket).unwrap().status().unwrap();
+    let s = eventually(Duration::from_secs(20), || {
+        let s = status();
+        (s.clients.len() == 1
+            && s.drives.iter().all(|d| d.queues_free == d.queues_total && d.registrations == 0))
+        .then_some(s)
+    })
+    .unwrap_or_else(|| panic!("not reclaimed: {:#?}", status()));
+    assert!(s.drives.iter().all(|d| d.dma_faults == 0 && d.quarantined == 0));
+}
