@@ -404,6 +404,7 @@ fn invalid(key: &str, rule: &str) -> ConfigError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mediate::Partition;
 
     const GOOD: &str = r#"
 socket: /tmp/t.sock
@@ -471,5 +472,44 @@ drives:
             DaemonConfig::from_yaml(&spin("2000000")),
             Err(ConfigError::Invalid { key, .. }) if key == "drives.d0.forward_spin_us"
         ));
+    }
+
+    #[test]
+    fn mediation_and_partitions() {
+        let with = |extra: &str| GOOD.replace("allow:", &format!("{extra}\n    allow:"));
+        let key_of = |y: String| match DaemonConfig::from_yaml(&y) {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("{other:?}"),
+        };
+        let pci = GOOD.replace(
+            "{ emulated: { namespaces: [ { capacity: 4MiB, block_size: 4096 } ] } }",
+            "{ pci: { addr: \"0000:01:00.0\" } }",
+        );
+        let c = DaemonConfig::from_yaml(&pci).unwrap();
+        assert!(c.drives["d0"].mediated() && c.drives["d0"].forwarded(), "pci: mediated by default");
+        assert!(!DaemonConfig::from_yaml(GOOD).unwrap().drives["d0"].mediated());
+        let m = DaemonConfig::from_yaml(&with("mediated: true")).unwrap();
+        assert!(m.drives["d0"].mediated() && m.drives["d0"].forwarded(), "mediation forwards doorbells");
+        assert_eq!(key_of(with("mediated: true\n    doorbells: pages")), "drives.d0.doorbells");
+        let part = |p: &str| with(&format!("mediated: true\n    partitions: [ {p} ]"));
+        let c = DaemonConfig::from_yaml(&part(
+            "{ uids: [1000], first_lba: 0, blocks: 8 }, { uids: [5], gids: [7], first_lba: 8, blocks: 8 }",
+        ))
+        .unwrap();
+        let ps = &c.drives["d0"].partitions;
+        assert_eq!(partition_of(ps, 1000, 7), Some(Some(Partition { first: 0, blocks: 8 })), "uid first");
+        assert_eq!(partition_of(ps, 6, 7), Some(Some(Partition { first: 8, blocks: 8 })));
+        assert_eq!(partition_of(ps, 6, 6), None, "listed nowhere");
+        assert_eq!(partition_of(&[], 6, 6), Some(None), "no partitions: the whole namespace");
+        for bad in [
+            "{ uids: [1], first_lba: 0, blocks: 8 }, { uids: [2], first_lba: 7, blocks: 8 }",
+            "{ first_lba: 0, blocks: 8 }",
+            "{ uids: [1], first_lba: 0, blocks: 0 }",
+            "{ uids: [1], first_lba: 18446744073709551615, blocks: 2 }",
+        ] {
+            assert!(key_of(part(bad)).starts_with("drives.d0.partitions["), "{bad}");
+        }
+        let unmediated = with("partitions: [ { uids: [1], first_lba: 0, blocks: 8 } ]");
+        assert_eq!(key_of(unmediated), "drives.d0.partitions", "partitions need mediation");
     }
 }

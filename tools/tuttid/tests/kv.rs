@@ -22,7 +22,21 @@ fn store(socket: &std::path::Path) -> KvStore {
 #[test]
 fn a_kv_store_on_daemon_drives_round_trips_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path(), &config_yaml(&dir.path().join("tutti.sock"), 3000, ""));
+    round_trip_and_recover(dir.path(), &config_yaml(&dir.path().join("tutti.sock"), 3000, ""));
+}
+
+#[test]
+fn a_kv_store_on_mediated_drives_round_trips_and_recovers() {
+    // Every SQE tutti-kv issues (Read, Write, Flush, Write Zeroes) passes
+    // the daemon's checks.
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = config_yaml(&dir.path().join("tutti.sock"), 3000, "")
+        .replace("    allow:", "    mediated: true\n    allow:");
+    round_trip_and_recover(dir.path(), &yaml);
+}
+
+fn round_trip_and_recover(dir: &std::path::Path, yaml: &str) {
+    let daemon = Daemon::start(dir, yaml);
     let keys = ChunkKeys::new(b"model", KeySize::B32).chain(&(0..N as u32 * 4).collect::<Vec<_>>(), 4);
     let t = Duration::from_secs(10);
     let data: Vec<u8> = (0..N * OBJ).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();

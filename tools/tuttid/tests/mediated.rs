@@ -37,7 +37,12 @@ fn client_role() {
 /// The four test drives with mediated submission, plus `drive_extra`
 /// keys on each.
 fn mediated_yaml(dir: &std::path::Path, drive_extra: &str) -> String {
-    config_yaml(&dir.join("tutti.sock"), 10_000, "")
+    mediated_yaml_timed(dir, drive_extra, "")
+}
+
+/// As [`mediated_yaml`], with `emulated` keys (faults, timing) added.
+fn mediated_yaml_timed(dir: &std::path::Path, drive_extra: &str, emu_extra: &str) -> String {
+    config_yaml_timed(&dir.join("tutti.sock"), 10_000, "", emu_extra)
         .replace("    allow:", &format!("    mediated: true\n{drive_extra}    allow:"))
 }
 
@@ -306,4 +311,89 @@ fn clients_stripe_through_mediated_drives() {
     })
     .unwrap_or_else(|| panic!("not reclaimed: {:#?}", status()));
     assert!(s.drives.iter().all(|d| d.dma_faults == 0 && d.quarantined == 0));
+}
+
+#[test]
+fn unregistering_waits_for_the_commands_that_may_name_the_memory() {
+    // LBAs 64..128 complete 300 ms late: a registration a Read there
+    // names is unmapped only after the Read completed (its IOVA could
+    // otherwise go to another client while the controller still writes).
+    let dir = tempfile::tempdir().unwrap();
+    let faults = "faults: [ { lba: [64, 128], action: { delay_us: 300000 } } ], ";
+    let d = Daemon::start(dir.path(), &mediated_yaml_timed(dir.path(), "", faults));
+    let c = Client::connect(&d.socket).unwrap();
+    let mut qp = queue_pair(&c);
+    let regs = || Client::connect(&d.socket).unwrap().status().unwrap().drives[0].registrations;
+    let before = regs();
+    let shm = SharedMemory::new(PAGE).unwrap();
+    let (id, iova, _) = c.register_memory("d0", shm.fd(), 0, PAGE as u64).unwrap();
+    qp.submit(rw(READ, 64, 1, iova, 0), None, 0).unwrap();
+    qp.ring();
+    std::thread::sleep(Duration::from_millis(50));
+    let t = Instant::now();
+    c.unregister_memory(id).unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(150), "unregistered after {:?}", t.elapsed());
+    let mut status = None;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while status.is_none() && Instant::now() < deadline {
+        qp.poll(|c| status = Some(c.status));
+    }
+    assert_eq!(status, Some(Status::SUCCESS));
+    let st = Client::connect(&d.socket).unwrap().status().unwrap();
+    assert_eq!((st.drives[0].dma_faults, st.drives[0].registrations), (0, before));
+}
+
+#[test]
+fn bad_shadow_words_end_the_lease() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &mediated_yaml(dir.path(), ""));
+    let ends =
+        |c: &Client| eventually(Duration::from_secs(5), || c.heartbeat().is_err().then_some(())).is_some();
+    let a = Client::connect(&d.socket).unwrap();
+    let (_, [_sq, _cq, db]) = a.grant_queue("d0", 16).unwrap();
+    std::fs::File::from(db).write_at(&3u32.to_le_bytes(), 2048).unwrap();
+    assert!(ends(&a), "a CQ head past the posted completions");
+    let b = Client::connect(&d.socket).unwrap();
+    let (_, [_sq, _cq, db]) = b.grant_queue("d0", 16).unwrap();
+    std::fs::File::from(db).write_at(&16u32.to_le_bytes(), 0).unwrap();
+    assert!(ends(&b), "an SQ tail that is no entry index");
+    let st = eventually(Duration::from_secs(10), || {
+        let s = Client::connect(&d.socket).unwrap().status().unwrap();
+        (s.drives[0].queues_free == s.drives[0].queues_total).then_some(s)
+    });
+    assert!(st.is_some(), "both reclaimed");
+}
+
+#[test]
+fn sigkilled_clients_of_mediated_drives_are_reclaimed() {
+    // Victims' LBAs complete 20 ms late (data moves at once, as a real
+    // drive's DMA would), so kills land with commands in flight; a steady
+    // client verifies every byte meanwhile.
+    let dir = tempfile::tempdir().unwrap();
+    let faults = "faults: [ { lba: [64, 128], action: { delay_us: 20000 } } ], ";
+    let d = Daemon::start(dir.path(), &mediated_yaml_timed(dir.path(), "", faults));
+    let mut steady = spawn_client(&d.socket, dir.path(), 0, 0);
+    assert_eq!(wait_line(&mut steady, "ready").trim(), "ready");
+    for round in 0..10u64 {
+        let mut victim = spawn_client(&d.socket, dir.path(), 2 + round % 2, 0);
+        assert_eq!(wait_line(&mut victim, "ready").trim(), "ready", "victim {round} did not start");
+        std::thread::sleep(Duration::from_millis(60 + round * 7));
+        victim.kill().unwrap();
+        victim.wait().unwrap();
+    }
+    std::fs::write(dir.path().join("stop"), b"").unwrap();
+    let line = wait_line(&mut steady, "verified");
+    let st = steady.wait().unwrap();
+    assert!(st.success() && !line.is_empty(), "steady client saw an error: {st:?} {line:?}");
+    let status = || Client::connect(&d.socket).unwrap().status().unwrap();
+    let s = eventually(Duration::from_secs(20), || {
+        let s = status();
+        (s.clients.len() == 1
+            && s.drives.iter().all(|d| d.queues_free == d.queues_total && d.registrations == 0))
+        .then_some(s)
+    })
+    .unwrap_or_else(|| panic!("not reclaimed: {:#?}", status()));
+    assert!(s.drives.iter().all(|d| d.dma_faults == 0 && d.quarantined == 0), "{s:?}");
+    assert!(s.reclaimed >= 11, "{s:?}");
 }

@@ -361,3 +361,124 @@ impl Drop for MediatedQueue {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mediate::Partition;
+    use nvme_regs::opcode::nvm_opcode;
+    use nvme_regs::status::generic;
+    use nvme_regs::{Cqe, Status};
+    use tuttid_proto::shm::{sealed_memfd, PAGE};
+
+    const E: u32 = 4;
+    const DATA: u64 = 0x10_0000;
+    const LISTS: u64 = 0x90_0000;
+
+    fn mapped(len: usize) -> Arc<MappedFd> {
+        Arc::new(MappedFd::map(sealed_memfd("q", len).unwrap(), 0, len as u64).unwrap())
+    }
+
+    #[allow(unsafe_code)]
+    fn mmio(m: &Arc<MappedFd>) -> Mmio {
+        // SAFETY: the test keeps `m` (in the queue's memory) alive longer.
+        unsafe { Mmio::new(m.as_ptr(), m.len()) }.unwrap()
+    }
+
+    /// A queue of 4 entries, a client registration of 4 pages at DATA, and
+    /// Mmio views of its four rings (client SQ, client CQ, real SQ, real CQ).
+    fn queue() -> (MediatedQueue, [Mmio; 4]) {
+        let mem = QueueMemory {
+            client_sq: mapped(PAGE),
+            client_cq: mapped(PAGE),
+            real_sq: mapped(PAGE),
+            real_cq: mapped(PAGE),
+            lists: mapped(3 * PAGE),
+            lists_iova: LISTS,
+            pages_per_slot: 1,
+        };
+        let regions = Arc::new(Regions::default());
+        regions.insert(DATA, mapped(4 * PAGE));
+        let tenant =
+            Tenant { nsid: 1, partition: Partition::whole(1024), block_size: 4096, max_transfer: 1 << 20 };
+        let views = [&mem.client_sq, &mem.client_cq, &mem.real_sq, &mem.real_cq].map(mmio);
+        (MediatedQueue::new((3, E, PAGE as u64), tenant, regions, mem).unwrap(), views)
+    }
+
+    fn put_sqe(ring: &Mmio, i: u32, sqe: &Sqe) {
+        for (k, w) in sqe.as_dwords().iter().enumerate() {
+            ring.write32(i as usize * 64 + k * 4, *w).unwrap();
+        }
+    }
+
+    fn sqe_at(ring: &Mmio, i: u32) -> Sqe {
+        Sqe::from_dwords(std::array::from_fn(|k| ring.read32(i as usize * 64 + k * 4).unwrap()))
+    }
+
+    fn cqe_at(ring: &Mmio, i: u32) -> Cqe {
+        Cqe::from_dwords(std::array::from_fn(|k| ring.read32(i as usize * 16 + k * 4).unwrap()))
+    }
+
+    fn read(cid: u16, prp1: u64) -> Sqe {
+        let mut s = Sqe::new(nvm_opcode::READ, 1);
+        s.set_cid(cid);
+        s.prp1 = prp1;
+        s
+    }
+
+    /// The controller completes the command in real SQ slot `cid` at real
+    /// CQ slot `slot` with phase `phase`, reporting SQ head `sqhd`.
+    fn complete(real_cq: &Mmio, slot: u32, cid: u16, sqhd: u16, phase: bool) {
+        let c = Cqe::new(0xabcd, sqhd, 3, cid, Status::SUCCESS, phase);
+        for (k, w) in c.to_dwords().iter().enumerate() {
+            real_cq.write32(slot as usize * 16 + k * 4, *w).unwrap();
+        }
+    }
+
+    #[test]
+    fn entries_are_copied_refusals_and_completions_interleave_in_order() {
+        let (mut q, [csq, ccq, rsq, rcq]) = queue();
+        // Two Reads with the same client CID (a duplicate the controller
+        // never sees), and an admin opcode between them.
+        put_sqe(&csq, 0, &read(7, DATA));
+        put_sqe(&csq, 1, &Sqe::new(0x80, 1));
+        put_sqe(&csq, 2, &read(7, DATA + 4096));
+        let p = q.pass(3, 0).unwrap();
+        assert_eq!((p.forwarded, p.refused, p.sq_tail), (2, 1, Some(2)));
+        let (a, b) = (sqe_at(&rsq, 0), sqe_at(&rsq, 1));
+        assert_ne!(a.cid(), b.cid(), "the controller sees the daemon's slots as CIDs");
+        assert_eq!((a.prp1, b.prp1, a.prp2), (DATA, DATA + 4096, 0));
+        // The refusal is already in the client's CQ: CID 0 of the admin
+        // entry (Sqe::new), SQHD 2 (entries 0 and 1 taken then), phase 1.
+        let r = cqe_at(&ccq, 0);
+        assert_eq!((r.cid, r.sqhd, r.sqid, r.phase()), (0, 2, 3, true));
+        assert_eq!(r.status(), Status::generic(generic::INVALID_OPCODE).with_dnr(true));
+        // The controller completes the second command first.
+        complete(&rcq, 0, b.cid(), 2, true);
+        let p = q.pass(3, 0).unwrap();
+        assert_eq!(p.cq_head, Some(1));
+        let c = cqe_at(&ccq, 1);
+        assert_eq!((c.cid, c.sqhd, c.dw0, c.phase(), c.status()), (7, 3, 0xabcd, true, Status::SUCCESS));
+        // The client has consumed nothing: its CQ holds 2 of 3 usable
+        // entries, one command is in flight, so nothing more is taken.
+        put_sqe(&csq, 3, &read(9, DATA));
+        assert_eq!(q.pass(0, 0).unwrap().forwarded, 0, "no CQ room for another completion");
+        // It consumes both: the new entry goes; the next completion lands
+        // in client CQ slot 2.
+        let p = q.pass(0, 2).unwrap();
+        assert_eq!((p.forwarded, p.sq_tail), (1, Some(3)));
+        complete(&rcq, 1, a.cid(), 3, true);
+        q.pass(0, 2).unwrap();
+        assert_eq!(cqe_at(&ccq, 2).cid, 7);
+        complete(&rcq, 2, 999, 3, true);
+        assert_eq!(q.pass(0, 2).unwrap().stray, 1, "a CID of no command is dropped");
+    }
+
+    #[test]
+    fn bad_shadow_words_are_violations() {
+        let (mut q, _) = queue();
+        assert!(matches!(q.pass(E, 0), Err(Violation::SqTail { .. })));
+        assert!(matches!(q.pass(0, 1), Err(Violation::CqHead { .. })), "nothing posted");
+        assert!(matches!(q.pass(0, E), Err(Violation::CqHead { .. })));
+    }
+}
