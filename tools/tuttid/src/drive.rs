@@ -196,9 +196,12 @@ impl Drive {
         &self.device
     }
 
-    /// Facts for a client that may hold `quota_left` more pairs.
-    pub fn facts(&self, quota_left: u16) -> DriveFacts {
-        DriveFacts { quota_left, ..self.facts.clone() }
+    /// Facts for a client that may hold `quota_left` more pairs and whose
+    /// commands reach `tenant` (its partition is its namespace: `blocks`
+    /// is the partition's length).
+    pub fn facts(&self, quota_left: u16, tenant: Option<&Tenant>) -> DriveFacts {
+        let blocks = tenant.map_or(self.facts.blocks, |t| t.partition.blocks);
+        DriveFacts { quota_left, blocks, ..self.facts.clone() }
     }
 
     /// Creates a queue pair of up to `entries` entries per ring for the

@@ -171,7 +171,8 @@ impl Session {
     fn open_drive(&mut self, name: &str) -> Result<Reply, DaemonError> {
         let d = self.drive(name)?;
         let left = self.drives[d].quota.saturating_sub(self.accounts.queues(self.peer.uid, d));
-        Ok((Response::DriveFacts(self.drives[d].facts(left)), Vec::new()))
+        let tenant = self.drives[d].tenant(self.peer.uid, self.peer.gid)?;
+        Ok((Response::DriveFacts(self.drives[d].facts(left, tenant.as_ref())), Vec::new()))
     }
 
     fn grant(&mut self, name: &str, entries: u32) -> Result<Reply, DaemonError> {

@@ -35,6 +35,19 @@ fn a_kv_store_on_mediated_drives_round_trips_and_recovers() {
     round_trip_and_recover(dir.path(), &yaml);
 }
 
+#[test]
+fn a_kv_store_in_an_lba_partition_round_trips_and_recovers() {
+    // The uid's partition (LBAs 512..2048 of each drive) is the namespace
+    // the runtime and the store see: the superblock at its LBA 0.
+    let dir = tempfile::tempdir().unwrap();
+    let uid = rustix::process::getuid().as_raw();
+    let part = format!(
+        "    mediated: true\n    partitions: [ {{ uids: [{uid}], first_lba: 512, blocks: 1536 }} ]\n    allow:"
+    );
+    let yaml = config_yaml(&dir.path().join("tutti.sock"), 3000, "").replace("    allow:", &part);
+    round_trip_and_recover(dir.path(), &yaml);
+}
+
 fn round_trip_and_recover(dir: &std::path::Path, yaml: &str) {
     let daemon = Daemon::start(dir, yaml);
     let keys = ChunkKeys::new(b"model", KeySize::B32).chain(&(0..N as u32 * 4).collect::<Vec<_>>(), 4);

@@ -259,35 +259,52 @@ fn a_prp_list_rewritten_after_the_doorbell_is_not_used() {
 }
 
 #[test]
-fn lbas_outside_the_partition_are_refused() {
+fn a_partition_is_the_tenants_namespace_and_nothing_past_it_is_reached() {
+    use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir().unwrap();
     let uid = rustix::process::getuid().as_raw();
-    // This uid's commands may name LBAs 256..512 of each 2048-block namespace.
+    // This uid's commands reach LBAs 256..512 of each 2048-block
+    // namespace (its LBAs 0..256); d0's media is a file the test reads.
     let part = format!("    partitions: [ {{ uids: [{uid}], first_lba: 256, blocks: 256 }} ]\n");
-    let d = Daemon::start(dir.path(), &mediated_yaml(dir.path(), &part));
+    let media = dir.path().join("d0.img");
+    let yaml = mediated_yaml(dir.path(), &part).replacen(
+        "{ emulated: { ",
+        &format!("{{ emulated: {{ backing: {{ file: {} }}, ", media.display()),
+        1,
+    );
+    let d = Daemon::start(dir.path(), &yaml);
     let c = Client::connect(&d.socket).unwrap();
+    assert_eq!(c.open_drive("d0").unwrap().blocks, 256, "the tenant sees its partition's length");
     let mut qp = queue_pair(&c);
     let m = Mem::new(&c, 2);
     let range = Status::generic(generic::LBA_OUT_OF_RANGE).with_dnr(true);
-    for (what, slba, blocks) in
-        [("before", 0, 1), ("just before", 255, 2), ("past the end", 511, 2), ("far", 1500, 1)]
-    {
+    for (what, slba, blocks) in [("at the end", 256, 1), ("across the end", 255, 2), ("far", 1800, 1)] {
         assert_eq!(run(&mut qp, rw(WRITE, slba, blocks, m.page(0), m.page(1))), range, "write {what}");
         assert_eq!(run(&mut qp, rw(READ, slba, blocks, m.page(0), m.page(1))), range, "read {what}");
     }
-    assert_eq!(run(&mut qp, rw(0x08, 0, 16, 0, 0)), range, "write zeroes before");
+    assert_eq!(run(&mut qp, rw(0x08, 250, 16, 0, 0)), range, "write zeroes across the end");
     let data = pattern(9, 2 * PAGE);
     m.shm.write(0, &data).unwrap();
-    assert_eq!(run(&mut qp, rw(WRITE, 510, 2, m.page(0), m.page(1))), Status::SUCCESS);
+    assert_eq!(run(&mut qp, rw(WRITE, 254, 2, m.page(0), m.page(1))), Status::SUCCESS);
     m.shm.write(0, &vec![0; 2 * PAGE]).unwrap();
-    assert_eq!(run(&mut qp, rw(READ, 510, 2, m.page(0), m.page(1))), Status::SUCCESS);
+    assert_eq!(run(&mut qp, rw(READ, 254, 2, m.page(0), m.page(1))), Status::SUCCESS);
     assert_eq!(m.bytes(0, 2 * PAGE), data);
-    // A peer on no partition gets no queue.
+    // On the media the tenant's LBA 254 is the namespace's 510, and
+    // nothing outside 256..512 was written.
+    let f = std::fs::File::open(&media).unwrap();
+    let mut on_media = vec![0u8; 2 * PAGE];
+    f.read_exact_at(&mut on_media, 510 * P).unwrap();
+    assert_eq!(on_media, data);
+    let mut all = vec![0u8; 2048 * PAGE];
+    let n = f.read_at(&mut all, 0).unwrap();
+    assert!(all[..256 * PAGE].iter().all(|&b| b == 0), "nothing before the partition");
+    assert!(all[512 * PAGE..n.max(512 * PAGE)].iter().all(|&b| b == 0), "nothing after it");
+    // A peer on no partition gets neither facts nor a queue.
     let other = format!("    partitions: [ {{ uids: [{}], first_lba: 0, blocks: 8 }} ]\n", uid + 1);
     let dir2 = tempfile::tempdir().unwrap();
     let d2 = Daemon::start(dir2.path(), &mediated_yaml(dir2.path(), &other));
     let c2 = Client::connect(&d2.socket).unwrap();
-    assert!(c2.grant_queue("d0", 16).is_err(), "no partition, no queue");
+    assert!(c2.open_drive("d0").is_err() && c2.grant_queue("d0", 16).is_err(), "no partition, no queue");
 }
 
 #[test]

@@ -60,16 +60,14 @@ pub enum Refusal {
         /// The drive's served namespace.
         expected: u32,
     },
-    /// SLBA + NLB outside the tenant's partition: LBA Out of Range (SCT
-    /// 0h, SC 80h).
-    #[error("LBAs {slba}..{slba}+{blocks} outside the partition {first}..{first}+{len}")]
+    /// SLBA + NLB past the tenant's partition (it sees LBAs `0 .. len`):
+    /// LBA Out of Range (SCT 0h, SC 80h).
+    #[error("LBAs {slba}..{slba}+{blocks} outside the tenant's {len} blocks")]
     Lba {
-        /// SLBA.
+        /// SLBA as the tenant wrote it.
         slba: u64,
         /// NLB + 1.
         blocks: u64,
-        /// The partition's first LBA.
-        first: u64,
         /// The partition's length in blocks.
         len: u64,
     },

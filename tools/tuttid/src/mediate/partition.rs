@@ -1,6 +1,9 @@
 //! A tenant's LBA partition: the blocks of the drive's namespace its
-//! commands may name (SLBA .. SLBA + NLB + 1, NLB zero-based as on the
-//! wire, NVMe NVM Command Set 2.0, 3.2.4).
+//! commands reach (SLBA .. SLBA + NLB + 1, NLB zero-based as on the wire,
+//! NVMe NVM Command Set 2.0, 3.2.4). The tenant sees its partition as a
+//! namespace of its own: LBAs `0 .. blocks` (what `DriveFacts` reports),
+//! which the daemon moves by `first` in the controller's copy of each
+//! command.
 
 /// A run of logical blocks `[first, first + blocks)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,10 +26,12 @@ impl Partition {
         self.first.saturating_add(self.blocks)
     }
 
-    /// Whether `count` blocks from `slba` lie inside (no overflow: a
-    /// range that wraps past `u64::MAX` is outside).
-    pub fn contains(&self, slba: u64, count: u64) -> bool {
-        slba >= self.first && slba.checked_add(count).is_some_and(|e| e <= self.end())
+    /// The namespace LBA of the tenant's LBA `slba` when `count` blocks
+    /// from it lie inside the partition (`None` otherwise; a range that
+    /// wraps past `u64::MAX` is outside).
+    pub fn translate(&self, slba: u64, count: u64) -> Option<u64> {
+        slba.checked_add(count).filter(|e| *e <= self.blocks)?;
+        self.first.checked_add(slba)
     }
 
     /// Whether two partitions share a block.
@@ -42,10 +47,15 @@ mod tests {
     #[test]
     fn ranges_stay_inside_without_overflow() {
         let p = Partition { first: 100, blocks: 50 };
-        assert!(p.contains(100, 50) && p.contains(149, 1) && p.contains(120, 0));
-        assert!(!p.contains(99, 1) && !p.contains(149, 2) && !p.contains(150, 1));
-        assert!(!p.contains(u64::MAX, 2), "wraps");
-        assert!(Partition::whole(8).contains(0, 8) && !Partition::whole(8).contains(0, 9));
+        assert_eq!(
+            (p.translate(0, 50), p.translate(49, 1), p.translate(20, 0)),
+            (Some(100), Some(149), Some(120))
+        );
+        assert_eq!((p.translate(49, 2), p.translate(50, 1), p.translate(u64::MAX, 2)), (None, None, None));
+        assert_eq!(
+            (Partition::whole(8).translate(0, 8), Partition::whole(8).translate(0, 9)),
+            (Some(0), None)
+        );
         assert!(p.overlaps(&Partition { first: 149, blocks: 1 }));
         assert!(!p.overlaps(&Partition { first: 150, blocks: 10 }));
         assert!(!p.overlaps(&Partition { first: 0, blocks: 100 }));

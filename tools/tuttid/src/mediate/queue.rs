@@ -287,11 +287,15 @@ impl MediatedQueue {
     /// The controller's copy of `sqe` (CID = `slot`, PRPs checked, list
     /// copied into the slot's daemon pages).
     fn mediate(&self, sqe: &Sqe, slot: u16) -> Result<Sqe, Refusal> {
-        let bytes = sqe::check(sqe, &self.tenant)?;
+        let sqe::Checked { bytes, slba } = sqe::check(sqe, &self.tenant)?;
         let mut out = *sqe;
         // OPC kept; FUSE and PSDT are 0 (checked); CID is the daemon's slot.
         out.cdw0 = u32::from(sqe.opcode()) | (u32::from(slot) << 16);
         out.mptr = 0;
+        if let Some(slba) = slba {
+            // CDW10/11: SLBA on the namespace (the partition's LBA 0 is its first).
+            (out.cdw10, out.cdw11) = (slba as u32, (slba >> 32) as u32);
+        }
         (out.prp1, out.prp2) = if bytes == 0 {
             (0, 0)
         } else {

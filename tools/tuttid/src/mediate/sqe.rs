@@ -28,14 +28,24 @@ pub struct Tenant {
 pub const ALLOWED: [u8; 4] =
     [nvm_opcode::FLUSH, nvm_opcode::WRITE, nvm_opcode::READ, nvm_opcode::WRITE_ZEROES];
 
-/// Checks `sqe` for `tenant`; returns the bytes its data pointer must
-/// cover (0: no data, PRPs unused).
+/// What a checked entry needs: the bytes its data pointer must cover (0:
+/// no data, PRPs unused) and its SLBA on the namespace (the tenant's SLBA
+/// moved by the partition's first LBA; `None` for Flush).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checked {
+    /// Bytes moved.
+    pub bytes: u64,
+    /// SLBA for the controller's copy.
+    pub slba: Option<u64>,
+}
+
+/// Checks `sqe` for `tenant`.
 ///
 /// # Errors
 ///
 /// [`Refusal::Opcode`], [`Refusal::Shape`], [`Refusal::Nsid`],
 /// [`Refusal::Lba`], [`Refusal::TooLong`].
-pub fn check(sqe: &Sqe, tenant: &Tenant) -> Result<u64, Refusal> {
+pub fn check(sqe: &Sqe, tenant: &Tenant) -> Result<Checked, Refusal> {
     let opcode = sqe.opcode();
     if !ALLOWED.contains(&opcode) {
         return Err(Refusal::Opcode { opcode });
@@ -47,22 +57,20 @@ pub fn check(sqe: &Sqe, tenant: &Tenant) -> Result<u64, Refusal> {
         return Err(Refusal::Nsid { nsid: sqe.nsid, expected: tenant.nsid });
     }
     if opcode == nvm_opcode::FLUSH {
-        return Ok(0);
+        return Ok(Checked { bytes: 0, slba: None });
     }
     let slba = u64::from(sqe.cdw10) | (u64::from(sqe.cdw11) << 32);
     let blocks = u64::from(sqe.cdw12 & 0xffff) + 1;
     let p = tenant.partition;
-    if !p.contains(slba, blocks) {
-        return Err(Refusal::Lba { slba, blocks, first: p.first, len: p.blocks });
-    }
+    let moved = p.translate(slba, blocks).ok_or(Refusal::Lba { slba, blocks, len: p.blocks })?;
     if opcode == nvm_opcode::WRITE_ZEROES {
-        return Ok(0);
+        return Ok(Checked { bytes: 0, slba: Some(moved) });
     }
     let bytes = blocks * tenant.block_size;
     if bytes > tenant.max_transfer {
         return Err(Refusal::TooLong { bytes, max: tenant.max_transfer });
     }
-    Ok(bytes)
+    Ok(Checked { bytes, slba: Some(moved) })
 }
 
 #[cfg(test)]
@@ -89,13 +97,15 @@ mod tests {
     #[test]
     fn only_allowed_opcodes_in_the_partition_pass() {
         let t = tenant();
-        assert_eq!(check(&rw(nvm_opcode::READ, 16, 2), &t), Ok(8192));
-        assert_eq!(check(&rw(nvm_opcode::WRITE, 31, 1), &t), Ok(4096));
-        assert_eq!(check(&rw(nvm_opcode::WRITE_ZEROES, 16, 16), &t), Ok(0));
-        assert_eq!(check(&Sqe::new(nvm_opcode::FLUSH, 1), &t), Ok(0));
+        // The tenant's LBAs 0..16 are the namespace's 16..32.
+        let ok = |bytes, slba| Ok(Checked { bytes, slba });
+        assert_eq!(check(&rw(nvm_opcode::READ, 0, 2), &t), ok(8192, Some(16)));
+        assert_eq!(check(&rw(nvm_opcode::WRITE, 15, 1), &t), ok(4096, Some(31)));
+        assert_eq!(check(&rw(nvm_opcode::WRITE_ZEROES, 0, 16), &t), ok(0, Some(16)));
+        assert_eq!(check(&Sqe::new(nvm_opcode::FLUSH, 1), &t), ok(0, None));
         for (s, what) in [
-            (rw(nvm_opcode::READ, 15, 1), "before"),
-            (rw(nvm_opcode::WRITE, 31, 2), "past the end"),
+            (rw(nvm_opcode::READ, 16, 1), "past the end"),
+            (rw(nvm_opcode::WRITE, 15, 2), "across the end"),
             (rw(nvm_opcode::WRITE_ZEROES, 0, 64), "write zeroes"),
             (rw(nvm_opcode::READ, u64::MAX, 2), "wrapping"),
         ] {
