@@ -48,12 +48,13 @@ pub fn tuttid_binary(explicit: Option<&Path>) -> Result<PathBuf, String> {
 }
 
 /// The daemon's YAML: every drive of `drives` (name, runtime drive config),
-/// usable by `uid`, up to `queues_per_client` queue pairs per client.
+/// usable by `uid`, up to `queues_per_client` queue pairs per client, with
+/// mediated submission when `mediated` (docs/tuttid.md).
 pub fn daemon_yaml(
     socket: &Path,
     drives: &[(String, DriveConfig)],
     uid: u32,
-    queues_per_client: u16,
+    (queues_per_client, mediated): (u16, bool),
 ) -> Result<String, String> {
     let mut s = format!("socket: {}\nsocket_mode: \"0600\"\ndrives:\n", socket.display());
     for (name, d) in drives {
@@ -63,6 +64,9 @@ pub fn daemon_yaml(
         s.push_str(&format!(
             "  {name}:\n    device: {device}\n    allow: {{ uids: [{uid}] }}\n    queues_per_client: {queues_per_client}\n"
         ));
+        if mediated {
+            s.push_str("    mediated: true\n");
+        }
     }
     Ok(s)
 }
@@ -84,13 +88,14 @@ impl DaemonChild {
         binary: &Path,
         drives: &[(String, DriveConfig)],
         queues_per_client: u16,
+        mediated: bool,
     ) -> Result<Self, String> {
         let dir = std::env::temp_dir().join(format!("tutti-bench-tuttid-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let socket = dir.join("tuttid.sock");
         let uid = std::fs::metadata("/proc/self").map_err(|e| format!("/proc/self: {e}"))?.uid();
         let config = dir.join("tuttid.yaml");
-        let yaml = daemon_yaml(&socket, drives, uid, queues_per_client)?;
+        let yaml = daemon_yaml(&socket, drives, uid, (queues_per_client, mediated))?;
         std::fs::write(&config, yaml).map_err(|e| format!("{}: {e}", config.display()))?;
         let mut child = Command::new(binary)
             .args(["serve", "--config"])
@@ -135,7 +140,9 @@ mod tests {
             );
         }
         assert_eq!(client.datapaths, cfg.datapaths, "only the drives change");
-        let yaml = daemon_yaml(sock, &drives, 1000, 2).unwrap();
+        assert!(daemon_yaml(sock, &drives, 1000, (2, true)).unwrap().contains("    mediated: true\n"));
+        let yaml = daemon_yaml(sock, &drives, 1000, (2, false)).unwrap();
+        assert!(!yaml.contains("mediated"), "{yaml}");
         assert!(yaml.starts_with("socket: /tmp/x/tuttid.sock\n"), "{yaml}");
         assert!(yaml.contains("  d1:\n    device: {\"emulated\":"), "{yaml}");
         assert_eq!(yaml.matches("allow: { uids: [1000] }").count(), 2, "{yaml}");

@@ -78,6 +78,10 @@ pub struct StripeArgs {
     /// 1..=20); the medians are compared.
     #[arg(long, default_value_t = 1, requires = "daemon", value_parser = clap::value_parser!(u32).range(1..=20))]
     pub repeat: u32,
+    /// With `--daemon`: the daemon's drives use mediated submission (every
+    /// SQE checked and copied by the daemon; docs/tuttid.md).
+    #[arg(long, requires = "daemon")]
+    pub mediated: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -341,7 +345,7 @@ fn stripe_compare(a: &StripeArgs, stop: &Stop) -> Result<Ended, String> {
     let one = stripe_config(a, 1, req);
     let drive = one.drives.values().next().cloned().ok_or("no drive in the stripe config")?;
     let drives: Vec<_> = (0..a.max_drives).map(|i| (format!("d{i}"), drive.clone())).collect();
-    let daemon = crate::daemon::DaemonChild::start(&binary, &drives, 8)?;
+    let daemon = crate::daemon::DaemonChild::start(&binary, &drives, 8, a.mediated)?;
     let mut points = Vec::new();
     for n in 1..=a.max_drives as usize {
         let mut runs: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
@@ -373,12 +377,13 @@ fn stripe_compare(a: &StripeArgs, stop: &Stop) -> Result<Ended, String> {
         return Ok(Ended::Complete);
     }
     println!(
-        "striped {}, {} KiB requests, 2 batches of {} in flight, data in shared memory, timing model {} MB/s + {} us per drive; runtime owning the drives vs tuttid client, same run, medians of {} run(s) each:",
+        "striped {}, {} KiB requests, 2 batches of {} in flight, data in shared memory, timing model {} MB/s + {} us per drive; runtime owning the drives vs tuttid client{}, same run, medians of {} run(s) each:",
         if a.write { "writes" } else { "reads" },
         a.request_kib,
         a.batch,
         a.drive_mb_s,
         a.latency_us,
+        if a.mediated { " (mediated submission)" } else { "" },
         a.repeat
     );
     for p in &points {
