@@ -13,6 +13,10 @@
 //!     device: { emulated: { namespaces: [ { capacity: 256MiB, block_size: 4096 } ], io_queues: 32 } }
 //!     allow: { uids: [1000], gids: [1001] }
 //!     queues_per_client: 4
+//!   n0:
+//!     device: { pci: { addr: "0000:01:00.0" } }   # mediated submission by default
+//!     allow: { uids: [1000, 1001] }
+//!     partitions: [ { uids: [1000], first_lba: 0, blocks: 1048576 }, { uids: [1001], first_lba: 1048576, blocks: 1048576 } ]
 //! ```
 
 use std::collections::BTreeMap;

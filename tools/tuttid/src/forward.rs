@@ -30,6 +30,12 @@
 //! is mapped writable in the client too: a client that forges completions
 //! in its own CQ can still mislead the SQ head bound (docs/tuttid.md).
 //!
+//! Mediated queue pairs ([`Forwarder::attach_mediated`], the default on
+//! `pci` drives) go further: the forwarder also checks and copies each SQE
+//! from the client's shadow SQ into the controller's SQ and copies each
+//! completion into the client's CQ ([`crate::mediate`]); their doorbell
+//! values are the controller's own indices, written by the daemon.
+//!
 //! Cost: while any shadow word changed within the last [`SPIN_FOR`] (the
 //! drive's `forward_spin_us`), the
 //! thread polls without sleeping (one core, yielding to other runnable
