@@ -392,6 +392,13 @@ mod tests {
     /// A queue of 4 entries, a client registration of 4 pages at DATA, and
     /// Mmio views of its four rings (client SQ, client CQ, real SQ, real CQ).
     fn queue() -> (MediatedQueue, [Mmio; 4]) {
+        let (q, views, _) = queue_with_memory();
+        (q, views)
+    }
+
+    /// As [`queue`], with views of the client's registration and of the
+    /// daemon's list pages.
+    fn queue_with_memory() -> (MediatedQueue, [Mmio; 4], [Mmio; 2]) {
         let mem = QueueMemory {
             client_sq: mapped(PAGE),
             client_cq: mapped(PAGE),
@@ -402,11 +409,14 @@ mod tests {
             pages_per_slot: 1,
         };
         let regions = Arc::new(Regions::default());
-        regions.insert(DATA, mapped(4 * PAGE));
+        let client = mapped(4 * PAGE);
+        regions.insert(DATA, client.clone());
         let tenant =
             Tenant { nsid: 1, partition: Partition::whole(1024), block_size: 4096, max_transfer: 1 << 20 };
         let views = [&mem.client_sq, &mem.client_cq, &mem.real_sq, &mem.real_cq].map(mmio);
-        (MediatedQueue::new((3, E, PAGE as u64), tenant, regions, mem).unwrap(), views)
+        let extra = [mmio(&client), mmio(&mem.lists)];
+        // The registration stays mapped: `regions` (in the queue) holds it.
+        (MediatedQueue::new((3, E, PAGE as u64), tenant, regions, mem).unwrap(), views, extra)
     }
 
     fn put_sqe(ring: &Mmio, i: u32, sqe: &Sqe) {
@@ -484,5 +494,93 @@ mod tests {
         assert!(matches!(q.pass(E, 0), Err(Violation::SqTail { .. })));
         assert!(matches!(q.pass(0, 1), Err(Violation::CqHead { .. })), "nothing posted");
         assert!(matches!(q.pass(0, E), Err(Violation::CqHead { .. })));
+    }
+
+    /// A PRP-ish value: inside the registration (page aligned or not),
+    /// just past it, in the daemon's list pages, or anything.
+    fn pointer() -> impl proptest::strategy::Strategy<Value = u64> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0u64..4, 0u64..4096).prop_map(|(p, o)| DATA + p * 4096 + (o & !3)),
+            (0u64..4).prop_map(|p| DATA + p * 4096),
+            Just(DATA + 4 * 4096),
+            (0u64..3).prop_map(|p| LISTS + p * 4096),
+            any::<u64>(),
+        ]
+    }
+
+    /// Mostly allowed opcodes, sometimes anything.
+    fn opcode() -> impl proptest::strategy::Strategy<Value = u8> {
+        use proptest::prelude::*;
+        prop_oneof![3 => 0u8..3, 1 => Just(8u8), 1 => any::<u8>()]
+    }
+
+    /// Mostly the served namespace.
+    fn nsid() -> impl proptest::strategy::Strategy<Value = u32> {
+        use proptest::prelude::*;
+        prop_oneof![3 => Just(1u32), 1 => any::<u32>()]
+    }
+
+    /// CDW0 bits past OPC: mostly a CID alone, sometimes FUSE/PSDT set.
+    fn cdw0_high() -> impl proptest::strategy::Strategy<Value = u32> {
+        use proptest::prelude::*;
+        prop_oneof![3 => any::<u16>().prop_map(|c| u32::from(c) << 16), 1 => any::<u32>()]
+    }
+
+    /// Whether `addr .. addr + len` lies inside the client's registration.
+    fn owned(addr: u64, len: u64) -> bool {
+        addr >= DATA && addr.checked_add(len).is_some_and(|e| e <= DATA + 4 * 4096)
+    }
+
+    proptest::proptest! {
+        /// Whatever a client writes (SQEs, PRP list bytes, shadow words),
+        /// nothing panics, and every entry the controller gets has PRPs
+        /// (and, for a list, every entry of the daemon's copy) inside the
+        /// client's own registration.
+        #[test]
+        fn client_input_never_panics_nor_escapes_the_registration(
+            sqes in proptest::collection::vec((opcode(), nsid(), 0u32..40, pointer(), pointer(), cdw0_high()), 1..4),
+            list in proptest::collection::vec(pointer(), 512),
+            list_at in 0usize..4,
+            words in (0u32..6, 0u32..6),
+        ) {
+            let (mut q, [csq, _ccq, rsq, _rcq], [client, lists]) = queue_with_memory();
+            for (i, e) in list.iter().enumerate() {
+                client.write64(list_at * PAGE + (i % 512) * 8, *e).unwrap();
+            }
+            for (i, (opc, nsid, nlb, prp1, prp2, cdw0_hi)) in sqes.iter().enumerate() {
+                let mut s = Sqe::new(*opc, *nsid);
+                s.cdw0 |= cdw0_hi & 0xffff_c300; // CID, PSDT, FUSE bits
+                (s.prp1, s.prp2, s.cdw12) = (*prp1, *prp2, *nlb);
+                put_sqe(&csq, i as u32, &s);
+            }
+            let n = sqes.len() as u32;
+            let _ = q.pass(words.0, words.1);
+            let p = match q.pass(n, 0) {
+                Ok(p) => p,
+                Err(_) => return Ok(()),
+            };
+            for i in 0..p.forwarded as u32 {
+                let s = sqe_at(&rsq, i);
+                let bytes = (u64::from(s.cdw12 & 0xffff) + 1) * 4096;
+                if matches!(s.opcode(), 0x00 | 0x08) {
+                    proptest::prop_assert_eq!((s.prp1, s.prp2), (0, 0));
+                    continue;
+                }
+                let first = bytes.min(4096 - s.prp1 % 4096);
+                proptest::prop_assert!(owned(s.prp1, first), "PRP1 {:#x}", s.prp1);
+                let rest = bytes - first;
+                if rest > 4096 {
+                    let slot = u64::from(s.cid());
+                    proptest::prop_assert_eq!(s.prp2, LISTS + slot * 4096);
+                    for k in 0..rest.div_ceil(4096) as usize {
+                        let e = lists.read64(slot as usize * PAGE + k * 8).unwrap();
+                        proptest::prop_assert!(owned(e, 4096.min(rest - k as u64 * 4096)) && e.is_multiple_of(4096));
+                    }
+                } else if rest > 0 {
+                    proptest::prop_assert!(owned(s.prp2, rest) && s.prp2.is_multiple_of(4096), "PRP2 {:#x}", s.prp2);
+                }
+            }
+        }
     }
 }
