@@ -17,7 +17,9 @@
 #   soak       tutti-bench gpu-soak (full sweep), then --short with every CUDA
 #              stream on one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1)
 #   sanitizer  compute-sanitizer memcheck, racecheck, synccheck on
-#              tutti-bench gpu-soak --short --time-scale 10 (170 s each at most)
+#              tutti-bench gpu-soak --short --time-scale 10 --one-in-flight
+#              (170 s each at most; the tools serialise GPU work, so cells
+#              with several batches in flight cannot pass under them)
 #   ttft       crates/python/bench/ttft.py at 8,192, 16,384 and 32,768 tokens
 #   bench      the headline benchmarks: stripe --gpu (default batch), replay
 #              GPU and CPU (default workload, and the Mooncake trace when
@@ -127,7 +129,7 @@ stage_sanitizer() {
     local B=$1 L=$2 rc=0
     for tool in ${GATE_SANITIZERS:-memcheck racecheck synccheck}; do
         timeout 170 compute-sanitizer --tool "$tool" --error-exitcode 9 "$B/tutti-bench" gpu-soak --short \
-            --time-scale 10 >"$L/sanitizer-$tool.log" 2>&1 || rc=1
+            --time-scale 10 --one-in-flight >"$L/sanitizer-$tool.log" 2>&1 || rc=1
         echo "$tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^gpu-soak:" "$L/sanitizer-$tool.log" | tr '\n' ' ')"
     done
     return $rc

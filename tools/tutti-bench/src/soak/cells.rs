@@ -79,9 +79,18 @@ pub struct Cell {
     pub pair: bool,
     /// An injected fault, if any.
     pub fault: Option<Fault>,
+    /// `mixed`: the round's puts are waited on before its gets are issued
+    /// (`--one-in-flight`), instead of both in flight together.
+    pub serial: bool,
 }
 
 impl Cell {
+    /// The same cell with one batch in flight and as many more rounds, so
+    /// that the same objects move (`gpu-soak --one-in-flight`).
+    pub fn one_in_flight(self) -> Self {
+        Self { rounds: self.rounds * self.inflight, inflight: 1, serial: true, ..self }
+    }
+
     /// The cell's name, made of its parameters:
     /// `[fault-KIND-]MIX-bBATCHxINFLIGHT-SIZE[-odd]-dDRIVES[sUNIT]-qQUEUESxDEPTH[-pair]`.
     pub fn name(&self) -> String {
@@ -182,6 +191,7 @@ const fn c(
         queue_depth,
         pair: false,
         fault: None,
+        serial: false,
     }
 }
 

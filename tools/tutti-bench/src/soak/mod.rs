@@ -78,6 +78,13 @@ pub struct SoakArgs {
     /// Write every cell's result and the summary to this JSON file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Every cell with one batch in flight (its rounds multiplied by its
+    /// batches in flight, so the same objects move). For compute-sanitizer,
+    /// which serialises GPU work: there a launch or copy queued while an
+    /// I/O kernel runs can wait for that kernel, which waits for the
+    /// emulator's copies (docs/gpu.md, "The GPU soak suite").
+    #[arg(long)]
+    pub one_in_flight: bool,
     /// Multiply every deadline and bound, and the runtime's GPU command
     /// budget, by this (1 to 10): e.g. 10 under compute-sanitizer, which
     /// runs kernels far slower.
@@ -139,7 +146,10 @@ impl Settings {
 /// The cells `a` selects.
 fn selected(a: &SoakArgs) -> Vec<cells::Cell> {
     let all = if a.short { cells::short() } else { cells::full() };
-    all.into_iter().filter(|c| a.filter.as_ref().is_none_or(|f| c.name().contains(f.as_str()))).collect()
+    all.into_iter()
+        .filter(|c| a.filter.as_ref().is_none_or(|f| c.name().contains(f.as_str())))
+        .map(|c| if a.one_in_flight { c.one_in_flight() } else { c })
+        .collect()
 }
 
 /// Who executes a cell's lanes, in words.

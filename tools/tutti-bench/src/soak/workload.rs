@@ -58,6 +58,32 @@ pub fn run(ctx: &Ctx<'_>, lane: &mut Lane, t: &mut Tally) -> Result<(), CellErro
     Ok(())
 }
 
+/// [`mixed_round`] with one batch in flight at a time: the round's puts,
+/// waited on, then its gets.
+fn mixed_round_serial(
+    ctx: &Ctx<'_>,
+    lane: &mut Lane,
+    t: &mut Tally,
+    (puts, gets): (&[Vec<u64>], &[Vec<(u64, usize)>]),
+    (smem, dmem): (&tutti_kv::KvMemory, &tutti_kv::KvMemory),
+) -> Result<(), CellError> {
+    for (i, b) in puts.iter().enumerate() {
+        let pp = issue_puts(ctx, lane, smem, std::slice::from_ref(b))?;
+        for pp in pp {
+            let st = wait_put(ctx, lane, t, i, pp, normal(ctx))?;
+            judge_puts(t, i, b, &st, &|_| Want::Ok);
+        }
+    }
+    let mut good = Vec::new();
+    for (i, b) in gets.iter().enumerate() {
+        for pg in issue_gets(ctx, lane, dmem, std::slice::from_ref(b))? {
+            let st = wait_get(ctx, lane, t, i, pg, normal(ctx))?;
+            judge_gets(t, i, b, &st, &hit(ctx), &mut good);
+        }
+    }
+    compare(ctx, lane, t, &good)
+}
+
 /// Puts the old keys (`0..plan.old`) in batches of [`PREFILL_BATCH`], one
 /// at a time, in key order (so that on a fresh store key `k` is in slot
 /// `k`).
@@ -93,6 +119,9 @@ fn mixed_round(ctx: &Ctx<'_>, lane: &mut Lane, t: &mut Tally, r: u64) -> Result<
     let gets = get_batches(&olds, c.batch);
     ctx.call(lane.index, &|| "zeroing the destinations".to_owned(), || lane.dst.zero())?;
     let (smem, dmem) = (*lane.src.mem(), *lane.dst.mem());
+    if c.serial {
+        return mixed_round_serial(ctx, lane, t, (&puts, &gets), (&smem, &dmem));
+    }
     let (put_pending, get_pending) = if r.is_multiple_of(2) {
         let pp = issue_puts(ctx, lane, &smem, &puts)?;
         (pp, issue_gets(ctx, lane, &dmem, &gets)?)
