@@ -64,7 +64,8 @@ fn mixed_round_serial(
     ctx: &Ctx<'_>,
     lane: &mut Lane,
     t: &mut Tally,
-    (puts, gets): (&[Vec<u64>], &[Vec<(u64, usize)>]),
+    puts: &[Vec<u64>],
+    gets: &[Vec<(u64, usize)>],
     (smem, dmem): (&tutti_kv::KvMemory, &tutti_kv::KvMemory),
 ) -> Result<(), CellError> {
     for (i, b) in puts.iter().enumerate() {
@@ -120,7 +121,7 @@ fn mixed_round(ctx: &Ctx<'_>, lane: &mut Lane, t: &mut Tally, r: u64) -> Result<
     ctx.call(lane.index, &|| "zeroing the destinations".to_owned(), || lane.dst.zero())?;
     let (smem, dmem) = (*lane.src.mem(), *lane.dst.mem());
     if c.serial {
-        return mixed_round_serial(ctx, lane, t, (&puts, &gets), (&smem, &dmem));
+        return mixed_round_serial(ctx, lane, t, &puts, &gets, (&smem, &dmem));
     }
     let (put_pending, get_pending) = if r.is_multiple_of(2) {
         let pp = issue_puts(ctx, lane, &smem, &puts)?;
