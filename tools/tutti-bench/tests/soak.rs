@@ -77,3 +77,20 @@ fn gpu_execution_without_a_gpu_is_refused_with_status_2() {
     }
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn one_in_flight_runs_every_short_cell_one_batch_at_a_time_with_as_many_objects() {
+    let usual = text(&bench(&["gpu-soak", "--short", "--list"]).stdout);
+    let o = bench(&["gpu-soak", "--short", "--execution", "cpu", "--one-in-flight"]);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    let cells: Vec<&str> = out.lines().filter(|l| l.starts_with("cell ")).collect();
+    assert_eq!(cells.len(), usual.lines().count(), "{out}");
+    for c in &cells {
+        assert!(c.contains(" x1 in flight x") && c.contains(": ok |"), "{c}");
+    }
+    // Two put batches of 8 in flight for 2 rounds became 4 rounds of one.
+    let put = cells.iter().find(|c| c.contains("put-b8x1-64k-odd")).expect("the put cell");
+    assert!(put.contains("batch 8 x1 in flight x4 rounds"), "{put}");
+    assert!(summary(&out).contains(" 0 failed, 0 hung,"), "{out}");
+}
