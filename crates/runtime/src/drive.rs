@@ -366,7 +366,8 @@ impl Drive {
         gpu: Option<&Gpu>,
     ) -> Result<Self, Error> {
         let derr = |source| Error::Daemon { drive: name.to_owned(), source };
-        let client = tuttid_proto::Client::connect(&dc.socket).map_err(|e| derr(e.into()))?;
+        let trust = dc.daemon_uid.map_or(tuttid_proto::DaemonUid::RootOrSelf, tuttid_proto::DaemonUid::Is);
+        let client = tuttid_proto::Client::connect_trusting(&dc.socket, trust).map_err(|e| derr(e.into()))?;
         let dev = DaemonDevice::open(client, &dc.drive).map_err(derr)?;
         let f = dev.facts().clone();
         let ns = NamespaceInfo { nsid: f.nsid, block_size: f.block_size, blocks: f.blocks };

@@ -18,6 +18,41 @@ use crate::PROTOCOL_VERSION;
 /// which the daemon counts as gone.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Which user the client trusts to serve the daemon's socket: it sends the
+/// daemon memfds of its memory, so an impostor at the path (another user's
+/// process bound there while the daemon was down) must get nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DaemonUid {
+    /// Root, or the client's own effective uid (a process of the same user
+    /// can read the client's memory anyway). The default.
+    #[default]
+    RootOrSelf,
+    /// Exactly this uid.
+    Is(u32),
+}
+
+impl DaemonUid {
+    /// Checks the peer of `sock` (SO_PEERCRED, taken by the kernel at
+    /// `connect`).
+    fn check(self, sock: &UnixStream, socket: &str) -> Result<(), ClientError> {
+        let cred = rustix::net::sockopt::socket_peercred(sock).map_err(|e| ClientError::Os {
+            op: "reading the daemon's credentials (SO_PEERCRED)",
+            source: e.into(),
+        })?;
+        let uid = cred.uid.as_raw();
+        let me = rustix::process::geteuid().as_raw();
+        let (ok, expected) = match self {
+            Self::RootOrSelf => (uid == 0 || uid == me, format!("root or uid {me}")),
+            Self::Is(want) => (uid == want, format!("uid {want}")),
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(ClientError::Impostor { socket: socket.to_owned(), uid, expected })
+        }
+    }
+}
+
 /// A connection to `tuttid`. The connection is the lease: dropping the
 /// client (or the process dying) makes the daemon reclaim every queue and
 /// memory registration it made.
@@ -40,7 +75,18 @@ impl Client {
     /// [`ClientError::Refused`] (rule `protocol-version`) from a daemon of
     /// another version.
     pub fn connect(socket: impl AsRef<Path>) -> Result<Arc<Self>, ClientError> {
-        Self::connect_with_version(socket, PROTOCOL_VERSION)
+        Self::connect_with(socket, PROTOCOL_VERSION, DaemonUid::RootOrSelf)
+    }
+
+    /// As [`Client::connect`], trusting only a daemon that runs as
+    /// `daemon` (checked with SO_PEERCRED before anything is sent).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Impostor`] when the socket's process runs as another
+    /// user; otherwise as [`Client::connect`].
+    pub fn connect_trusting(socket: impl AsRef<Path>, daemon: DaemonUid) -> Result<Arc<Self>, ClientError> {
+        Self::connect_with(socket, PROTOCOL_VERSION, daemon)
     }
 
     /// As [`Client::connect`], announcing `version` (for testing the
@@ -50,12 +96,21 @@ impl Client {
     ///
     /// As [`Client::connect`].
     pub fn connect_with_version(socket: impl AsRef<Path>, version: u32) -> Result<Arc<Self>, ClientError> {
+        Self::connect_with(socket, version, DaemonUid::RootOrSelf)
+    }
+
+    fn connect_with(
+        socket: impl AsRef<Path>,
+        version: u32,
+        daemon: DaemonUid,
+    ) -> Result<Arc<Self>, ClientError> {
         let path = socket.as_ref().display().to_string();
         let sock = UnixStream::connect(socket.as_ref()).map_err(|source| ClientError::Disconnected {
             socket: path.clone(),
             during: "connect",
             source,
         })?;
+        daemon.check(&sock, &path)?;
         sock.set_read_timeout(Some(REPLY_TIMEOUT)).map_err(|source| ClientError::Disconnected {
             socket: path.clone(),
             during: "connect",

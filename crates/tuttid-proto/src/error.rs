@@ -191,6 +191,20 @@ pub enum ClientError {
         /// The reply's kind.
         got: &'static str,
     },
+    /// The process serving the socket runs as a user the client does not
+    /// trust with its memory (not the configured daemon uid; by default
+    /// neither root nor the client's own uid): nothing was sent to it.
+    #[error(
+        "the process serving {socket} runs as uid {uid}, not {expected}: refusing to send it anything (an impostor at the daemon's path?)"
+    )]
+    Impostor {
+        /// The socket path.
+        socket: String,
+        /// The peer's uid (SO_PEERCRED).
+        uid: u32,
+        /// Who was expected, in words.
+        expected: String,
+    },
     /// Local setup failed (memfd, mmap).
     #[error("{op} failed")]
     Os {

@@ -31,7 +31,7 @@ pub mod frame;
 pub mod message;
 pub mod shm;
 
-pub use client::Client;
+pub use client::{Client, DaemonUid};
 pub use device::{DaemonDevice, DaemonDriveError};
 pub use error::{ClientError, DecodeError, Rule};
 pub use frame::{MAX_FDS, MAX_FRAME};

@@ -75,7 +75,11 @@ pub fn daemon_yaml(
 /// daemon listening on `socket`.
 pub fn as_client(mut cfg: Config, socket: &Path) -> Config {
     for (name, d) in cfg.drives.iter_mut() {
-        *d = DriveConfig::Daemon(DaemonDriveConfig { socket: socket.to_owned(), drive: name.clone() });
+        *d = DriveConfig::Daemon(DaemonDriveConfig {
+            socket: socket.to_owned(),
+            drive: name.clone(),
+            daemon_uid: None,
+        });
     }
     cfg
 }
@@ -136,7 +140,11 @@ mod tests {
         for (name, d) in &client.drives {
             assert_eq!(
                 d,
-                &DriveConfig::Daemon(DaemonDriveConfig { socket: sock.to_owned(), drive: name.clone() })
+                &DriveConfig::Daemon(DaemonDriveConfig {
+                    socket: sock.to_owned(),
+                    drive: name.clone(),
+                    daemon_uid: None
+                })
             );
         }
         assert_eq!(client.datapaths, cfg.datapaths, "only the drives change");

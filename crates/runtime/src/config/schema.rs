@@ -28,7 +28,8 @@ pub enum DriveConfig {
 
 /// A drive that `tuttid` owns, used through queue pairs it grants.
 ///
-/// YAML: `{ daemon: { socket: /run/tutti.sock, drive: d0 } }`. The
+/// YAML: `{ daemon: { socket: /run/tutti.sock, drive: d0 } }` (and
+/// optionally `daemon_uid: 0`). The
 /// namespace, MQES, MDTS and the number of queue pairs this client may
 /// hold come from the daemon at start. Memory registered for I/O must be
 /// shared memory (`tutti::SharedMemory`); any other memory is refused.
@@ -39,6 +40,12 @@ pub struct DaemonDriveConfig {
     pub socket: PathBuf,
     /// The drive's name in the daemon's config.
     pub drive: String,
+    /// The uid the daemon must run as (checked with SO_PEERCRED before the
+    /// runtime sends it anything, memfds of its memory included). Default:
+    /// root or the client's own uid; a socket served by anyone else is
+    /// refused as an impostor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemon_uid: Option<u32>,
 }
 
 /// A PCI NVMe function driven through vfio-pci (`nvme-pci`).
