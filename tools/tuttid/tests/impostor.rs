@@ -21,6 +21,7 @@ fn a_daemon_drive_refuses_a_socket_served_by_another_uid_and_accepts_the_configu
     assert!(chain.contains("impostor") && chain.contains(&format!("not uid {other}")), "{chain}");
     // Pinned to the uid it really runs as: accepted.
     let right = client_yaml(&d.socket).replace(", drive: d", &format!(", daemon_uid: {me}, drive: d"));
-    let rt = tutti::Runtime::from_config(tutti::Config::from_yaml_str(&right).unwrap()).expect("the right uid");
+    let rt =
+        tutti::Runtime::from_config(tutti::Config::from_yaml_str(&right).unwrap()).expect("the right uid");
     drop(rt);
 }
