@@ -147,6 +147,10 @@ impl Server {
         let now = Instant::now();
         let row = Row { peer, connected: now, last: now, queues: Vec::new(), memory_bytes: 0 };
         lock(&self.clients).insert(id, row);
+        // Declared before the session, so dropped after it: on every way
+        // out of this thread (a panic too) the session reclaims first, then
+        // the connection leaves the table and its uid's count.
+        let _departure = Departure { server: &self, id, uid: peer.uid };
         tracing::info!(pid = peer.pid, uid = peer.uid, gid = peer.gid, "client connected");
         let domain = domain_of(id);
         // A doorbell rule broken on a forwarded drive ends the lease: the
@@ -155,11 +159,7 @@ impl Server {
             Ok(s) => crate::forward::LeaseEnd(Arc::new(move || {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             })),
-            Err(_) => {
-                self.accounts.disconnect(peer.uid);
-                lock(&self.clients).remove(&id);
-                return;
-            }
+            Err(_) => return,
         };
         let mut session = Session::new(
             peer,
@@ -170,10 +170,7 @@ impl Server {
         );
         let why = self.serve_loop(&sock, &mut session, id, status_only);
         tracing::info!(pid = peer.pid, reason = why, "client gone: reclaiming");
-        lock(&self.clients).remove(&id);
         session.reclaim();
-        self.accounts.disconnect(peer.uid);
-        self.reclaimed.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Requests until the connection ends; returns why it ended.
@@ -340,6 +337,23 @@ fn bind_in(
     std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(mode)).map_err(|e| ("chmod of", e))?;
     std::fs::rename(tmp, path).map_err(|e| ("renaming the bound socket to", e))?;
     Ok(l)
+}
+
+/// A served connection's bookkeeping, undone when its thread ends
+/// (normally or by a panic): out of the clients table, its uid's
+/// connection count given back, the reclaim counted.
+struct Departure<'a> {
+    server: &'a Server,
+    id: u64,
+    uid: u32,
+}
+
+impl Drop for Departure<'_> {
+    fn drop(&mut self) {
+        lock(&self.server.clients).remove(&self.id);
+        self.server.accounts.disconnect(self.uid);
+        self.server.reclaimed.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 #[cfg(test)]

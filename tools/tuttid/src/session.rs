@@ -277,12 +277,20 @@ impl Session {
         }
     }
 
-    /// Reclaims everything: every SQ deleted (the controller aborts what it
-    /// had fetched), then every CQ, then the rings and the client's memory
-    /// unmapped, and the qids returned to the pool. A queue whose deletion
-    /// failed is quarantined, and with it all the client's memory on that
-    /// drive stays mapped (the drive might still DMA into it).
-    pub fn reclaim(mut self) {
+    /// Reclaims everything now (the same as dropping the session, which
+    /// does it on every path out of a connection thread, a panic
+    /// included).
+    pub fn reclaim(self) {
+        drop(self);
+    }
+
+    /// Every SQ deleted (the controller aborts what it had fetched), then
+    /// every CQ, then the rings and the client's memory unmapped, and the
+    /// qids returned to the pool. A queue whose deletion failed is
+    /// quarantined, and with it all the client's memory on that drive stays
+    /// mapped (the drive might still DMA into it). Idempotent: what it
+    /// reclaimed is gone from the session.
+    fn reclaim_all(&mut self) {
         let queues = std::mem::take(&mut self.queues);
         let sq_ok: Vec<bool> = queues.iter().map(|(d, r)| self.drives[*d].delete_sq(r.qid)).collect();
         let mut bad_drives = Vec::new();
@@ -304,5 +312,74 @@ impl Session {
                 self.unmap(r);
             }
         }
+    }
+}
+
+impl Drop for Session {
+    /// Reclaims in the order that keeps the drive out of freed memory (SQ
+    /// delete, CQ delete, unmap, free), also when the connection thread
+    /// unwinds from a panic: before, reclaim was an explicit call at the
+    /// thread's end, and a panic dropped the rings and registrations while
+    /// the controller still had their SQs.
+    fn drop(&mut self) {
+        self.reclaim_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::panic::AssertUnwindSafe;
+
+    use tuttid_proto::SharedMemory;
+
+    use super::*;
+    use crate::accounts::Limits;
+    use crate::config::DaemonConfig;
+
+    #[test]
+    fn a_panicking_connection_thread_still_reclaims_queues_then_memory() {
+        let uid = rustix::process::getuid().as_raw();
+        let yaml = format!(
+            "socket: /nonexistent/t.sock\ndrives:\n  d0:\n    device: {{ emulated: {{ namespaces: [ {{ capacity: 8MiB, block_size: 4096 }} ], io_queues: 8 }} }}\n    allow: {{ uids: [{uid}] }}\n    queues_per_client: 4\n"
+        );
+        let cfg = DaemonConfig::from_yaml(&yaml).unwrap();
+        let drives = Arc::new(vec![Drive::start("d0", &cfg.drives["d0"]).unwrap()]);
+        let accounts = Arc::new(Accounts::new(Limits {
+            connections_per_uid: 4,
+            max_connections: 4,
+            registrations_per_uid: 4,
+            memory_per_uid: 16 << 20,
+        }));
+        let free_before = drives[0].status().queues_free;
+        let peer = Peer { pid: 1, uid, gid: rustix::process::getgid().as_raw() };
+        let mut s =
+            Session::new(peer, drives.clone(), (accounts.clone(), LeaseEnd(Arc::new(|| {}))), 3000, 7);
+        s.hello(&Request::Hello { version: PROTOCOL_VERSION }).unwrap();
+        for req in [
+            Request::OpenDrive { drive: "d0".into() },
+            Request::GrantQueue { drive: "d0".into(), entries: 16 },
+        ] {
+            let (r, _) = s.handle(req, Vec::new());
+            assert!(!matches!(r, Response::Refused { .. }), "{r:?}");
+        }
+        let shm = SharedMemory::new(1 << 20).unwrap();
+        let fd = shm.fd().try_clone_to_owned().unwrap();
+        let (r, _) =
+            s.handle(Request::RegisterMemory { drive: "d0".into(), offset: 0, len: 1 << 20 }, vec![fd]);
+        assert!(matches!(r, Response::MemoryRegistered { .. }), "{r:?}");
+        assert_eq!(accounts.queues(uid, 0), 1);
+        assert_eq!(drives[0].status().registrations, 1);
+        assert_eq!(drives[0].status().queues_free, free_before - 1);
+        // A bug in the connection thread: the session goes down with it.
+        let r = std::panic::catch_unwind(AssertUnwindSafe(move || {
+            let _session = s;
+            panic!("a bug in a connection thread");
+        }));
+        assert!(r.is_err());
+        assert_eq!(accounts.queues(uid, 0), 0, "the queue pair was given back");
+        let st = drives[0].status();
+        assert_eq!((st.queues_free, st.registrations, st.quarantined), (free_before, 0, 0), "{st:?}");
+        assert_eq!(st.dma_faults, 0);
+        drop(shm);
     }
 }
