@@ -15,34 +15,16 @@
 //! Locks: the commit queue, then (while leading, with the queue let go)
 //! the index and the staging buffer, one at a time.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::collections::BTreeSet;
+use std::sync::{Mutex, MutexGuard};
 
 use tutti::{Direction, Request};
 
+use crate::committer::PendingPut;
 use crate::error::ItemStatus;
-use crate::format::{Record, RECORD_BYTES};
+use crate::format::RECORD_BYTES;
 use crate::io::run;
 use crate::store::KvStore;
-
-/// A put whose payload is written, waiting for its record: (slot, record
-/// without its generation, which the round assigns).
-pub(crate) type PendingPut = (u32, Record);
-
-#[derive(Debug, Default)]
-struct Queue {
-    next_id: u64,
-    waiting: Vec<(u64, Vec<PendingPut>)>,
-    leading: bool,
-    done: HashMap<u64, Result<(), ItemStatus>>,
-}
-
-/// The group-commit queue of a store.
-#[derive(Debug, Default)]
-pub(crate) struct Committer {
-    q: Mutex<Queue>,
-    cv: Condvar,
-}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

@@ -14,9 +14,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
-use tutti::{MemoryHandle, OpHandle, RequestStatus};
-
-use crate::store::KvStore;
+use tutti::{MemoryHandle, OpHandle};
 
 /// A slot a batch holds.
 #[derive(Debug, Clone, Copy)]
@@ -77,49 +75,28 @@ impl Inflight {
         lock(&self.orphans).push(Orphan { op, held, mems });
     }
 
-    /// Orphans waiting for their commands.
-    pub fn orphans(&self) -> usize {
-        lock(&self.orphans).len()
-    }
-}
-
-impl KvStore {
-    /// The statuses of a batch's operation once final (none for a batch
-    /// that submitted nothing), or `None` while it is in flight; the
-    /// operation is consumed only when final.
-    pub(crate) fn poll_op(&self, op: Option<OpHandle>) -> Result<Option<Vec<RequestStatus>>, tutti::Error> {
-        match op {
-            Some(op) => self.targets.rt.try_wait(op),
-            None => Ok(Some(Vec::new())),
-        }
-    }
-
-    /// Releases what dropped batches held, for those whose commands are
-    /// final.
-    pub(crate) fn reap_orphans(&self) {
-        let orphans = std::mem::take(&mut *lock(&self.inflight.orphans));
+    /// Releases the orphans whose operation `is_final` says is final:
+    /// `release` gets each one's held slots, and its memory is given back.
+    /// The others stay.
+    pub fn reap(&self, mut is_final: impl FnMut(Option<OpHandle>) -> bool, mut release: impl FnMut(&[Held])) {
+        let orphans = std::mem::take(&mut *lock(&self.orphans));
         if orphans.is_empty() {
             return;
         }
         let mut keep = Vec::new();
         for o in orphans {
-            // A stale handle (someone else consumed it) is final too.
-            let done = !matches!(self.poll_op(o.op), Ok(None));
-            if !done {
+            if !is_final(o.op) {
                 keep.push(o);
                 continue;
             }
-            {
-                let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
-                for h in &o.held {
-                    match *h {
-                        Held::Reserved(s) => ix.unreserve(s, false),
-                        Held::Pinned(s) => ix.unpin(s),
-                    }
-                }
-            }
-            self.inflight.give(&o.mems);
+            release(&o.held);
+            self.give(&o.mems);
         }
-        lock(&self.inflight.orphans).extend(keep);
+        lock(&self.orphans).extend(keep);
+    }
+
+    /// Orphans waiting for their commands.
+    pub fn orphans(&self) -> usize {
+        lock(&self.orphans).len()
     }
 }

@@ -51,6 +51,7 @@
 
 mod checksum;
 mod commit;
+mod committer;
 mod error;
 pub mod format;
 mod get;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tutti::{MemoryHandle, OpHandle, Request, RequestStatus};
 
 use crate::checksum::crc32c_all;
-use crate::commit::PendingPut;
+use crate::committer::PendingPut;
 use crate::error::{ItemStatus, KvError};
 use crate::format::Record;
 use crate::inflight::{Held, Inflight};

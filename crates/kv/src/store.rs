@@ -6,13 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use tutti::{Direction, Request, Runtime};
+use tutti::{Direction, OpHandle, Request, RequestStatus, Runtime};
 
-use crate::commit::Committer;
+use crate::committer::Committer;
 use crate::error::{ItemStatus, KvError};
 use crate::format::{Layout, Record, RecordDecode, Superblock, SuperblockError, RECORD_BYTES};
 use crate::index::Index;
-use crate::inflight::Inflight;
+use crate::inflight::{Held, Inflight};
 use crate::io::{run, Targets};
 use crate::key::KeySize;
 use crate::staging::Staging;
@@ -322,5 +322,35 @@ impl Drop for KvStore {
             st.release(&self.targets.rt);
         }
         self.targets.close_all();
+    }
+}
+
+impl KvStore {
+    /// The statuses of a batch's operation once final (none for a batch
+    /// that submitted nothing), or `None` while it is in flight; the
+    /// operation is consumed only when final.
+    pub(crate) fn poll_op(&self, op: Option<OpHandle>) -> Result<Option<Vec<RequestStatus>>, tutti::Error> {
+        match op {
+            Some(op) => self.targets.rt.try_wait(op),
+            None => Ok(Some(Vec::new())),
+        }
+    }
+
+    /// Releases what dropped batches held (`inflight.rs`), for those whose
+    /// commands are final. A stale handle (someone else consumed it) is
+    /// final too.
+    pub(crate) fn reap_orphans(&self) {
+        self.inflight.reap(
+            |op| !matches!(self.poll_op(op), Ok(None)),
+            |held| {
+                let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+                for h in held {
+                    match *h {
+                        Held::Reserved(s) => ix.unreserve(s, false),
+                        Held::Pinned(s) => ix.unpin(s),
+                    }
+                }
+            },
+        );
     }
 }
