@@ -275,20 +275,6 @@ extern "C" {
 // status. The string is static: never free it.
 const char *tutti_status_name(uint32_t status);
 
-// Copies the message of the last failed `tutti_` call on this thread (the
-// full error chain, e.g. `configuration: drives.d0...: unknown field`)
-// into `buf` as a NUL-terminated UTF-8 string, and stores its length in
-// bytes (without the NUL) in `*out_len`. The message is empty after a
-// call that succeeded; this call does not change it, so it can be asked
-// for twice (first with `buf` NULL and `len` 0 to learn the length).
-//
-// `buf`: `len` writable bytes, or NULL when `len` is 0. Returns
-// `TUTTI_STATUS_BUFFER_TOO_SMALL` when the message and its NUL do not fit
-// (the buffer then holds as much of it as fits in `len - 1` bytes, cut at
-// a UTF-8 character boundary, and a NUL),
-// `TUTTI_STATUS_NULL_ARGUMENT` when `out_len` is NULL.
-tutti_status tutti_last_error_message(char *buf, size_t len, size_t *out_len);
-
 // Creates a runtime from a YAML configuration (docs/config.md) given as a
 // NUL-terminated UTF-8 string, which is only read during the call.
 //
@@ -532,6 +518,20 @@ tutti_status tutti_try_wait(const struct tutti_runtime *runtime,
                             struct tutti_request_status *out_statuses,
                             size_t capacity,
                             size_t *out_count);
+
+// Copies the message of the last failed `tutti_` call on this thread (the
+// full error chain, e.g. `configuration: drives.d0...: unknown field`)
+// into `buf` as a NUL-terminated UTF-8 string, and stores its length in
+// bytes (without the NUL) in `*out_len`. The message is empty after a
+// call that succeeded; this call does not change it, so it can be asked
+// for twice (first with `buf` NULL and `len` 0 to learn the length).
+//
+// `buf`: `len` writable bytes, or NULL when `len` is 0. Returns
+// `TUTTI_STATUS_BUFFER_TOO_SMALL` when the message and its NUL do not fit
+// (the buffer then holds as much of it as fits in `len - 1` bytes, cut at
+// a UTF-8 character boundary, and a NUL),
+// `TUTTI_STATUS_NULL_ARGUMENT` when `out_len` is NULL.
+tutti_status tutti_last_error_message(char *buf, size_t len, size_t *out_len);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -59,6 +59,33 @@ pub(crate) fn with_last_error<R>(f: impl FnOnce(&str) -> R) -> R {
     LAST_ERROR.with(|m| f(&m.borrow()))
 }
 
+/// Copies the message of the last failed `tutti_` call on this thread (the
+/// full error chain, e.g. `configuration: drives.d0...: unknown field`)
+/// into `buf` as a NUL-terminated UTF-8 string, and stores its length in
+/// bytes (without the NUL) in `*out_len`. The message is empty after a
+/// call that succeeded; this call does not change it, so it can be asked
+/// for twice (first with `buf` NULL and `len` 0 to learn the length).
+///
+/// `buf`: `len` writable bytes, or NULL when `len` is 0. Returns
+/// `TUTTI_STATUS_BUFFER_TOO_SMALL` when the message and its NUL do not fit
+/// (the buffer then holds as much of it as fits in `len - 1` bytes, cut at
+/// a UTF-8 character boundary, and a NUL),
+/// `TUTTI_STATUS_NULL_ARGUMENT` when `out_len` is NULL.
+#[no_mangle]
+pub extern "C" fn tutti_last_error_message(
+    buf: *mut c_char,
+    len: usize,
+    out_len: *mut usize,
+) -> tutti_status {
+    // Not through `ffi_call`: that would clear the message being read.
+    let r = std::panic::catch_unwind(|| with_last_error(|m| copy_out_str(m, buf, len, out_len)));
+    match r {
+        Ok(Ok(())) => tutti_status::Ok,
+        Ok(Err(Fail { status, .. })) => status,
+        Err(_) => tutti_status::Panic,
+    }
+}
+
 /// The panic guard of every entry point: clears the last error, runs
 /// `body`, records a failure's message, and turns a panic into
 /// [`tutti_status::Panic`] (the panic message becomes the last error), so

@@ -57,6 +57,7 @@ mod io;
 // The boundary machinery, no entry points.
 mod ffi_util;
 
+pub use ffi_util::tutti_last_error_message;
 pub use io::{
     tutti_direction, tutti_outcome, tutti_request, tutti_request_status, tutti_submit, tutti_try_wait,
     tutti_wait, TUTTI_DIRECTION_FLUSH, TUTTI_DIRECTION_READ, TUTTI_DIRECTION_WRITE, TUTTI_MESSAGE_LEN,
@@ -72,5 +73,5 @@ pub use shared::{
     tutti_shared_memory, tutti_shared_memory_free, tutti_shared_memory_len, tutti_shared_memory_new,
     tutti_shared_memory_ptr,
 };
-pub use status::{tutti_last_error_message, tutti_status, tutti_status_name};
+pub use status::{tutti_status, tutti_status_name};
 pub use targets::{tutti_close, tutti_open, tutti_open_batch, tutti_target_len};

@@ -4,8 +4,6 @@
 
 use std::ffi::{c_char, CStr};
 
-use crate::ffi_util::{copy_out_str, with_last_error, Fail};
-
 /// Result of every fallible `tutti_` call. `TUTTI_STATUS_OK` is 0; every
 /// other value is an error whose text `tutti_last_error_message` gives
 /// on the same thread until the next `tutti_` call.
@@ -167,33 +165,6 @@ pub extern "C" fn tutti_status_name(status: u32) -> *const c_char {
         .find(|s| **s as u32 == status)
         .map_or(c"TUTTI_STATUS_UNKNOWN", |s| s.name())
         .as_ptr()
-}
-
-/// Copies the message of the last failed `tutti_` call on this thread (the
-/// full error chain, e.g. `configuration: drives.d0...: unknown field`)
-/// into `buf` as a NUL-terminated UTF-8 string, and stores its length in
-/// bytes (without the NUL) in `*out_len`. The message is empty after a
-/// call that succeeded; this call does not change it, so it can be asked
-/// for twice (first with `buf` NULL and `len` 0 to learn the length).
-///
-/// `buf`: `len` writable bytes, or NULL when `len` is 0. Returns
-/// `TUTTI_STATUS_BUFFER_TOO_SMALL` when the message and its NUL do not fit
-/// (the buffer then holds as much of it as fits in `len - 1` bytes, cut at
-/// a UTF-8 character boundary, and a NUL),
-/// `TUTTI_STATUS_NULL_ARGUMENT` when `out_len` is NULL.
-#[no_mangle]
-pub extern "C" fn tutti_last_error_message(
-    buf: *mut c_char,
-    len: usize,
-    out_len: *mut usize,
-) -> tutti_status {
-    // Not through `ffi_call`: that would clear the message being read.
-    let r = std::panic::catch_unwind(|| with_last_error(|m| copy_out_str(m, buf, len, out_len)));
-    match r {
-        Ok(Ok(())) => tutti_status::Ok,
-        Ok(Err(Fail { status, .. })) => status,
-        Err(_) => tutti_status::Panic,
-    }
 }
 
 #[cfg(test)]
