@@ -23,12 +23,12 @@ use nvme_regs::{Aqa, Cc, Csts, ShutdownNotification, ShutdownStatus, Sqe, Status
 use crate::config::{EmulatorConfig, NamespaceSpec};
 use crate::dma::{DmaFault, DmaView, IovaSpace};
 use crate::fault::{FaultAction, Faults};
+use crate::in_transfer::InTransfer;
 use crate::media::Media;
 use crate::prp::Segment;
 use crate::queues::{CompQueue, Completion, CqeQuirk, SqDoorbell, SubQueue};
 use crate::regs::{RegisterPage, MPSMAX, MPSMIN};
 use crate::timing::Timing;
-use crate::transfer::InTransfer;
 
 /// Most SQEs fetched from one SQ per poll iteration.
 pub(crate) const BATCH: u32 = 256;
@@ -213,7 +213,7 @@ pub(crate) struct Controller {
 impl Controller {
     pub(crate) fn new(config: EmulatorConfig) -> Self {
         let n = usize::from(config.io_queues) + 1;
-        let identify_ctrl = crate::admin::identify_controller(&config);
+        let identify_ctrl = crate::identify::identify_controller(&config);
         Self {
             timing: config.timing.map(|m| Timing::new(Some(m))),
             max_transfer: config.max_transfer(),

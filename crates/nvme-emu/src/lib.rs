@@ -256,6 +256,8 @@ pub mod config;
 mod controller;
 mod dma;
 mod fault;
+mod identify;
+mod in_transfer;
 mod media;
 mod nvm;
 mod prp;
@@ -265,14 +267,15 @@ mod regs;
 mod timing;
 mod transfer;
 mod undo;
+mod zeroed;
 
-pub use admin::{CONTROLLER_ID, VENDOR_ID};
 pub use config::{
     BackingSpec, EmulatorConfig, NamespaceSpec, TimingModel, WriteCacheSpec, DEFAULT_IDLE_SPIN,
     SHARED_DOORBELL_DSTRD,
 };
 pub use dma::{CopyFence, ExternalMemory, FenceState, HostPin, PageLocker, IOVA_BASE, SHARED_DOMAIN};
 pub use fault::{FaultAction, FaultMatch, FaultRule};
+pub use identify::{CONTROLLER_ID, VENDOR_ID};
 pub use media::{MediaAccessError, PowerFailReport};
 pub use ram_disk::remove_ram_disk;
 

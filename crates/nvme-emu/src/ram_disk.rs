@@ -17,8 +17,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
-use crate::backing::zeroed_vec;
 use crate::config::NamespaceSpec;
+use crate::zeroed::zeroed_vec;
 use crate::EmuError;
 
 /// One disk in the registry.

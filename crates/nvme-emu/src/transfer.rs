@@ -27,24 +27,9 @@ use nvme_regs::Status;
 
 use crate::controller::{Controller, Fatal, Shared};
 use crate::dma::{DmaView, FenceState, PendingCopies};
+use crate::in_transfer::InTransfer;
 use crate::queues::Completion;
 use crate::timing::Timing;
-
-/// One command whose CQE waits for its copies.
-#[derive(Debug)]
-pub(crate) struct InTransfer {
-    /// The burst's fences; `None` until the burst ends
-    /// ([`Controller::attach_burst`]).
-    copies: Option<Arc<PendingCopies>>,
-    cqid: u16,
-    completion: Completion,
-    /// When the CQE is due by the timing model or an injected delay;
-    /// `None`: posted as soon as the copies end.
-    due: Option<Instant>,
-    /// How many times the CQE is posted (fault injection: 2 for
-    /// `CompleteTwice`).
-    times: u32,
-}
 
 impl Controller {
     /// Holds `c` for CQ `cqid` until the copies of the current burst have

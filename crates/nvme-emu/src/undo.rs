@@ -5,7 +5,7 @@
 //! dropped, so the arena's memory is bounded by the most slots ever used
 //! at once (the cache's capacity, plus one command).
 
-use crate::backing::zeroed_vec;
+use crate::zeroed::zeroed_vec;
 
 /// Bytes per chunk (at least one slot): large enough to hold an aligned
 /// 2 MiB transparent huge page, so that filling the arena costs few page
