@@ -24,7 +24,7 @@ use crate::config::{
     FaultActionConfig, FaultConfig, FaultOp, PciDriveConfig,
 };
 use crate::error::Error;
-use crate::runtime::Region;
+use crate::region::Region;
 
 /// Whether a drive takes work. One value per drive, changed only under its
 /// health lock (and mirrored in an atomic for lock-free reads on the

@@ -48,6 +48,7 @@ mod datapath;
 mod drive;
 mod error;
 pub mod handle;
+mod region;
 mod request;
 mod resolver;
 mod runtime;

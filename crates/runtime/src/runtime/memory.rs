@@ -1,7 +1,7 @@
 //! Memory registration: host or GPU memory handed to every drive for DMA
 //! once, named afterwards by a [`MemoryHandle`].
 //!
-//! Owns [`Region`] (one DMA mapping per drive, unmapped when the last
+//! Makes [`Region`]s (`region.rs`: one DMA mapping per drive, unmapped when the last
 //! reference goes). An operation holds its regions while it lives, and a
 //! drive holds the regions its abandoned commands may still write until its
 //! controller is reset ([`crate::drive::Drive::pin_until_reset`]), so a
@@ -20,33 +20,7 @@ use nvm_queue::{DmaMapping, NvmeDevice, HOST_PAGE_SIZE};
 use super::Runtime;
 use crate::error::Error;
 use crate::handle::{HandleKind, MemoryHandle, SLOT_MAX};
-
-/// A registered memory range and its DMA mapping on every drive.
-#[derive(Debug)]
-pub(crate) struct Region {
-    /// Bytes from the page-aligned start of the mapping to the caller's
-    /// pointer.
-    pub lead: usize,
-    /// The caller's length, bytes.
-    pub len: usize,
-    /// One mapping per drive, by drive index.
-    pub mappings: Vec<DmaMapping>,
-    devices: Vec<Arc<dyn NvmeDevice>>,
-    /// Per drive with GPU-driven queues: the region's page addresses as
-    /// that drive sees them, uploaded to the GPU once at registration (the
-    /// kernel builds each command's PRPs from it).
-    pub gpu_regions: Vec<Option<GpuRegion>>,
-}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        for (dev, m) in self.devices.iter().zip(&self.mappings) {
-            if let Err(e) = dev.dma_unmap(m) {
-                tracing::error!(device = dev.name(), error = %e, "DMA unmap failed");
-            }
-        }
-    }
-}
+use crate::region::Region;
 
 /// Mappings made so far for a region being registered: dropping it (an
 /// error part way) unmaps them, through [`Region`]'s `Drop`.

@@ -45,8 +45,8 @@ use crate::binding::{Extent, Resolver};
 use crate::datapath::DataPath;
 use crate::drive::Drive;
 use crate::handle::HandleTable;
+use crate::region::Region;
 pub use completion::HEALTH_CHECK_INTERVAL;
-pub(crate) use memory::Region;
 use ops::OpState;
 pub use shutdown::ShutdownReport;
 

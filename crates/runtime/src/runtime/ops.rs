@@ -28,9 +28,9 @@
 use std::sync::Arc;
 
 use super::gpu::GpuOp;
-use super::memory::Region;
 use crate::error::{RequestError, RequestStatus};
 use crate::handle::{HandleTable, RawHandle};
+use crate::region::Region;
 
 /// Largest operation slot a command tag can carry (24 bits): the handle
 /// tables' own bound, so every operation slot fits.

@@ -19,12 +19,12 @@ use std::sync::Arc;
 
 use nvm_queue::{plan_io, IoPlan};
 
-use super::memory::Region;
 use super::{Runtime, Target};
 use crate::datapath::Piece;
 use crate::drive::Drive;
 use crate::error::{Alignment, RequestError};
 use crate::handle::HandleTable;
+use crate::region::Region;
 use crate::request::{Direction, Request};
 
 /// One per-drive piece of a request and its commands.
