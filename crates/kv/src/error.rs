@@ -52,15 +52,26 @@ pub enum KvError {
         /// Key size asked for, bytes.
         asked: usize,
     },
-    /// I/O needed to open, format or recover the store failed.
+    /// I/O needed to open, format, recover or sync the store failed.
     #[error("store {store:?}: {what} failed: {status}")]
     Io {
         /// Store name.
         store: String,
         /// What was being done.
         what: &'static str,
-        /// The runtime's status for it.
-        status: String,
+        /// The status of the I/O that failed, typed as a batch item's
+        /// ([`ItemStatus::Device`] for a drive's NVMe status or a failed
+        /// submission, [`ItemStatus::Timeout`]...).
+        status: ItemStatus,
+    },
+    /// The OS gave no random bytes for a new store's UUID.
+    #[error("store {store:?}: drawing a UUID failed")]
+    Uuid {
+        /// Store name.
+        store: String,
+        /// The OS's error.
+        #[source]
+        source: getrandom::Error,
     },
     /// More items in one call than one runtime submission holds.
     #[error("{items} items in one call; at most {max}")]

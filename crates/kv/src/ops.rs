@@ -73,7 +73,7 @@ impl KvStore {
         self.commit(Vec::new()).map_err(|s| KvError::Io {
             store: self.targets.store_name().to_owned(),
             what: "sync",
-            status: s.to_string(),
+            status: s,
         })
     }
 

@@ -157,7 +157,7 @@ impl KvStore {
     }
 
     fn io_error(&self, what: &'static str) -> impl Fn(ItemStatus) -> KvError + '_ {
-        move |s| KvError::Io { store: self.name(), what, status: format!("{s:?}") }
+        move |status| KvError::Io { store: self.name(), what, status }
     }
 
     /// Reads block 0; formats when the policy says so.
@@ -192,11 +192,7 @@ impl KvStore {
     /// superblock.
     fn format(&mut self, key_size: KeySize) -> Result<(), KvError> {
         let mut uuid = [0u8; 16];
-        getrandom::fill(&mut uuid).map_err(|e| KvError::Io {
-            store: self.name(),
-            what: "drawing a UUID",
-            status: e.to_string(),
-        })?;
+        getrandom::fill(&mut uuid).map_err(|source| KvError::Uuid { store: self.name(), source })?;
         self.sb = Superblock { key_size, uuid, layout: self.layout };
         let flush = [Request::flush(self.targets.slot(0)?)];
         let rt = self.targets.rt.clone();
@@ -244,7 +240,7 @@ impl KvStore {
             run(&rt, &reqs).map_err(|s| KvError::Io {
                 store: name.clone(),
                 what: "reading the record table",
-                status: format!("{s:?}"),
+                status: s,
             })?;
             let bytes = &st.bytes()[..n as usize];
             let first = at / RECORD_BYTES as u64;

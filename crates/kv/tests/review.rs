@@ -798,7 +798,11 @@ fn failed_writes_and_reads_are_per_item_typed_and_leave_no_wrong_bytes() {
         emu.add_fault(rule(WRITE, Some(record_lbas(&l)), FaultAction::Fail(fail_status()), Some(1)));
         assert_eq!(kv.remove(&[key((failed as u64 + 1) % 3)]), vec![ItemStatus::Ok]);
         let e = kv.sync().unwrap_err();
-        assert!(matches!(e, KvError::Io { .. }), "{e:?}");
+        // A caller matches the failed I/O's typed status, not a string.
+        match &e {
+            KvError::Io { what: "sync", status, .. } => assert_typed_device_error(status, "sync"),
+            other => panic!("{other:?}"),
+        }
         kv.sync().unwrap();
         let puts = batch(&mut src, 3);
         assert!(kv.put_sync(&puts, T).unwrap().iter().all(|s| *s == ItemStatus::Ok));
