@@ -215,6 +215,54 @@ fn attacks_fail_and_the_victims_io_is_unaffected() {
 }
 
 #[test]
+fn command_bits_the_daemon_does_not_know_are_refused_not_forwarded() {
+    // The controller's copy carries only the fields the daemon checked.
+    // Write Zeroes' CDW12 bit 23 is Namespace Zeroes (NVM Command Set 1.1):
+    // a controller that has it zeroes the whole namespace, every tenant's
+    // blocks, ignoring SLBA and NLB. Key Per I/O's key tag (CDW12 19:16,
+    // CDW13 31:16), PRINFO, directives and CDW2/3/14/15 are no safer to
+    // pass through unread. The attacker gets Invalid Field; the victim's
+    // blocks (the emulator has no NSZ, so this shows the refusal, not
+    // the damage) read back as written.
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &mediated_yaml(dir.path(), ""));
+    let attacker = Client::connect(&d.socket).unwrap();
+    let victim = Client::connect(&d.socket).unwrap();
+    let (mut aq, mut vq) = (queue_pair(&attacker), queue_pair(&victim));
+    let (own, theirs) = (Mem::new(&attacker, 2), Mem::new(&victim, 2));
+    let data = pattern(5, 2 * PAGE);
+    theirs.shm.write(0, &data).unwrap();
+    assert_eq!(run(&mut vq, rw(WRITE, 1000, 2, theirs.page(0), theirs.page(1))), Status::SUCCESS);
+    let field = Status::generic(generic::INVALID_FIELD).with_dnr(true);
+    let with = |mut s: Sqe, dword: usize, bits: u32| {
+        let mut d = s.as_dwords();
+        d[dword] |= bits;
+        s = Sqe::from_dwords(d);
+        s
+    };
+    let wz = rw(0x08, 0, 1, 0, 0);
+    let rd = rw(READ, 0, 1, own.page(0), 0);
+    for (what, sqe) in [
+        ("Write Zeroes with Namespace Zeroes", with(wz, 12, 1 << 23)),
+        ("Write Zeroes with PRINFO", with(wz, 12, 1 << 26)),
+        ("Read with a key tag (CETYPE)", with(rd, 12, 1 << 16)),
+        ("Write with a directive (DTYPE)", with(rw(WRITE, 0, 1, own.page(0), 0), 12, 1 << 20)),
+        ("Read with CDW13", with(rd, 13, 1 << 16)),
+        ("Read with CDW2", with(rd, 2, 1)),
+        ("Read with CDW15", with(rd, 15, 1)),
+        ("Flush with CDW10", with(Sqe::new(0x00, 1), 10, 1)),
+    ] {
+        assert_eq!(run(&mut aq, sqe), field, "{what}");
+    }
+    // What honest clients set still passes: FUA on Write, DEAC on Write Zeroes.
+    assert_eq!(run(&mut aq, with(rw(WRITE, 0, 1, own.page(0), 0), 12, 1 << 30)), Status::SUCCESS);
+    assert_eq!(run(&mut aq, with(wz, 12, 1 << 25)), Status::SUCCESS);
+    theirs.shm.write(0, &vec![0; 2 * PAGE]).unwrap();
+    assert_eq!(run(&mut vq, rw(READ, 1000, 2, theirs.page(0), theirs.page(1))), Status::SUCCESS);
+    assert_eq!(theirs.bytes(0, 2 * PAGE), data, "the victim's blocks are as written");
+}
+
+#[test]
 fn a_prp_list_rewritten_after_the_doorbell_is_not_used() {
     // A thread flips the list's entry between the attacker's page and the
     // victim's while the attacker reads through it, again and again: the

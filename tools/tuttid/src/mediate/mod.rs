@@ -51,6 +51,20 @@ pub enum Refusal {
         /// MPTR.
         mptr: u64,
     },
+    /// A bit the daemon does not forward: in CDW12 anything but NLB, FUA,
+    /// LR (and DEAC for Write Zeroes), any bit of CDW2, CDW3 or
+    /// CDW13..15, and for Flush any bit past NSID. Reserved and
+    /// command-specific fields are allow-listed like opcodes: a field the
+    /// daemon does not read may reach past the partition (Write Zeroes'
+    /// Namespace Zeroes, NVM Command Set 1.1) or pick someone else's key
+    /// (Key Per I/O). Invalid Field in Command.
+    #[error("CDW{dword} bits {bits:#010x} are not forwarded")]
+    Reserved {
+        /// The command dword (2, 3, 10..15).
+        dword: u8,
+        /// The bits set that may not be.
+        bits: u32,
+    },
     /// Not the tenant's namespace: Invalid Namespace or Format (SCT 0h,
     /// SC 0Bh).
     #[error("NSID {nsid}: the tenant's namespace is {expected}")]
@@ -110,9 +124,10 @@ impl Refusal {
     pub fn status(&self) -> Status {
         let sc = match self {
             Refusal::Opcode { .. } => generic::INVALID_OPCODE,
-            Refusal::Shape { .. } | Refusal::TooLong { .. } | Refusal::NotOwned { .. } => {
-                generic::INVALID_FIELD
-            }
+            Refusal::Shape { .. }
+            | Refusal::Reserved { .. }
+            | Refusal::TooLong { .. }
+            | Refusal::NotOwned { .. } => generic::INVALID_FIELD,
             Refusal::Nsid { .. } => generic::INVALID_NAMESPACE_OR_FORMAT,
             Refusal::Lba { .. } => generic::LBA_OUT_OF_RANGE,
             Refusal::PrpOffset { .. } => generic::PRP_OFFSET_INVALID,

@@ -28,6 +28,7 @@
 use std::sync::Arc;
 
 use nvm_queue::Mmio;
+use nvme_regs::opcode::nvm_opcode;
 use nvme_regs::Sqe;
 use tuttid_proto::shm::MappedFd;
 
@@ -288,13 +289,16 @@ impl MediatedQueue {
     /// copied into the slot's daemon pages).
     fn mediate(&self, sqe: &Sqe, slot: u16) -> Result<Sqe, Refusal> {
         let sqe::Checked { bytes, slba } = sqe::check(sqe, &self.tenant)?;
-        let mut out = *sqe;
-        // OPC kept; FUSE and PSDT are 0 (checked); CID is the daemon's slot.
-        out.cdw0 = u32::from(sqe.opcode()) | (u32::from(slot) << 16);
-        out.mptr = 0;
+        // Built from the checked fields only, never copied: OPC, the
+        // tenant's NSID, CID = the daemon's slot; FUSE, PSDT, MPTR, CDW2,
+        // CDW3 and CDW13..15 zero.
+        let mut out = Sqe::new(sqe.opcode(), self.tenant.nsid);
+        out.set_cid(slot);
         if let Some(slba) = slba {
             // CDW10/11: SLBA on the namespace (the partition's LBA 0 is its first).
             (out.cdw10, out.cdw11) = (slba as u32, (slba >> 32) as u32);
+            let mask = if sqe.opcode() == nvm_opcode::WRITE_ZEROES { sqe::WZ_CDW12 } else { sqe::RW_CDW12 };
+            out.cdw12 = sqe.cdw12 & mask;
         }
         (out.prp1, out.prp2) = if bytes == 0 {
             (0, 0)
@@ -562,6 +566,10 @@ mod tests {
             };
             for i in 0..p.forwarded as u32 {
                 let s = sqe_at(&rsq, i);
+                // Only checked fields reach the controller.
+                proptest::prop_assert_eq!((s.nsid, s.fuse(), s.psdt(), s.mptr), (1, 0, 0, 0));
+                proptest::prop_assert_eq!([s.cdw2, s.cdw3, s.cdw13, s.cdw14, s.cdw15], [0; 5]);
+                proptest::prop_assert_eq!(s.cdw12 & !sqe::WZ_CDW12, 0);
                 let bytes = (u64::from(s.cdw12 & 0xffff) + 1) * 4096;
                 if matches!(s.opcode(), 0x00 | 0x08) {
                     proptest::prop_assert_eq!((s.prp1, s.prp2), (0, 0));

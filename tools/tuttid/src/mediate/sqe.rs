@@ -1,5 +1,6 @@
 //! The checks on one submission queue entry that need no memory: the
-//! opcode allow-list, FUSE/PSDT/MPTR, the tenant's NSID, SLBA + NLB inside
+//! opcode allow-list, FUSE/PSDT/MPTR, the tenant's NSID, the bits of each
+//! command dword (an allow-list too), SLBA + NLB inside
 //! its partition, and the transfer length (NVM Command Set 2.0: Read 3.2.4,
 //! Write 3.2.6, Write Zeroes 3.2.8; Flush, Base 2.0 7.1).
 
@@ -28,6 +29,15 @@ pub struct Tenant {
 pub const ALLOWED: [u8; 4] =
     [nvm_opcode::FLUSH, nvm_opcode::WRITE, nvm_opcode::READ, nvm_opcode::WRITE_ZEROES];
 
+/// CDW12 bits a Read or Write may carry: NLB (15:0), FUA (30), LR (31).
+/// Not PRINFO (the namespace has no protection information), STC, DTYPE,
+/// CETYPE (Key Per I/O), nor anything reserved today.
+pub const RW_CDW12: u32 = 0xffff | 1 << 30 | 1 << 31;
+/// CDW12 bits a Write Zeroes may carry: as [`RW_CDW12`] plus DEAC (25).
+/// Not bit 23, Namespace Zeroes in NVM Command Set 1.1 (the whole
+/// namespace, SLBA and NLB ignored).
+pub const WZ_CDW12: u32 = RW_CDW12 | 1 << 25;
+
 /// What a checked entry needs: the bytes its data pointer must cover (0:
 /// no data, PRPs unused) and its SLBA on the namespace (the tenant's SLBA
 /// moved by the partition's first LBA; `None` for Flush).
@@ -44,7 +54,7 @@ pub struct Checked {
 /// # Errors
 ///
 /// [`Refusal::Opcode`], [`Refusal::Shape`], [`Refusal::Nsid`],
-/// [`Refusal::Lba`], [`Refusal::TooLong`].
+/// [`Refusal::Reserved`], [`Refusal::Lba`], [`Refusal::TooLong`].
 pub fn check(sqe: &Sqe, tenant: &Tenant) -> Result<Checked, Refusal> {
     let opcode = sqe.opcode();
     if !ALLOWED.contains(&opcode) {
@@ -56,6 +66,7 @@ pub fn check(sqe: &Sqe, tenant: &Tenant) -> Result<Checked, Refusal> {
     if sqe.nsid != tenant.nsid {
         return Err(Refusal::Nsid { nsid: sqe.nsid, expected: tenant.nsid });
     }
+    allowed_bits(sqe)?;
     if opcode == nvm_opcode::FLUSH {
         return Ok(Checked { bytes: 0, slba: None });
     }
@@ -71,6 +82,33 @@ pub fn check(sqe: &Sqe, tenant: &Tenant) -> Result<Checked, Refusal> {
         return Err(Refusal::TooLong { bytes, max: tenant.max_transfer });
     }
     Ok(Checked { bytes, slba: Some(moved) })
+}
+
+/// Every command dword past NSID (MPTR and the PRPs aside) holds only the
+/// bits the daemon forwards for `sqe`'s opcode (an allowed one): CDW10
+/// and CDW11 are the SLBA (Flush: 0), CDW12 within [`RW_CDW12`] or
+/// [`WZ_CDW12`] (Flush: 0), CDW2, CDW3 and CDW13..15 zero.
+///
+/// # Errors
+///
+/// [`Refusal::Reserved`] naming the first dword with a bit set that may
+/// not be.
+fn allowed_bits(sqe: &Sqe) -> Result<(), Refusal> {
+    let cdw12 = match sqe.opcode() {
+        nvm_opcode::FLUSH => 0,
+        nvm_opcode::WRITE_ZEROES => WZ_CDW12,
+        _ => RW_CDW12,
+    };
+    let slba = if sqe.opcode() == nvm_opcode::FLUSH { 0 } else { u32::MAX };
+    let d = sqe.as_dwords();
+    let allowed = [(2, 0), (3, 0), (10, slba), (11, slba), (12, cdw12), (13, 0), (14, 0), (15, 0)];
+    for (dword, mask) in allowed {
+        let bits = d[usize::from(dword)] & !mask;
+        if bits != 0 {
+            return Err(Refusal::Reserved { dword, bits });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -131,5 +169,42 @@ mod tests {
         assert!(matches!(check(&meta, &t), Err(Refusal::Shape { .. })));
         let big = Tenant { partition: Partition::whole(1 << 20), ..t };
         assert!(matches!(check(&rw(nvm_opcode::READ, 0, 17), &big), Err(Refusal::TooLong { .. })));
+    }
+
+    #[test]
+    fn bits_the_daemon_does_not_forward_are_refused() {
+        // Only NLB, FUA and LR (and DEAC for Write Zeroes) of CDW12, and
+        // nothing in CDW2, CDW3, CDW13..15 (Flush: nothing past NSID). A
+        // reserved bit today may mean something tomorrow: Write Zeroes'
+        // CDW12 bit 23 is Namespace Zeroes in NVM Command Set 1.1, which
+        // zeroes the whole namespace and ignores SLBA and NLB.
+        let t = tenant();
+        let field = |s: &Sqe| matches!(check(s, &t), Err(Refusal::Reserved { .. }));
+        let mut ok = rw(nvm_opcode::WRITE_ZEROES, 0, 1);
+        ok.cdw12 |= 1 << 25 | 1 << 30 | 1 << 31;
+        assert!(check(&ok, &t).is_ok(), "DEAC, FUA, LR");
+        let mut nsz = rw(nvm_opcode::WRITE_ZEROES, 0, 1);
+        nsz.cdw12 |= 1 << 23;
+        assert!(field(&nsz), "Namespace Zeroes");
+        for bit in [16, 19, 20, 23, 24, 25, 26, 29] {
+            for opcode in [nvm_opcode::READ, nvm_opcode::WRITE] {
+                let mut s = rw(opcode, 0, 1);
+                s.cdw12 |= 1 << bit;
+                assert!(field(&s), "opcode {opcode:#x} CDW12 bit {bit}");
+            }
+        }
+        for dword in [2usize, 3, 13, 14, 15] {
+            for opcode in [nvm_opcode::READ, nvm_opcode::WRITE, nvm_opcode::WRITE_ZEROES, nvm_opcode::FLUSH] {
+                let mut d = rw(opcode, 0, 1).as_dwords();
+                if opcode == nvm_opcode::FLUSH {
+                    d[10..].fill(0);
+                }
+                d[dword] = 1;
+                assert!(field(&Sqe::from_dwords(d)), "opcode {opcode:#x} CDW{dword}");
+            }
+        }
+        let mut flush = Sqe::new(nvm_opcode::FLUSH, 1);
+        flush.cdw12 = 1 << 30;
+        assert!(field(&flush), "Flush has no CDW12");
     }
 }
