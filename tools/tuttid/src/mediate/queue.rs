@@ -78,11 +78,12 @@ impl Progress {
     }
 }
 
-/// A forwarded command: the client's CID and its epoch bucket.
+/// A forwarded command: the client's CID and the epoch it was issued in
+/// ([`Regions::issue`]).
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     cid: u16,
-    bucket: u8,
+    epoch: u64,
 }
 
 /// One mediated queue pair's rings and indices (module docs).
@@ -245,7 +246,7 @@ impl MediatedQueue {
                 p.stray += 1;
                 continue;
             };
-            self.regions.done(slot.bucket);
+            self.regions.done(slot.epoch);
             self.free.push(cid as u16);
             let client_dw2 = self.sq_head | (u32::from(self.qid) << 16);
             self.post([dw[0], dw[1], client_dw2, u32::from(slot.cid) | (dw3 & 0xfffe_0000)]);
@@ -265,15 +266,15 @@ impl MediatedQueue {
             let Some(slot) = self.free.pop() else { break };
             let sqe = self.read_shadow(self.sq_head);
             self.sq_head = self.next(self.sq_head);
-            let bucket = self.regions.issue();
+            let epoch = self.regions.issue();
             match self.mediate(&sqe, slot) {
                 Ok(out) => {
                     self.write_real(&out);
-                    self.slots[usize::from(slot)] = Some(Slot { cid: sqe.cid(), bucket });
+                    self.slots[usize::from(slot)] = Some(Slot { cid: sqe.cid(), epoch });
                     p.forwarded += 1;
                 }
                 Err(r) => {
-                    self.regions.done(bucket);
+                    self.regions.done(epoch);
                     self.free.push(slot);
                     self.refuse(&sqe, r);
                     p.refused += 1;
@@ -365,7 +366,7 @@ impl Drop for MediatedQueue {
     /// longer hold back an unregistration of this connection.
     fn drop(&mut self) {
         for s in self.slots.iter_mut().filter_map(Option::take) {
-            self.regions.done(s.bucket);
+            self.regions.done(s.epoch);
         }
     }
 }

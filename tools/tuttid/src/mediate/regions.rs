@@ -3,16 +3,19 @@
 //! mapping of each (where PRP list pages are read from).
 //!
 //! Unregistering must not leave a forwarded command pointing at memory
-//! that may then be mapped for someone else. Commands are counted in two
-//! epoch buckets (as in RCU): a command forwarded while epoch `e` is
-//! current counts in bucket `e % 2` until its completion is read.
+//! that may then be mapped for someone else. Commands are counted by the
+//! epoch they were forwarded in until their completion is read.
 //! [`Regions::remove`] takes the range out (no later command can name it),
-//! starts the next epoch and waits until the old bucket is empty, so every
-//! command that could name the range has completed.
+//! starts the next epoch `e` and waits until no command of an epoch before
+//! `e` is in flight, so every command that could name the range has
+//! completed. Not two buckets as in RCU: after an unregistration that
+//! timed out (its memory kept), a bucket's reuse would let the next one
+//! return while a command older than both, which may name its memory too,
+//! is still in flight.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use tuttid_proto::shm::MappedFd;
@@ -28,8 +31,15 @@ struct Region {
 #[derive(Debug, Default)]
 pub struct Regions {
     map: RwLock<BTreeMap<u64, Region>>,
-    epoch: AtomicU64,
-    inflight: [AtomicU64; 2],
+    inflight: Mutex<Inflight>,
+}
+
+/// The current epoch and the commands in flight per epoch (no entry for
+/// an epoch with none).
+#[derive(Debug, Default)]
+struct Inflight {
+    epoch: u64,
+    count: BTreeMap<u64, u64>,
 }
 
 /// The registrations, read-locked while one entry is checked.
@@ -49,10 +59,15 @@ impl Regions {
     pub fn remove(&self, iova: u64, timeout: Duration) -> bool {
         self.map.write().unwrap_or_else(|p| p.into_inner()).remove(&iova);
         // The write lock above ordered every check that could name the
-        // range before this point; the epoch moves on after it.
-        let old = self.epoch.fetch_add(1, Ordering::AcqRel) % 2;
+        // range before this point; a command issued in the new epoch (the
+        // mutex orders it after this) checks without the range.
+        let epoch = {
+            let mut f = self.inflight();
+            f.epoch += 1;
+            f.epoch
+        };
         let deadline = Instant::now() + timeout;
-        while self.inflight[old as usize].load(Ordering::Acquire) != 0 {
+        while self.inflight().count.first_key_value().is_some_and(|(e, _)| *e < epoch) {
             if Instant::now() > deadline {
                 return false;
             }
@@ -61,23 +76,29 @@ impl Regions {
         true
     }
 
-    /// A command is forwarded now: returns its epoch bucket, to give back
-    /// to [`Regions::done`] when its completion is read.
-    pub fn issue(&self) -> u8 {
-        loop {
-            let e = self.epoch.load(Ordering::Acquire);
-            self.inflight[(e % 2) as usize].fetch_add(1, Ordering::AcqRel);
-            if self.epoch.load(Ordering::Acquire) == e {
-                return (e % 2) as u8;
-            }
-            // The epoch moved between the two loads: count in the new one.
-            self.inflight[(e % 2) as usize].fetch_sub(1, Ordering::AcqRel);
-        }
+    fn inflight(&self) -> MutexGuard<'_, Inflight> {
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The command counted in `bucket` completed (or will never be seen).
-    pub fn done(&self, bucket: u8) {
-        self.inflight[usize::from(bucket & 1)].fetch_sub(1, Ordering::AcqRel);
+    /// A command is forwarded now (before it is checked): returns its
+    /// epoch, to give back to [`Regions::done`] when its completion is
+    /// read.
+    pub fn issue(&self) -> u64 {
+        let mut f = self.inflight();
+        let e = f.epoch;
+        *f.count.entry(e).or_default() += 1;
+        e
+    }
+
+    /// The command of epoch `epoch` completed (or will never be seen).
+    pub fn done(&self, epoch: u64) {
+        let mut f = self.inflight();
+        if let std::collections::btree_map::Entry::Occupied(mut n) = f.count.entry(epoch) {
+            *n.get_mut() -= 1;
+            if *n.get() == 0 {
+                n.remove();
+            }
+        }
     }
 
     /// Read access for checking one entry.
@@ -162,5 +183,26 @@ mod tests {
         r.done(b);
         assert!(r.remove(0x10000, Duration::from_millis(20)));
         assert!(!r.view().owns(0x10000, 1));
+    }
+
+    #[test]
+    fn a_command_older_than_a_timed_out_unregistration_holds_the_next_one_too() {
+        // A command checked while both registrations existed may name
+        // either. The first unregistration times out on it (its memory
+        // stays mapped); the second must wait for it as well, not only
+        // for the commands of the epoch the first one started.
+        let r = Regions::default();
+        r.insert(0x10000, mem(1));
+        r.insert(0x20000, mem(1));
+        let old = r.issue();
+        assert!(!r.remove(0x10000, Duration::from_millis(20)));
+        let newer = r.issue();
+        assert!(!r.remove(0x20000, Duration::from_millis(20)), "the old command may name this one");
+        r.insert(0x30000, mem(1));
+        r.done(old);
+        assert!(!r.remove(0x30000, Duration::from_millis(20)), "a command of the second epoch is in flight");
+        r.done(newer);
+        r.insert(0x40000, mem(1));
+        assert!(r.remove(0x40000, Duration::from_millis(20)));
     }
 }
