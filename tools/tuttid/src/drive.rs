@@ -39,6 +39,12 @@ const PCI_IO_QUEUES: u16 = 64;
 /// page per command at 2 MiB).
 pub const MEDIATED_MAX_TRANSFER: u64 = 2 << 20;
 
+/// Most entries of a mediated queue pair (the controller's MQES if
+/// smaller). The daemon keeps PRP list pages for each command slot, mapped
+/// (on a `pci` drive pinned) for the controller and counted in no quota:
+/// 4 MiB per queue pair here, 256 MiB at MQES 65535.
+pub const MEDIATED_MAX_ENTRIES: u32 = 1024;
+
 /// A mediated drive's per-client rules.
 #[derive(Debug)]
 struct Mediation {
@@ -141,7 +147,10 @@ impl Drive {
             max_transfer,
             page_size: controller.page_size() as u32,
             dstrd,
-            mqes: controller.cap().mqes_z(),
+            mqes: match &mediation {
+                Some(_) => controller.cap().mqes_z().min(MEDIATED_MAX_ENTRIES as u16 - 1),
+                None => controller.cap().mqes_z(),
+            },
             bar_len,
             quota_left: entry.queues_per_client,
             volatile_write_cache: controller.info().has_volatile_write_cache(),
@@ -221,6 +230,7 @@ impl Drive {
         lease_end: &LeaseEnd,
         tenant: Option<(Tenant, Arc<Regions>)>,
     ) -> Result<(Rings, QueueGrant, [OwnedFd; 3]), DaemonError> {
+        // `facts.mqes`: at most MEDIATED_MAX_ENTRIES - 1 on a mediated drive.
         let entries = entries.clamp(2, u32::from(self.facts.mqes) + 1);
         let qid = lock(&self.free).pop().ok_or(DaemonError::PoolEmpty { drive: self.name.clone() })?;
         match self.create(qid, entries, domain, lease_end, tenant) {

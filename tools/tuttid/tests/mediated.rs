@@ -263,6 +263,24 @@ fn command_bits_the_daemon_does_not_know_are_refused_not_forwarded() {
 }
 
 #[test]
+fn a_deep_queue_does_not_make_the_daemon_pin_list_pages_per_entry() {
+    // The daemon keeps PRP list pages for every command slot of a mediated
+    // queue, mapped (on a `pci` drive: pinned) for the controller. A
+    // controller with MQES 16383 would give one grant 64 MiB of them
+    // (256 MiB at 65535), outside every quota; mediated queues are capped
+    // at MEDIATED_MAX_ENTRIES (4 MiB of list pages), and a client runs at
+    // the depth it is granted.
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &mediated_yaml_timed(dir.path(), "", "mqes: 16383, "));
+    let c = Client::connect(&d.socket).unwrap();
+    let (g, _fds) = c.grant_queue("d0", 16384).unwrap();
+    assert!(g.entries <= 1024, "granted {} entries", g.entries);
+    let mut qp = DaemonDevice::open(c.clone(), "d0").unwrap().grant_queue_pair(16384, 1000).unwrap();
+    let m = Mem::new(&c, 1);
+    assert_eq!(run(&mut qp, rw(READ, 0, 1, m.page(0), 0)), Status::SUCCESS);
+}
+
+#[test]
 fn a_prp_list_rewritten_after_the_doorbell_is_not_used() {
     // A thread flips the list's entry between the attacker's page and the
     // victim's while the attacker reads through it, again and again: the
