@@ -76,6 +76,60 @@ fn more_connections_of_one_uid_get_no_more_queues() {
     c.grant_queue("p", 16).unwrap();
 }
 
+#[test]
+fn memory_quotas_and_an_empty_pool_are_refused_by_rule_and_leak_nothing() {
+    // Per uid across its connections: 3 registrations and 64 KiB. The
+    // drive has 2 queue pairs and a quota of 4 per uid, so the third grant
+    // finds the pool empty (not the quota).
+    use tuttid_proto::SharedMemory;
+    let dir = tempfile::tempdir().unwrap();
+    let uid = rustix::process::getuid().as_raw();
+    let top = "registrations_per_client: 3\nmemory_per_uid: 65536\n";
+    let d = Daemon::start(dir.path(), &yaml(&dir.path().join("tutti.sock"), uid, 2, 4, top));
+    let (a, b) = (Client::connect(&d.socket).unwrap(), Client::connect(&d.socket).unwrap());
+    let shm = SharedMemory::new(64 << 10).unwrap();
+    let reg = |c: &Client, len: u64| c.register_memory("p", shm.fd(), 0, len).map(|(id, _, _)| id);
+    // Bytes: 48 KiB on one connection, 32 more on the other is past 64.
+    let big = reg(&a, 48 << 10).unwrap();
+    assert_eq!(refused_rule(reg(&b, 32 << 10)), Rule::MemoryQuota, "bytes, across connections");
+    let small = reg(&b, 16 << 10).unwrap();
+    // 64 KiB held: even 4 KiB more is refused.
+    assert_eq!(refused_rule(reg(&a, 4096)), Rule::MemoryQuota, "bytes: 64 KiB held");
+    a.unregister_memory(big).unwrap();
+    let r3 = reg(&a, 4096).unwrap();
+    let r4 = reg(&b, 4096).unwrap();
+    assert_eq!(refused_rule(reg(&a, 4096)), Rule::MemoryQuota, "count: 3 held");
+    // A refusal took nothing: giving one back makes room for exactly one.
+    b.unregister_memory(r4).unwrap();
+    let r5 = reg(&a, 4096).unwrap();
+    assert_eq!(refused_rule(reg(&b, 4096)), Rule::MemoryQuota);
+    for (c, id) in [(&b, small), (&a, r3), (&a, r5)] {
+        c.unregister_memory(id).unwrap();
+    }
+    assert_eq!(a.status().unwrap().drives[0].registrations, 0);
+    // The pool: two grants, then PoolEmpty (quota 4 not reached), again on
+    // the other connection; a release refills it.
+    let (g1, _f1) = a.grant_queue("p", 16).unwrap();
+    let _g2 = b.grant_queue("p", 16).unwrap();
+    assert_eq!(refused_rule(a.grant_queue("p", 16)), Rule::PoolEmpty);
+    assert_eq!(refused_rule(b.grant_queue("p", 16)), Rule::PoolEmpty);
+    let s = a.status().unwrap();
+    assert_eq!((s.drives[0].queues_free, s.drives[0].queues_total), (0, 2));
+    a.release_queue("p", g1.qid).unwrap();
+    let _g3 = b.grant_queue("p", 16).unwrap();
+    assert_eq!(refused_rule(a.grant_queue("p", 16)), Rule::PoolEmpty);
+    // After both connections end, everything is back.
+    drop((a, b));
+    let back = eventually(Duration::from_secs(5), || {
+        let s = Client::connect(&d.socket).ok()?.status().ok()?;
+        (s.drives[0].queues_free == 2 && s.drives[0].registrations == 0).then_some(())
+    });
+    assert!(back.is_some(), "queues and registrations reclaimed");
+    let c = Client::connect(&d.socket).unwrap();
+    let ids: Vec<_> = (0..3).map(|_| reg(&c, 16 << 10).unwrap()).collect();
+    assert_eq!(ids.len(), 3, "the uid's memory quota is whole again");
+}
+
 /// `Hello`, then `Heartbeat`, on a raw connection: the replies, and
 /// whether the daemon closed the connection afterwards.
 fn hello_heartbeat(socket: &Path) -> (Response, Option<Response>, bool) {
@@ -117,6 +171,7 @@ fn peers_on_no_allow_list_get_one_refusal_and_are_closed() {
     }
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let threads_before = daemon_threads(&d);
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "stranger_role", "--nocapture", "--test-threads=1"])
         .env("TUTTID_TEST_ROLE", "stranger")
@@ -127,6 +182,20 @@ fn peers_on_no_allow_list_get_one_refusal_and_are_closed() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("stranger refused 200"), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains(&format!("stranger burst {STRANGER_BURST}")), "{text}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    err.lines().filter(|l| l.contains("stranger connections")).for_each(|l| eprintln!("{l}"));
+    // No thread of the daemon's outlived them (one accept thread, the
+    // forwarders, the drives' emulators: what it had before).
+    let threads = eventually(Duration::from_secs(5), || {
+        let n = daemon_threads(&d);
+        (n <= threads_before).then_some(n)
+    });
+    assert!(
+        threads.is_some(),
+        "daemon threads {} after the burst, {threads_before} before",
+        daemon_threads(&d)
+    );
     // The daemon holds nothing of them and still serves.
     let c = Client::connect(&socket).unwrap();
     assert!(c.status().unwrap().clients.iter().all(|cl| cl.uid != STRANGER));
@@ -157,4 +226,29 @@ fn stranger_role() {
     }
     assert_eq!(refused_rule(Client::connect(&socket)), Rule::NotAllowed);
     println!("stranger refused {refused}");
+    drop(socks);
+    // A burst, one after another: each refused at accept and closed.
+    let t = Instant::now();
+    let mut burst = 0;
+    for _ in 0..STRANGER_BURST {
+        let s = UnixStream::connect(&socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = send_frame(&s, &Request::Hello { version: PROTOCOL_VERSION }.encode(), &[]);
+        let _ = send_frame(&s, &Request::Heartbeat.encode(), &[]);
+        let first = recv_frame(&s).map(|f| Response::decode(&f.payload).unwrap());
+        if matches!(first, Ok(Response::Refused { rule: Rule::NotAllowed, .. })) && recv_frame(&s).is_err() {
+            burst += 1;
+        }
+    }
+    eprintln!("{burst} heartbeat-only stranger connections refused and closed in {:?}", t.elapsed());
+    println!("stranger burst {burst}");
+}
+
+/// Heartbeat-only connections of the stranger's burst (one after another).
+const STRANGER_BURST: usize = 2000;
+
+/// Threads of the daemon process now.
+fn daemon_threads(d: &Daemon) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.child.id())).unwrap();
+    status.lines().find_map(|l| l.strip_prefix("Threads:")).unwrap().trim().parse().unwrap()
 }
