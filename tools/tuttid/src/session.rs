@@ -54,6 +54,10 @@ pub struct Session {
     /// This connection's registrations per drive, as the forwarders of
     /// mediated drives check PRPs against them.
     regions: HashMap<usize, Arc<Regions>>,
+    /// Drives on which a queue of this connection could not be deleted
+    /// (quarantined): the controller may still DMA for its commands, so
+    /// the connection's memory there is never unmapped.
+    quarantined: Vec<usize>,
     next_id: u64,
     /// The per-uid ledger the quotas are taken from.
     accounts: Arc<Accounts>,
@@ -94,6 +98,7 @@ impl Session {
             queues: Vec::new(),
             memory: HashMap::new(),
             regions: HashMap::new(),
+            quarantined: Vec::new(),
             next_id: 1,
             accounts,
             lease_end,
@@ -209,6 +214,7 @@ impl Session {
             Ok((Response::Done, Vec::new()))
         } else {
             drive.quarantine(rings);
+            self.quarantined.push(d);
             Err(DaemonError::Drive {
                 drive: name.to_owned(),
                 what: format!("deleting queue {qid} failed; quarantined"),
@@ -258,12 +264,23 @@ impl Session {
     /// Unmaps a registration; on failure keeps its memory mapped forever
     /// (the device might still reach it). On a mediated drive it is first
     /// taken out of the ranges PRPs may name, and the commands forwarded
-    /// before are waited for (they may name it).
+    /// before are waited for (they may name it). On a drive where a queue
+    /// of this connection is quarantined it stays mapped (and counted in
+    /// the drive's registrations): that queue's commands were released
+    /// from the wait when its forwarding stopped, yet may still be live.
     fn unmap(&self, r: Registration) {
         self.accounts.give_memory(self.peer.uid, r.memory.len() as u64);
         let drive = &self.drives[r.drive];
-        drive.registrations.fetch_sub(1, Ordering::Relaxed);
         let iova = r.mapping.pages()[0];
+        if self.quarantined.contains(&r.drive) {
+            if let Some(regions) = self.regions.get(&r.drive) {
+                regions.remove(iova, std::time::Duration::ZERO);
+            }
+            tracing::warn!(drive = %drive.name, iova, "a queue of this client is quarantined; keeping its memory mapped");
+            std::mem::forget(r);
+            return;
+        }
+        drive.registrations.fetch_sub(1, Ordering::Relaxed);
         if let Some(regions) = self.regions.get(&r.drive) {
             if !regions.remove(iova, UNREGISTER_DRAIN) {
                 tracing::error!(drive = %drive.name, iova, "commands naming the memory did not complete; keeping it mapped");
@@ -293,24 +310,19 @@ impl Session {
     fn reclaim_all(&mut self) {
         let queues = std::mem::take(&mut self.queues);
         let sq_ok: Vec<bool> = queues.iter().map(|(d, r)| self.drives[*d].delete_sq(r.qid)).collect();
-        let mut bad_drives = Vec::new();
         for ((d, rings), ok) in queues.into_iter().zip(sq_ok) {
             self.accounts.give_queue(self.peer.uid, d);
             let drive = &self.drives[d];
             if ok && drive.delete_cq(rings.qid) {
                 drive.reclaim_rings(rings);
             } else {
-                bad_drives.push(d);
+                self.quarantined.push(d);
                 drive.quarantine(rings);
             }
         }
+        // On a drive in `quarantined`, `unmap` keeps the memory mapped.
         for (_, r) in std::mem::take(&mut self.memory) {
-            if bad_drives.contains(&r.drive) {
-                self.accounts.give_memory(self.peer.uid, r.memory.len() as u64);
-                std::mem::forget(r);
-            } else {
-                self.unmap(r);
-            }
+            self.unmap(r);
         }
     }
 }

@@ -427,6 +427,35 @@ fn unregistering_waits_for_the_commands_that_may_name_the_memory() {
 }
 
 #[test]
+fn memory_of_a_queue_whose_deletion_failed_stays_mapped() {
+    // A Read at LBA 200 makes the controller fatal: it is never completed,
+    // and the ReleaseQueue that follows cannot delete the SQ (the queue is
+    // quarantined, the controller may still DMA for it). Forwarding of the
+    // queue stopped before Delete I/O SQ, which released its commands from
+    // the unregistration wait; unregistering the memory the Read names
+    // must still keep it mapped (as reclaim does for such a drive), else
+    // its IOVA may go to another client while the command is live.
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let faults = "faults: [ { lba: [200, 201], action: controller_fatal } ], ";
+    let d = Daemon::start(dir.path(), &mediated_yaml_timed(dir.path(), "", faults));
+    let c = Client::connect(&d.socket).unwrap();
+    let regs = || Client::connect(&d.socket).unwrap().status().unwrap().drives[0].registrations;
+    let (g, [sq, _cq, db]) = c.grant_queue("d0", 16).unwrap();
+    let shm = SharedMemory::new(PAGE).unwrap();
+    let (id, iova, _) = c.register_memory("d0", shm.fd(), 0, PAGE as u64).unwrap();
+    let bytes: Vec<u8> = rw(READ, 200, 1, iova, 0).as_dwords().iter().flat_map(|w| w.to_le_bytes()).collect();
+    std::fs::File::from(sq).write_at(&bytes, 0).unwrap();
+    std::fs::File::from(db).write_at(&1u32.to_le_bytes(), 0).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(c.release_queue("d0", g.qid).is_err(), "Delete I/O SQ of a fatal controller fails");
+    c.unregister_memory(id).unwrap();
+    assert_eq!(regs(), 1, "the memory stays mapped (and counted)");
+    let st = Client::connect(&d.socket).unwrap().status().unwrap();
+    assert_eq!(st.drives[0].quarantined, 1);
+}
+
+#[test]
 fn bad_shadow_words_end_the_lease() {
     use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir().unwrap();
