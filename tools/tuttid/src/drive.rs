@@ -43,7 +43,7 @@ pub const MEDIATED_MAX_TRANSFER: u64 = 2 << 20;
 /// smaller). The daemon keeps PRP list pages for each command slot, mapped
 /// (on a `pci` drive pinned) for the controller and counted in no quota:
 /// 4 MiB per queue pair here, 256 MiB at MQES 65535.
-pub const MEDIATED_MAX_ENTRIES: u32 = 1024;
+pub const MEDIATED_MAX_ENTRIES: u32 = crate::mediate::queue::MAX_ENTRIES;
 
 /// A mediated drive's per-client rules.
 #[derive(Debug)]

@@ -4,7 +4,9 @@
 //!   here; the controller never reads it;
 //! - the **real SQ** (daemon memory, mapped for the controller): the
 //!   forwarder copies each checked entry here, with its CID replaced by a
-//!   slot of the daemon's (so a client's duplicate CIDs cannot confuse it);
+//!   slot of the daemon's and the slot's generation (so a client's
+//!   duplicate CIDs cannot confuse it, nor a controller's stale or
+//!   duplicated completion complete the slot's next command);
 //! - the **real CQ** (daemon memory): the controller posts here;
 //! - the **client CQ** (the client's CQ ring): only the daemon writes it,
 //!   copying each controller completion (the client's CID restored, SQHD
@@ -55,6 +57,12 @@ pub struct QueueMemory {
     /// List pages per command.
     pub pages_per_slot: usize,
 }
+
+/// Most entries of a mediated queue pair: slots fit in the low
+/// [`SLOT_BITS`] bits of the controller's CID, a generation in the rest.
+pub const MAX_ENTRIES: u32 = 1 << SLOT_BITS;
+/// CID bits that name the slot.
+const SLOT_BITS: u32 = 10;
 
 /// What one [`MediatedQueue::pass`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +119,9 @@ pub struct MediatedQueue {
     cq_head: u32,
     cq_phase: bool,
     slots: Vec<Option<Slot>>,
+    /// Generation of each slot (CID bits 15:10), advanced when its
+    /// command completes.
+    gens: Vec<u16>,
     free: Vec<u16>,
 }
 
@@ -151,6 +162,7 @@ impl MediatedQueue {
         let n = entries as usize;
         let slots = n.saturating_sub(1);
         if n < 2
+            || entries > MAX_ENTRIES
             || !page.is_power_of_two()
             || page < 4096
             || mem.client_sq.len() < n * 64
@@ -182,6 +194,7 @@ impl MediatedQueue {
             cq_head: 0,
             cq_phase: true,
             slots: vec![None; slots],
+            gens: vec![0; slots],
             free: (0..slots as u16).rev().collect(),
         })
     }
@@ -241,16 +254,33 @@ impl MediatedQueue {
             if sqhd < self.entries {
                 self.real_head = sqhd;
             }
-            let cid = dw3 & 0xffff;
-            let Some(slot) = self.slots.get_mut(cid as usize).and_then(Option::take) else {
+            let Some((index, slot)) = self.take_slot(dw3 as u16) else {
                 p.stray += 1;
                 continue;
             };
             self.regions.done(slot.epoch);
-            self.free.push(cid as u16);
+            self.free.push(index);
             let client_dw2 = self.sq_head | (u32::from(self.qid) << 16);
             self.post([dw[0], dw[1], client_dw2, u32::from(slot.cid) | (dw3 & 0xfffe_0000)]);
         }
+    }
+
+    /// The controller's CID of slot `index` now.
+    fn cid_of(&self, index: u16) -> u16 {
+        index | self.gens[usize::from(index)] << SLOT_BITS
+    }
+
+    /// The outstanding command that controller CID `cid` names (slot and
+    /// generation), taken out of its slot, whose generation moves on.
+    /// `None` for a CID of no outstanding command, or a stale one.
+    fn take_slot(&mut self, cid: u16) -> Option<(u16, Slot)> {
+        let index = cid & ((1 << SLOT_BITS) - 1);
+        let i = usize::from(index);
+        if self.slots.get(i)?.is_none() || self.cid_of(index) != cid {
+            return None;
+        }
+        self.gens[i] = (self.gens[i] + 1) & ((1 << (16 - SLOT_BITS)) - 1);
+        Some((index, self.slots[i].take()?))
     }
 
     /// Takes shadow SQ entries up to `tail`: each checked, then copied to
@@ -286,15 +316,15 @@ impl MediatedQueue {
         }
     }
 
-    /// The controller's copy of `sqe` (CID = `slot`, PRPs checked, list
-    /// copied into the slot's daemon pages).
+    /// The controller's copy of `sqe` (CID = `slot` and its generation,
+    /// PRPs checked, list copied into the slot's daemon pages).
     fn mediate(&self, sqe: &Sqe, slot: u16) -> Result<Sqe, Refusal> {
         let sqe::Checked { bytes, slba } = sqe::check(sqe, &self.tenant)?;
         // Built from the checked fields only, never copied: OPC, the
         // tenant's NSID, CID = the daemon's slot; FUSE, PSDT, MPTR, CDW2,
         // CDW3 and CDW13..15 zero.
         let mut out = Sqe::new(sqe.opcode(), self.tenant.nsid);
-        out.set_cid(slot);
+        out.set_cid(self.cid_of(slot));
         if let Some(slba) = slba {
             // CDW10/11: SLBA on the namespace (the partition's LBA 0 is its first).
             (out.cdw10, out.cdw11) = (slba as u32, (slba >> 32) as u32);
@@ -494,6 +524,31 @@ mod tests {
     }
 
     #[test]
+    fn a_stale_completion_does_not_complete_the_slots_next_command() {
+        // A controller that posts a completion twice (or late, after a
+        // timeout): by then the slot may carry a new command. Completing
+        // that one early would free its list pages and release it from
+        // the unregistration wait while the controller still runs it.
+        let (mut q, [csq, ccq, rsq, rcq]) = queue();
+        put_sqe(&csq, 0, &read(1, DATA));
+        q.pass(1, 0).unwrap();
+        let a = sqe_at(&rsq, 0).cid();
+        complete(&rcq, 0, a, 1, true);
+        put_sqe(&csq, 1, &read(2, DATA));
+        let p = q.pass(2, 0).unwrap();
+        assert_eq!((p.forwarded, cqe_at(&ccq, 0).cid), (1, 1));
+        let b = sqe_at(&rsq, 1).cid();
+        // The duplicate of A's completion arrives while B is in flight.
+        complete(&rcq, 1, a, 2, true);
+        let p = q.pass(2, 1).unwrap();
+        assert_eq!(p.stray, 1, "A's CID again is no outstanding command");
+        assert!(!cqe_at(&ccq, 1).phase(), "nothing posted for B yet");
+        complete(&rcq, 2, b, 2, true);
+        q.pass(2, 1).unwrap();
+        assert_eq!((cqe_at(&ccq, 1).cid, cqe_at(&ccq, 1).phase()), (2, true));
+    }
+
+    #[test]
     fn bad_shadow_words_are_violations() {
         let (mut q, _) = queue();
         assert!(matches!(q.pass(E, 0), Err(Violation::SqTail { .. })));
@@ -580,7 +635,7 @@ mod tests {
                 proptest::prop_assert!(owned(s.prp1, first), "PRP1 {:#x}", s.prp1);
                 let rest = bytes - first;
                 if rest > 4096 {
-                    let slot = u64::from(s.cid());
+                    let slot = u64::from(s.cid() & 0x3ff);
                     proptest::prop_assert_eq!(s.prp2, LISTS + slot * 4096);
                     for k in 0..rest.div_ceil(4096) as usize {
                         let e = lists.read64(slot as usize * PAGE + k * 8).unwrap();
