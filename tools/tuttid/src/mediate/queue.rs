@@ -587,6 +587,12 @@ mod tests {
         prop_oneof![3 => any::<u16>().prop_map(|c| u32::from(c) << 16), 1 => any::<u32>()]
     }
 
+    /// NLB 0..40, mostly without flags, sometimes any CDW12 bits 31:16.
+    fn cdw12() -> impl proptest::strategy::Strategy<Value = u32> {
+        use proptest::prelude::*;
+        (0u32..40, prop_oneof![3 => Just(0u32), 1 => any::<u32>()]).prop_map(|(n, hi)| n | (hi & 0xffff_0000))
+    }
+
     /// Whether `addr .. addr + len` lies inside the client's registration.
     fn owned(addr: u64, len: u64) -> bool {
         addr >= DATA && addr.checked_add(len).is_some_and(|e| e <= DATA + 4 * 4096)
@@ -599,7 +605,7 @@ mod tests {
         /// client's own registration.
         #[test]
         fn client_input_never_panics_nor_escapes_the_registration(
-            sqes in proptest::collection::vec((opcode(), nsid(), 0u32..40, pointer(), pointer(), cdw0_high()), 1..4),
+            sqes in proptest::collection::vec((opcode(), nsid(), cdw12(), pointer(), pointer(), cdw0_high()), 1..4),
             list in proptest::collection::vec(pointer(), 512),
             list_at in 0usize..4,
             words in (0u32..6, 0u32..6),
