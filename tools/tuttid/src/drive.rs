@@ -16,7 +16,7 @@ use tuttid_proto::message::{DriveFacts, DriveStatus, QueueGrant};
 use tuttid_proto::shm::{sealed_memfd, MappedFd, PAGE};
 
 use crate::config::{Allow, DriveEntry, PartitionEntry};
-use crate::error::DaemonError;
+use crate::error::{DaemonError, DriveCause};
 use crate::forward::{Forwarder, LeaseEnd, SHADOW_DSTRD};
 use crate::mediate::{prp, MediatedQueue, Partition, QueueMemory, Regions, Tenant};
 
@@ -113,19 +113,22 @@ impl Drive {
     ///
     /// [`DaemonError::Drive`] naming the drive.
     pub fn start(name: &str, entry: &DriveEntry) -> Result<Self, DaemonError> {
-        let fail = |what: String| DaemonError::Drive { drive: name.to_owned(), what };
+        let fail_by = |what: &str, e: DriveCause| DaemonError::Drive {
+            drive: name.to_owned(),
+            what: what.to_owned(),
+            source: Some(e),
+        };
         let forwarded = entry.forwarded();
         let (device, emulator, io_queues) = open_device(name, &entry.device, forwarded)?;
         let opts = ControllerOptions { io_queues, ..ControllerOptions::default() };
-        let controller =
-            Controller::init(device.clone(), opts).map_err(|e| fail(format!("bring-up: {e}")))?;
-        let ns = controller.usable_namespace(entry.nsid).map_err(|e| fail(format!("namespace: {e}")))?;
+        let controller = Controller::init(device.clone(), opts).map_err(|e| fail_by("bring-up", e.into()))?;
+        let ns = controller.usable_namespace(entry.nsid).map_err(|e| fail_by("namespace", e.into()))?;
         let total = controller.io_queues_granted();
         let doorbells = match (&emulator, forwarded) {
             (Some(emu), false) => Doorbells::Pages(emu.clone()),
             _ => Doorbells::Forwarded(
                 Forwarder::start(name, device.clone(), controller.cap().dstrd(), entry.forward_spin())
-                    .map_err(|e| fail(format!("forwarding thread: {e}")))?,
+                    .map_err(|e| fail_by("forwarding thread", e.into()))?,
             ),
         };
         // Forwarded: the client sees the shadow layout (DSTRD 9, one page
@@ -250,7 +253,7 @@ impl Drive {
         lease_end: &LeaseEnd,
         tenant: Option<(Tenant, Arc<Regions>)>,
     ) -> Result<(Rings, QueueGrant, [OwnedFd; 3]), DaemonError> {
-        let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what };
+        let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what, source: None };
         let sq_len = (entries as usize * 64).next_multiple_of(PAGE);
         let cq_len = (entries as usize * 16).next_multiple_of(PAGE);
         // A forwarded queue's shadow page is registered before the queue
@@ -314,7 +317,11 @@ impl Drive {
         (sq_len, cq_len): (usize, usize),
         pages_per_slot: usize,
     ) -> Result<(Rings, OwnedFd, OwnedFd), DaemonError> {
-        let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what };
+        let fail_by = |what: &str, e: DriveCause| DaemonError::Drive {
+            drive: self.name.clone(),
+            what: what.to_owned(),
+            source: Some(e),
+        };
         let (client_sq, sq_fd) = self.ring(sq_len)?;
         let (client_cq, cq_fd) = self.ring(cq_len)?;
         let lists_len = (entries as usize - 1).max(1) * pages_per_slot.max(1) * self.facts.page_size as usize;
@@ -344,7 +351,7 @@ impl Drive {
         let (sq_iova, cq_iova) = (maps[0].pages()[0], maps[1].pages()[0]);
         if let Err(e) = lock(&self.controller).create_io_queues_at(qid, entries, sq_iova, cq_iova) {
             self.unmap_all(qid, &maps);
-            return Err(fail(format!("creating queue {qid}: {e}")));
+            return Err(fail_by(&format!("creating queue {qid}"), e.into()));
         }
         let rings = Rings { qid, _sq: mine[0].clone(), cq: mine[1].clone(), maps, mediated: Some(mem) };
         Ok((rings, sq_fd, cq_fd))
@@ -359,7 +366,11 @@ impl Drive {
         (sq_len, cq_len): (usize, usize),
         domain: u32,
     ) -> Result<(Rings, OwnedFd, OwnedFd), DaemonError> {
-        let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what };
+        let fail_by = |what: &str, e: DriveCause| DaemonError::Drive {
+            drive: self.name.clone(),
+            what: what.to_owned(),
+            source: Some(e),
+        };
         let (sq, sq_fd) = self.ring(sq_len)?;
         let (cq, cq_fd) = self.ring(cq_len)?;
         let sq_map = self.map(&sq, domain)?;
@@ -380,12 +391,12 @@ impl Drive {
         if let Some(emu) = self.emulator.as_ref().filter(|_| self.mediation.is_none()) {
             if let Err(e) = emu.set_sq_domain(qid, domain) {
                 self.unmap_rings(&rings);
-                return Err(fail(format!("DMA domain of queue {qid}: {e}")));
+                return Err(fail_by(&format!("DMA domain of queue {qid}"), e.into()));
             }
         }
         if let Err(e) = lock(&self.controller).create_io_queues_at(qid, entries, sq_iova, cq_iova) {
             self.unmap_rings(&rings);
-            return Err(fail(format!("creating queue {qid}: {e}")));
+            return Err(fail_by(&format!("creating queue {qid}"), e.into()));
         }
         Ok((rings, sq_fd, cq_fd))
     }
@@ -399,10 +410,14 @@ impl Drive {
 
     /// A zeroed, sealed ring memfd mapped here, and a descriptor for the client.
     fn ring(&self, len: usize) -> Result<(MappedFd, OwnedFd), DaemonError> {
-        let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what };
-        let fd = sealed_memfd("tuttid-ring", len).map_err(|e| fail(format!("ring memfd: {e}")))?;
-        let theirs = fd.try_clone().map_err(|e| fail(format!("dup: {e}")))?;
-        let m = MappedFd::map(fd, 0, len as u64).map_err(|e| fail(format!("ring mmap: {e}")))?;
+        let fail_by = |what: &str, e: DriveCause| DaemonError::Drive {
+            drive: self.name.clone(),
+            what: what.to_owned(),
+            source: Some(e),
+        };
+        let fd = sealed_memfd("tuttid-ring", len).map_err(|e| fail_by("ring memfd", e.into()))?;
+        let theirs = fd.try_clone().map_err(|e| fail_by("dup", e.into()))?;
+        let m = MappedFd::map(fd, 0, len as u64).map_err(|e| fail_by("ring mmap", e.into()))?;
         Ok((m, theirs))
     }
 
@@ -411,7 +426,12 @@ impl Drive {
     /// run of device addresses (the protocol sends one base address).
     #[allow(unsafe_code)] // dma_map's contract, stated at the call
     pub fn map(&self, m: &MappedFd, domain: u32) -> Result<DmaMapping, DaemonError> {
-        let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what };
+        let fail = |what: String| DaemonError::Drive { drive: self.name.clone(), what, source: None };
+        let fail_by = |what: &str, e: DriveCause| DaemonError::Drive {
+            drive: self.name.clone(),
+            what: what.to_owned(),
+            source: Some(e),
+        };
         let ptr = NonNull::new(m.as_ptr()).ok_or_else(|| fail("null mapping".into()))?;
         // SAFETY: `m` stays mapped until after `dma_unmap` of this mapping
         // (its owner, a `Rings` or a registration, is dropped only after
@@ -426,7 +446,7 @@ impl Drive {
             // SAFETY: as stated above.
             _ => unsafe { self.device.dma_map(ptr, m.len()) },
         }
-        .map_err(|e| fail(format!("DMA mapping: {e}")))?;
+        .map_err(|e| fail_by("DMA mapping", e.into()))?;
         let contiguous = map.pages().windows(2).all(|w| w[1] == w[0] + PAGE as u64);
         if !contiguous {
             let _ = self.device.dma_unmap(&map);
@@ -562,7 +582,7 @@ fn mediation(
     blocks: u64,
     page: usize,
 ) -> Result<Option<Mediation>, DaemonError> {
-    let fail = |what: String| DaemonError::Drive { drive: name.to_owned(), what };
+    let fail = |what: String| DaemonError::Drive { drive: name.to_owned(), what, source: None };
     if !entry.mediated() {
         if matches!(entry.device, DriveConfig::Pci(_)) {
             tracing::warn!(drive = %name, "mediated: false on a pci drive: its clients' PRPs reach every client's memory");
@@ -592,7 +612,12 @@ fn mediation(
 type Opened = (Arc<dyn NvmeDevice>, Option<Arc<Emulator>>, u16);
 
 fn open_device(name: &str, cfg: &DriveConfig, forwarded: bool) -> Result<Opened, DaemonError> {
-    let fail = |what: String| DaemonError::Drive { drive: name.to_owned(), what };
+    let fail = |what: String| DaemonError::Drive { drive: name.to_owned(), what, source: None };
+    let fail_by = |what: &str, e: DriveCause| DaemonError::Drive {
+        drive: name.to_owned(),
+        what: what.to_owned(),
+        source: Some(e),
+    };
     match cfg {
         DriveConfig::Emulated(e) => {
             let mut ec = tutti::emulator_config(name, e);
@@ -600,7 +625,7 @@ fn open_device(name: &str, cfg: &DriveConfig, forwarded: bool) -> Result<Opened,
                 ec.dstrd = SHARED_DOORBELL_DSTRD;
                 ec.shared_doorbells = true;
             }
-            let emulator = Emulator::start(ec).map_err(|e| fail(format!("emulator: {e}")))?;
+            let emulator = Emulator::start(ec).map_err(|e| fail_by("emulator", e.into()))?;
             let device: Arc<dyn NvmeDevice> = emulator.clone();
             Ok((device, Some(emulator), e.io_queues))
         }

@@ -4,6 +4,9 @@
 use tuttid_proto::Rule;
 
 /// What went wrong serving a request or starting the daemon.
+/// The error beneath a [`DaemonError::Drive`].
+pub type DriveCause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
     /// A request named a drive the config does not have.
@@ -109,6 +112,10 @@ pub enum DaemonError {
         drive: String,
         /// What failed.
         what: String,
+        /// The error underneath, when one caused it (a controller, the
+        /// OS, the emulator), for callers that match or walk the chain.
+        #[source]
+        source: Option<DriveCause>,
     },
     /// Socket setup failed.
     #[error("{op} {path}")]

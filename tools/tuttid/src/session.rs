@@ -77,7 +77,7 @@ pub struct Session {
 pub type Reply = (Response, Vec<OwnedFd>);
 
 fn refuse(e: DaemonError) -> Reply {
-    (Response::Refused { rule: e.rule(), detail: e.to_string() }, Vec::new())
+    (Response::Refused { rule: e.rule(), detail: tutti::error_chain(&e) }, Vec::new())
 }
 
 impl Session {
@@ -218,6 +218,7 @@ impl Session {
             Err(DaemonError::Drive {
                 drive: name.to_owned(),
                 what: format!("deleting queue {qid} failed; quarantined"),
+                source: None,
             })
         }
     }
@@ -347,6 +348,31 @@ mod tests {
     use super::*;
     use crate::accounts::Limits;
     use crate::config::DaemonConfig;
+
+    #[test]
+    fn a_drive_failure_keeps_its_cause_for_a_caller_to_match() {
+        let uid = rustix::process::getuid().as_raw();
+        let yaml = format!(
+            "socket: /nonexistent/t.sock\ndrives:\n  d0:\n    device: {{ emulated: {{ namespaces: [ {{ capacity: 8MiB, block_size: 4096 }} ] }} }}\n    nsid: 2\n    allow: {{ uids: [{uid}] }}\n"
+        );
+        let cfg = DaemonConfig::from_yaml(&yaml).unwrap();
+        let e = Drive::start("d0", &cfg.drives["d0"]).expect_err("namespace 2 does not exist");
+        match &e {
+            DaemonError::Drive { drive, what, source: Some(cause) } => {
+                assert_eq!((drive.as_str(), what.as_str()), ("d0", "namespace"));
+                let ns = cause.downcast_ref::<nvm_queue::NamespaceError>();
+                assert!(
+                    matches!(ns, Some(nvm_queue::NamespaceError::NotActive { nsid: 2, .. })),
+                    "{cause:?}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // The client's refusal carries the whole chain.
+        let (r, _) = refuse(e);
+        let Response::Refused { detail, .. } = r else { panic!("{r:?}") };
+        assert!(detail.starts_with("drive \"d0\": namespace: ") && detail.len() > 30, "{detail}");
+    }
 
     #[test]
     fn a_panicking_connection_thread_still_reclaims_queues_then_memory() {
