@@ -174,9 +174,11 @@ impl ItemStatus {
                 message: format!("drive {drive:?} failed (controller fatal or gone)"),
             },
             RequestStatus::NotAccepted(e) => ItemStatus::refused(e),
-            RequestStatus::SubmitFailed { reason } => {
-                ItemStatus::Device { status: None, drive: None, message: reason.clone() }
-            }
+            RequestStatus::SubmitFailed { reason } => ItemStatus::Device {
+                status: None,
+                drive: submit_failure_drive(reason),
+                message: reason.to_string(),
+            },
             other => ItemStatus::Device { status: None, drive: None, message: format!("{other:?}") },
         }
     }
@@ -226,5 +228,18 @@ impl std::fmt::Display for ItemStatus {
             ItemStatus::Device { drive: None, message, .. } => f.write_str(message),
             ItemStatus::Timeout => f.write_str("not complete by the wait's deadline"),
         }
+    }
+}
+
+/// The drive a submit failure names, if it names one.
+fn submit_failure_drive(f: &tutti::SubmitFailure) -> Option<String> {
+    use tutti::SubmitFailure as F;
+    match f {
+        F::DriveNotReady { drive, .. }
+        | F::NoQueue { drive, .. }
+        | F::QueueFull { drive, .. }
+        | F::SqDeleted { drive, .. }
+        | F::CommandRefused { drive, .. } => Some(drive.clone()),
+        _ => None,
     }
 }

@@ -77,7 +77,7 @@ impl Status {
                     ),
                 )
             },
-            RequestStatus::SubmitFailed { reason } => base("submit_failed", reason.clone()),
+            RequestStatus::SubmitFailed { reason } => base("submit_failed", reason.to_string()),
             other => base("submit_failed", format!("{other:?}")),
         }
     }

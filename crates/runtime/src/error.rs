@@ -324,8 +324,75 @@ pub enum RequestStatus {
     /// Some commands could not be queued (queue stayed full past the
     /// submission bound, or the buffer could not be described).
     SubmitFailed {
-        /// Why.
-        reason: String,
+        /// Why, typed ([`SubmitFailure`]; its `Display` is the message).
+        reason: SubmitFailure,
+    },
+}
+
+/// Why a request's commands were not sent ([`RequestStatus::SubmitFailed`]).
+/// None of them reached a drive unless the variant says otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitFailure {
+    /// The drive takes no commands now: failed (controller fatal or gone),
+    /// being reset, or shut down. `Runtime::reset_drive` brings a failed
+    /// drive back.
+    #[error("drive {drive:?} is {state}; reset_drive brings a failed drive back")]
+    DriveNotReady {
+        /// The drive.
+        drive: String,
+        /// Its state, in words (`Failed`, `Resetting`, `ShutDown`).
+        state: String,
+    },
+    /// The drive has no I/O queue of the kind the request needs (CPU
+    /// queues, or GPU queues for a GPU-executed datapath).
+    #[error("drive {drive:?} has no {kind} I/O queue")]
+    NoQueue {
+        /// The drive.
+        drive: String,
+        /// `"CPU"` or `"GPU"`.
+        kind: &'static str,
+    },
+    /// The SQ stayed full past `SUBMIT_RETRY_BOUND`.
+    #[error("drive {drive:?}: queue {qid} stayed full")]
+    QueueFull {
+        /// The drive.
+        drive: String,
+        /// The SQ's queue ID.
+        qid: u16,
+    },
+    /// The SQ was deleted (shutdown or reset) while commands were queued.
+    #[error("drive {drive:?}: queue {qid} was deleted")]
+    SqDeleted {
+        /// The drive.
+        drive: String,
+        /// The SQ's queue ID.
+        qid: u16,
+    },
+    /// The queue refused one command (its buffer could not be described
+    /// with PRPs); commands of the request queued before it were sent.
+    #[error("drive {drive:?}: {detail}")]
+    CommandRefused {
+        /// The drive.
+        drive: String,
+        /// The queue's reason.
+        detail: String,
+    },
+    /// An earlier command of the same request was refused; this one was
+    /// not sent.
+    #[error("an earlier command of the request was refused")]
+    EarlierCommandRefused,
+    /// The GPU kernel could not be launched (or its statuses read).
+    #[error("GPU launch: {detail}")]
+    GpuLaunch {
+        /// The GPU error chain.
+        detail: String,
+    },
+    /// The kernel reported a status the runtime has no meaning for.
+    #[error("GPU: {detail}")]
+    GpuStatus {
+        /// The status, in words.
+        detail: String,
     },
 }
 

@@ -56,7 +56,7 @@ mod runtime;
 pub use binding::ResolveError;
 pub use config::Config;
 pub use drive::emulator_config;
-pub use error::{Alignment, Error, RequestError, RequestStatus, UriError};
+pub use error::{Alignment, Error, RequestError, RequestStatus, SubmitFailure, UriError};
 pub use handle::{HandleError, MemoryHandle, OpHandle, TargetHandle};
 pub use nvme_regs::Status as NvmeStatus;
 pub use request::{Direction, Request, Submission};

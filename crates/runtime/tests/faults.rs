@@ -139,7 +139,13 @@ fn vanished_drive_is_named_quickly(stop: impl FnOnce(&nvme_emu::Emulator)) {
     let t = rt.open("tutti://kv/0").unwrap();
     let st =
         rt.wait(rt.submit(&[Request::read(t, 256 << 10, 4096, m, 0)]).op().unwrap(), Duration::from_secs(5));
-    assert!(matches!(&st.unwrap()[0], RequestStatus::SubmitFailed { reason } if reason.contains("\"c\"")));
+    // A caller matches why: the failed drive, by name, and its state.
+    match &st.unwrap()[0] {
+        RequestStatus::SubmitFailed { reason: tutti::SubmitFailure::DriveNotReady { drive, state } } => {
+            assert_eq!((drive.as_str(), state.as_str()), ("c", "Failed"))
+        }
+        other => panic!("{other:?}"),
+    }
     // Shutdown sends no CC.SHN to a controller that no longer answers (it
     // would wait out CAP.TO) and says so; the others shut down normally.
     let t0 = std::time::Instant::now();

@@ -96,7 +96,7 @@ fn fails_promptly(rt: &Runtime, op: tutti::OpHandle) {
     assert!(t0.elapsed() < Duration::from_secs(2), "noticed after {:?}", t0.elapsed());
     match &st[0] {
         RequestStatus::ControllerFatal { drive } => assert_eq!(drive, "d0"),
-        RequestStatus::SubmitFailed { reason } => assert!(reason.contains("\"d0\""), "{reason}"),
+        RequestStatus::SubmitFailed { reason } => assert!(reason.to_string().contains("\"d0\""), "{reason}"),
         other => panic!("not a device failure: {other:?}"),
     }
 }

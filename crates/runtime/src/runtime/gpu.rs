@@ -30,7 +30,7 @@ use super::plan::{BatchPlan, PlannedRequest};
 use super::GPU_COMMAND_BUDGET;
 use super::{error_chain, lock, Runtime};
 use crate::drive::KernelsRunning;
-use crate::error::{Error, RequestStatus};
+use crate::error::{Error, RequestStatus, SubmitFailure};
 use crate::handle::{OpHandle, RawHandle};
 use crate::request::Direction;
 
@@ -66,7 +66,7 @@ struct Launch<'a> {
     /// Drive index -> index of its queue in `queues`.
     first_queue: HashMap<usize, u16>,
     /// Requests failed before launch: (request, commands, why).
-    refused: Vec<(usize, u32, String)>,
+    refused: Vec<(usize, u32, SubmitFailure)>,
 }
 
 impl Runtime {
@@ -83,14 +83,15 @@ impl Runtime {
                 l.refused.push((i, r.commands, why));
             }
         }
-        let mut failed: Vec<(usize, u32, String)> = std::mem::take(&mut l.refused);
+        let mut failed: Vec<(usize, u32, SubmitFailure)> = std::mem::take(&mut l.refused);
         let mut launched = None;
         if !l.cmds.is_empty() {
             let drives = l.cmd_drive.iter().map(|&d| self.drives[usize::from(d)].clone()).collect();
             match KernelsRunning::start(drives) {
-                None => {
-                    failed.extend(per_request(&l.cmd_req, "a drive of the batch failed or is being reset"))
-                }
+                None => failed.extend(per_request(
+                    &l.cmd_req,
+                    &launch_failure("a drive of the batch failed or is being reset"),
+                )),
                 Some(running) => {
                     // SAFETY: the lane's own stream lives as long as the
                     // runtime, which waits for its kernels before it goes;
@@ -111,7 +112,7 @@ impl Runtime {
                             lanes.launched(lane, launch.end());
                             launched = Some((launch, running));
                         }
-                        Err(e) => failed.extend(per_request(&l.cmd_req, &error_chain(&e))),
+                        Err(e) => failed.extend(per_request(&l.cmd_req, &launch_failure(&error_chain(&e)))),
                     }
                 }
             }
@@ -154,29 +155,32 @@ impl Runtime {
         plan: &'a BatchPlan,
         i: usize,
         r: &'a PlannedRequest,
-    ) -> Result<(), String> {
+    ) -> Result<(), SubmitFailure> {
         let opcode = match r.direction {
             Direction::Read => nvme_regs::opcode::nvm_opcode::READ,
             Direction::Write => nvme_regs::opcode::nvm_opcode::WRITE,
             // Planned as CPU-executed (`plan_flush`); never reaches here.
-            Direction::Flush => return Err("a flush is executed by CPU threads".to_owned()),
+            Direction::Flush => return Err(launch_failure("a flush is executed by CPU threads")),
         };
-        let Some(region) = r.region else { return Err("a GPU request without memory".to_owned()) };
+        let Some(region) = r.region else { return Err(launch_failure("a GPU request without memory")) };
         let start = l.cmds.len();
         for p in &plan.pieces[r.pieces.clone()] {
             let d = &self.drives[p.drive];
             let (Some(gq), Some(Some(greg))) = (&d.gpu, plan.regions[region].gpu_regions.get(d.index)) else {
                 l.truncate(start);
-                return Err(format!("drive {:?} has no GPU queues or page table", d.name));
+                return Err(SubmitFailure::NoQueue { drive: d.name.clone(), kind: "GPU" });
             };
             if !d.is_ready() {
                 l.truncate(start);
-                return Err(format!("drive {:?} is {:?}; reset_drive brings it back", d.name, d.state()));
+                return Err(SubmitFailure::DriveNotReady {
+                    drive: d.name.clone(),
+                    state: format!("{:?}", d.state()),
+                });
             }
             let lane = l.lane % gq.queues.len().max(1);
             let Some(queue) = gq.queues.get(lane) else {
                 l.truncate(start);
-                return Err(format!("drive {:?} has no GPU queues", d.name));
+                return Err(SubmitFailure::NoQueue { drive: d.name.clone(), kind: "GPU" });
             };
             let index = *l.first_queue.entry(d.index).or_insert_with(|| {
                 l.queues.push((queue, greg));
@@ -267,7 +271,7 @@ impl Runtime {
         match statuses {
             Ok(s) => self.settle_gpu_commands(st, &cmds, &s, &dead),
             Err(e) => {
-                for (i, n, reason) in per_request(&cmds.req, &error_chain(&e)) {
+                for (i, n, reason) in per_request(&cmds.req, &launch_failure(&error_chain(&e))) {
                     let _ = st.unsent(i, n, RequestStatus::SubmitFailed { reason });
                 }
             }
@@ -308,7 +312,13 @@ impl Runtime {
                     };
                     st.abandon(i, why)
                 }
-                other => st.unsent(i, 1, RequestStatus::SubmitFailed { reason: format!("GPU: {other:?}") }),
+                other => st.unsent(
+                    i,
+                    1,
+                    RequestStatus::SubmitFailed {
+                        reason: SubmitFailure::GpuStatus { detail: format!("{other:?}") },
+                    },
+                ),
             };
         }
     }
@@ -324,13 +334,18 @@ impl Launch<'_> {
 }
 
 /// `(request, commands, why)` for each request of a command list.
-fn per_request(cmd_req: &[u32], why: &str) -> Vec<(usize, u32, String)> {
-    let mut out: Vec<(usize, u32, String)> = Vec::new();
+fn per_request(cmd_req: &[u32], why: &SubmitFailure) -> Vec<(usize, u32, SubmitFailure)> {
+    let mut out: Vec<(usize, u32, SubmitFailure)> = Vec::new();
     for &i in cmd_req {
         match out.last_mut() {
             Some((j, n, _)) if *j == i as usize => *n += 1,
-            _ => out.push((i as usize, 1, why.to_owned())),
+            _ => out.push((i as usize, 1, why.clone())),
         }
     }
     out
+}
+
+/// [`SubmitFailure::GpuLaunch`] with `detail`.
+fn launch_failure(detail: &str) -> SubmitFailure {
+    SubmitFailure::GpuLaunch { detail: detail.to_owned() }
 }

@@ -315,7 +315,9 @@ mod tests {
 
     #[test]
     fn unsent_commands_leave_in_one_step() {
-        let why = RequestStatus::SubmitFailed { reason: "queue full".into() };
+        let why = RequestStatus::SubmitFailed {
+            reason: crate::SubmitFailure::QueueFull { drive: "d0".into(), qid: 1 },
+        };
         let mut s = op(&[Ok(5)]);
         let _ = s.complete(0, None);
         assert_eq!(s.unsent(0, 5, why.clone()), Settle::Refused, "more than are left");
@@ -351,7 +353,7 @@ mod tests {
                 let r = match kind {
                     0 => s.complete(i, None),
                     1 => s.abandon(i, fatal()),
-                    _ => s.unsent(i, n, RequestStatus::SubmitFailed { reason: String::new() }),
+                    _ => s.unsent(i, n, RequestStatus::SubmitFailed { reason: crate::SubmitFailure::EarlierCommandRefused }),
                 };
                 let n = if kind == 2 { n } else { 1 };
                 let ok = left.get(i).is_some_and(|&l| l >= n);

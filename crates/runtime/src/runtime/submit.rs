@@ -26,12 +26,12 @@ use super::ops::{make_tag, OpState, TAG_SLOT_MAX};
 use super::plan::BatchPlan;
 use super::{lock, Runtime, MAX_BATCH, SUBMIT_RETRY_BOUND};
 use crate::drive::Drive;
-use crate::error::{RequestError, RequestStatus};
+use crate::error::{RequestError, RequestStatus, SubmitFailure};
 use crate::handle::{OpHandle, RawHandle};
 use crate::request::{Direction, Request, Submission};
 
 /// Commands of a batch that did not reach a drive: (request, count, why).
-type Unsent = Vec<(usize, u32, String)>;
+type Unsent = Vec<(usize, u32, SubmitFailure)>;
 
 /// Completions reaped from a full queue while submitting, with the index
 /// of the drive they came from; routed once the queue is let go.
@@ -170,9 +170,9 @@ impl Runtime {
     ) {
         let not_ready = || {
             if d.queues.is_empty() {
-                format!("drive {:?} has no I/O queue", d.name)
+                SubmitFailure::NoQueue { drive: d.name.clone(), kind: "CPU" }
             } else {
-                format!("drive {:?} is {:?}; reset_drive brings a failed drive back", d.name, d.state())
+                SubmitFailure::DriveNotReady { drive: d.name.clone(), state: format!("{:?}", d.state()) }
             }
         };
         let mut qp = match d.pick_queue() {
@@ -186,7 +186,7 @@ impl Runtime {
             }
         };
         // Why the queue took nothing more (full past the bound, SQ deleted).
-        let mut queue_dead: Option<String> = None;
+        let mut queue_dead: Option<SubmitFailure> = None;
         // The request whose command the queue refused (bad PRP): its later
         // commands are not sent either.
         let mut failed_request = None;
@@ -197,13 +197,17 @@ impl Runtime {
                 continue;
             }
             if failed_request == Some(p.request) {
-                unsent.push(unsent_piece(plan, i, "an earlier command of the request was refused"));
+                unsent.push(unsent_piece(plan, i, &SubmitFailure::EarlierCommandRefused));
                 continue;
             }
-            if let Err(e) = self.push_piece(&mut qp, op, plan, d, i, reaped) {
-                let (left, e) = e;
-                let why = format!("drive {:?}: {e}", d.name);
-                if matches!(e, SubmitError::QueueFull { .. } | SubmitError::SqDeleted { .. }) {
+            if let Err((left, e)) = self.push_piece(&mut qp, op, plan, d, i, reaped) {
+                let drive = d.name.clone();
+                let why = match e {
+                    SubmitError::QueueFull { qid } => SubmitFailure::QueueFull { drive, qid },
+                    SubmitError::SqDeleted { qid } => SubmitFailure::SqDeleted { drive, qid },
+                    other => SubmitFailure::CommandRefused { drive, detail: crate::error_chain(&other) },
+                };
+                if matches!(why, SubmitFailure::QueueFull { .. } | SubmitFailure::SqDeleted { .. }) {
                     queue_dead = Some(why.clone());
                 }
                 failed_request = Some(p.request);
@@ -283,7 +287,7 @@ impl Runtime {
 }
 
 /// Piece `i`'s commands as not sent, because of `why`.
-fn unsent_piece(plan: &BatchPlan, i: usize, why: &str) -> (usize, u32, String) {
+fn unsent_piece(plan: &BatchPlan, i: usize, why: &SubmitFailure) -> (usize, u32, SubmitFailure) {
     let p = &plan.pieces[i];
-    (p.request, p.commands(), why.to_owned())
+    (p.request, p.commands(), why.clone())
 }
