@@ -172,7 +172,7 @@ pub fn gpu_rate(a: &GpuRateArgs, stop: &Stop) -> Result<Ended, String> {
         ratio: a.commands as f64 / run.secs.kernel / cpu,
     };
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+        println!("{}", tutti_bench::schema::Document::new("gpu-rate", &r).to_json());
     } else {
         print_rate(&r, a);
     }

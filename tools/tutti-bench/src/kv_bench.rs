@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use serde::Serialize;
 use tutti::{Config, MemoryHandle, Request, Runtime};
 use tutti_kv::{Get, Key, KvStore, OpenOptions, Put, Value};
 
@@ -52,37 +51,16 @@ pub struct KvArgs {
     /// skips it).
     #[arg(long, value_delimiter = ',', default_value = "100000")]
     pub recovery: Vec<u64>,
-    /// Print JSON.
+    /// Print JSON (docs/benchmarks.md, "JSON output").
     #[arg(long)]
     pub json: bool,
+    /// Also draw put/get against raw write/read GB/s into FILE (SVG).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
-/// One path's bandwidth, GB/s (10^9 bytes per second).
-#[derive(Debug, Clone, Copy, Serialize, Default)]
-struct Pass {
-    write_gbps: f64,
-    read_gbps: f64,
-}
-
-#[derive(Debug, Serialize)]
-struct KvResult {
-    drives: u64,
-    object_bytes: u64,
-    objects: u64,
-    batch: usize,
-    raw: Vec<Pass>,
-    store: Vec<Pass>,
-    /// Store median / raw median.
-    put_ratio: f64,
-    get_ratio: f64,
-    /// (objects, seconds) per recovery run.
-    recovery: Vec<(u64, f64)>,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
+use tutti_bench::schema::kv::median;
+use tutti_bench::schema::{Document, KvPass as Pass, KvResult};
 
 /// Runs `kv` and prints the result.
 pub fn kv(a: &KvArgs, stop: &Stop) -> Result<Ended, String> {
@@ -114,12 +92,15 @@ pub fn kv(a: &KvArgs, stop: &Stop) -> Result<Ended, String> {
         r.recovery.push((n, recovery(n)?));
     }
     print(a, &r);
+    if let Some(path) = &a.plot {
+        crate::output::plot(path, tutti_bench::plot::kv::svg(&r))?;
+    }
     Ok(Ended::Complete)
 }
 
 fn print(a: &KvArgs, r: &KvResult) {
     if a.json {
-        println!("{}", serde_json::to_string_pretty(r).unwrap_or_default());
+        println!("{}", Document::new("kv", r).to_json());
         return;
     }
     let m = |v: &[Pass], f: fn(&Pass) -> f64| median(v.iter().map(f).collect());

@@ -13,14 +13,20 @@
 //!   and the pattern version it is saved with;
 //! - [`pattern`]: deterministic block contents and their verification;
 //! - [`restart`]: the restart hit ratio of a run on a persisted store;
-//! - [`report`]: the run summary and the load-latency histogram.
+//! - [`report`]: the run summary and the load-latency histogram;
+//! - [`schema`]: the `--json` documents as types (run facts and results);
+//! - [`plot`]: SVG charts of those documents;
+//! - [`page`]: one self-contained HTML page of a set of documents.
 #![forbid(unsafe_code)]
 
 pub mod blockkey;
 pub mod model;
+pub mod page;
 pub mod pattern;
+pub mod plot;
 pub mod report;
 pub mod restart;
+pub mod schema;
 pub mod synthetic;
 pub mod trace;
 

@@ -27,6 +27,7 @@ mod bench;
 mod daemon;
 mod interrupt;
 mod kv_bench;
+mod output;
 mod rate;
 mod replay;
 mod soak;
@@ -75,6 +76,12 @@ enum Command {
     /// cell, then one `gpu-soak:` summary line; exit 0 when every cell is
     /// ok, 1 on a failure or hang, 2 when it cannot start (no GPU).
     GpuSoak(soak::SoakArgs),
+    /// One self-contained HTML page (inline SVG charts and tables) of the
+    /// `--json` documents (*.json) in a directory.
+    Report(output::ReportArgs),
+    /// The chart of one `--json` document, drawn again from the file (SVG),
+    /// e.g. of a run recorded on another machine.
+    Plot(output::PlotArgs),
 }
 
 /// Options of `replay`.
@@ -128,9 +135,13 @@ pub struct ReplayArgs {
     /// commands (one kernel launch per batch); needs a CUDA GPU.
     #[arg(long)]
     pub gpu: bool,
-    /// Print the summary as JSON.
+    /// Print the summary as JSON (docs/benchmarks.md, "JSON output").
     #[arg(long)]
     pub json: bool,
+    /// Also draw the load-latency CDF and the save/load GB/s into FILE
+    /// (SVG).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
     /// List the model presets and exit.
     #[arg(long)]
     pub list_models: bool,
@@ -161,6 +172,8 @@ fn main() -> ExitCode {
         }
     };
     init_logging();
+    // The run's facts (command line, machine, start time) for `--json`.
+    tutti_bench::schema::RunInfo::process();
     let cli = Cli::parse();
     let result = match cli.command.unwrap_or(Command::Replay(ReplayArgs {
         model: "qwen2.5-7b".into(),
@@ -177,6 +190,8 @@ fn main() -> ExitCode {
         Command::GpuRate(a) => bench::gpu_rate(&a, &stop),
         Command::Kv(a) => kv_bench::kv(&a, &stop),
         Command::GpuSoak(a) => return soak::gpu_soak(&a, &stop),
+        Command::Report(a) => output::report(&a),
+        Command::Plot(a) => output::plot_file(&a),
     };
     match result {
         Ok(Ended::Complete) => ExitCode::SUCCESS,

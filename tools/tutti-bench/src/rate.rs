@@ -33,6 +33,7 @@ use nvme_emu::{BackingSpec, Emulator, EmulatorConfig, NamespaceSpec};
 use nvme_regs::Nlb;
 use serde::Serialize;
 use tutti::{error_chain, Config, OpHandle, Request, RequestStatus, Runtime};
+use tutti_bench::schema::{Document, RateRun};
 
 use crate::interrupt::{shutdown_summary, Ended, Signal, Stop};
 
@@ -82,6 +83,9 @@ pub struct RateArgs {
     /// against the runtime as a tuttid client, and the grant latency.
     #[arg(long, conflicts_with = "settle")]
     pub daemon: Option<std::path::PathBuf>,
+    /// Also draw commands/s per run and path into FILE (SVG).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Serialize)]
@@ -100,6 +104,20 @@ struct RateResult {
 }
 
 impl RateResult {
+    /// The run as its document type.
+    fn run(&self) -> RateRun {
+        RateRun {
+            path: self.path.into(),
+            commands: self.commands,
+            seconds: self.seconds,
+            commands_per_second: self.commands_per_second,
+            queue_depth: self.queue_depth,
+            batch: self.batch,
+            protocol_errors: self.protocol_errors,
+            sq_doorbell_writes: self.sq_doorbell_writes,
+        }
+    }
+
     /// [`Ended::Interrupted`] if a signal stopped the run.
     fn ended(&self, total: u64) -> Option<Ended> {
         self.interrupted.as_ref().map(|(signal, shutdown)| Ended::Interrupted {
@@ -154,8 +172,15 @@ fn compare(a: &RateArgs, stop: &Stop) -> Result<Ended, String> {
     }
     let ((qm, qb), (rm, rb)) = (median_best(&qp), median_best(&rt));
     let c = Comparison { median_ratio: rm / qm, best_ratio: rb / qb, queue_pair: qp, runtime: rt };
+    if let Some(path) = &a.plot {
+        let runs = |v: &[RateResult]| v.iter().map(RateResult::run).collect::<Vec<_>>();
+        crate::output::plot(
+            path,
+            tutti_bench::plot::rate::svg_runs(&runs(&c.queue_pair), &runs(&c.runtime)),
+        )?;
+    }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&c).unwrap_or_default());
+        println!("{}", Document::new("rate-compare", &c).to_json());
         return Ok(Ended::Complete);
     }
     for (q, r) in c.queue_pair.iter().zip(&c.runtime) {
@@ -194,9 +219,12 @@ pub fn rate(a: &RateArgs, stop: &Stop) -> Result<Ended, String> {
         return Ok(ended);
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+        println!("{}", Document::new("rate", &r).to_json());
     } else {
         print_rate(a, &r);
+    }
+    if let Some(path) = &a.plot {
+        crate::output::plot(path, tutti_bench::plot::rate::svg_runs(&[r.run()], &[]))?;
     }
     Ok(Ended::Complete)
 }
@@ -276,6 +304,7 @@ pub fn queue_pair_rate(
         settle: false,
         json: false,
         daemon: None,
+        plot: None,
     };
     let r = rate_queue_pair(&a, stop)?;
     Ok(r.ended(commands).map_or(Ok(r.commands_per_second), Err))

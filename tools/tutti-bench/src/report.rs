@@ -126,6 +126,19 @@ pub fn ratio(part: u64, whole: u64) -> f64 {
     }
 }
 
+/// The quantiles of [`Summary::load_latency_cdf`].
+pub const CDF_QUANTILES: [f64; 17] =
+    [0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.995, 0.999, 1.0];
+
+/// One point of a latency distribution.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CdfPoint {
+    /// Share of the samples at or below `us` (0.0..=1.0).
+    pub quantile: f64,
+    /// Microseconds.
+    pub us: u64,
+}
+
 /// The summary of one benchmark run.
 ///
 /// Build it with `Summary { .., ..Default::default() }`, then call
@@ -198,6 +211,10 @@ pub struct Summary {
     pub load_latency_p99_us: u64,
     /// Largest block-load latency, microseconds.
     pub load_latency_max_us: u64,
+    /// The block-load latency distribution: microseconds at the quantiles
+    /// of [`CDF_QUANTILES`] (empty when nothing was loaded).
+    #[serde(default)]
+    pub load_latency_cdf: Vec<CdfPoint>,
     /// Loaded blocks whose contents were checked against their pattern.
     pub blocks_verified: u64,
     /// Wall-clock duration of the whole replay, seconds.
@@ -210,6 +227,11 @@ impl Summary {
         self.load_latency_p50_us = latency.p50_us();
         self.load_latency_p99_us = latency.p99_us();
         self.load_latency_max_us = latency.max_us();
+        self.load_latency_cdf = if latency.is_empty() {
+            Vec::new()
+        } else {
+            CDF_QUANTILES.iter().map(|&q| CdfPoint { quantile: q, us: latency.quantile_us(q) }).collect()
+        };
     }
 
     /// Recomputes the derived fields: `hit_ratio`, `save_gb_s`, `load_gb_s`.

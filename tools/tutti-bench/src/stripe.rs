@@ -21,6 +21,7 @@ use clap::Args;
 use serde::Serialize;
 use tutti::config::{DataPathConfig, DriveConfig, Execution, TimingConfig};
 use tutti::{error_chain, Config, MemoryHandle, Request, Runtime};
+use tutti_bench::schema::{Document, StripePoint, StripeResult};
 
 use crate::bench::seconds;
 use crate::interrupt::{shutdown_summary, Ended, Signal, Stop};
@@ -82,25 +83,13 @@ pub struct StripeArgs {
     /// SQE checked and copied by the daemon; docs/tuttid.md).
     #[arg(long, requires = "daemon")]
     pub mediated: bool,
-    /// Print JSON.
+    /// Print JSON (docs/benchmarks.md, "JSON output").
     #[arg(long)]
     pub json: bool,
-}
-
-#[derive(Debug, Serialize)]
-struct StripePoint {
-    drives: usize,
-    bytes: u64,
-    seconds: f64,
-    gb_s: f64,
-    speedup_vs_one: f64,
-    /// The timing model's limit: drives x `drive_mb_s`, GB/s.
-    modelled_gb_s: f64,
-    /// `gb_s` / `modelled_gb_s`.
-    of_modelled: f64,
-    /// CPU seconds of the application's threads (all but the emulator's
-    /// controller threads) per GB moved.
-    app_cpu_s_per_gb: f64,
+    /// Also draw GB/s against drive count, beside the modelled limit, into
+    /// FILE (SVG; not with --daemon).
+    #[arg(long, value_name = "FILE", conflicts_with = "daemon")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 /// Runs 1..=max_drives and prints the points.
@@ -130,10 +119,23 @@ pub fn stripe(a: &StripeArgs, stop: &Stop) -> Result<Ended, String> {
             app_cpu_s_per_gb: run.app_cpu_s / (run.bytes as f64 / 1e9),
         });
     }
+    let result = StripeResult {
+        execution: if a.gpu { "gpu" } else { "cpu" }.into(),
+        write: a.write,
+        request_kib: a.request_kib,
+        batch: a.batch,
+        drive_mb_s: a.drive_mb_s,
+        latency_us: a.latency_us,
+        drive_iops: a.drive_iops,
+        points,
+    };
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&points).unwrap_or_default());
+        println!("{}", Document::new("stripe", &result).to_json());
     } else {
-        print_points(a, &points);
+        print_points(a, &result.points);
+    }
+    if let Some(path) = &a.plot {
+        crate::output::plot(path, tutti_bench::plot::stripe::svg(&result))?;
     }
     Ok(Ended::Complete)
 }
@@ -335,6 +337,16 @@ struct ComparePoint {
     modelled_gb_s: f64,
 }
 
+/// The fields of a `stripe-daemon` document (`stripe --daemon`).
+#[derive(Debug, Serialize)]
+struct DaemonResult<'a> {
+    /// The daemon's drives used mediated submission.
+    mediated: bool,
+    /// Runs of each path per drive count.
+    repeat: u32,
+    points: &'a [ComparePoint],
+}
+
 /// `--daemon`: a tuttid child serving `max_drives` drives like the
 /// benchmark's own; per drive count, the runtime owning its drives, then
 /// the runtime on the daemon's.
@@ -373,7 +385,8 @@ fn stripe_compare(a: &StripeArgs, stop: &Stop) -> Result<Ended, String> {
     }
     drop(daemon);
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&points).unwrap_or_default());
+        let result = DaemonResult { mediated: a.mediated, repeat: a.repeat, points: &points };
+        println!("{}", Document::new("stripe-daemon", result).to_json());
         return Ok(Ended::Complete);
     }
     println!(

@@ -189,9 +189,12 @@ fn progress_bar(hidden: bool, requests: usize) -> ProgressBar {
 /// verified.
 fn print_summary(a: &ReplayArgs, s: &Summary) -> Result<Ended, String> {
     if a.json {
-        println!("{}", s.to_json());
+        println!("{}", tutti_bench::schema::Document::new("replay", s).to_json());
     } else {
         print!("{}", s.render_text());
+    }
+    if let Some(path) = &a.plot {
+        crate::output::plot(path, tutti_bench::plot::replay::svg(s))?;
     }
     if s.blocks_verified != s.blocks_loaded {
         return Err(format!("{} of {} loaded blocks verified", s.blocks_verified, s.blocks_loaded));
