@@ -139,6 +139,66 @@ pub struct CdfPoint {
     pub us: u64,
 }
 
+/// Points in [`Summary::timeline`] for a run of many requests.
+pub const TIMELINE_POINTS: usize = 20;
+
+/// The run after some of its requests.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TimelinePoint {
+    /// Requests replayed so far.
+    pub requests: u64,
+    /// Wall-clock seconds since the replay started.
+    pub elapsed_seconds: f64,
+    /// `hit_ratio` of the requests so far.
+    pub hit_ratio: f64,
+    /// Save GB/s within this step (bytes saved over save seconds since the
+    /// previous point; 0 when nothing was saved).
+    pub save_gb_s: f64,
+    /// Load GB/s within this step, likewise.
+    pub load_gb_s: f64,
+}
+
+/// Builds [`Summary::timeline`]: call [`Timeline::observe`] after each
+/// request; it samples every `step` requests and at the end.
+#[derive(Debug, Clone, Default)]
+pub struct Timeline {
+    step: u64,
+    last: Summary,
+    points: Vec<TimelinePoint>,
+}
+
+impl Timeline {
+    /// A timeline of a run of `requests` requests.
+    pub fn new(requests: usize) -> Self {
+        let step = (requests / TIMELINE_POINTS).max(1) as u64;
+        Self { step, ..Self::default() }
+    }
+
+    /// Samples `s` if a step ended (or `last`, the final request).
+    pub fn observe(&mut self, s: &Summary, elapsed_seconds: f64, last: bool) {
+        if s.requests == 0
+            || (!s.requests.is_multiple_of(self.step) && !last)
+            || s.requests == self.last.requests
+        {
+            return;
+        }
+        let p = &self.last;
+        self.points.push(TimelinePoint {
+            requests: s.requests,
+            elapsed_seconds,
+            hit_ratio: hit_ratio(s.blocks_loaded, s.blocks_saved),
+            save_gb_s: gb_per_s(s.bytes_saved - p.bytes_saved, s.save_seconds - p.save_seconds),
+            load_gb_s: gb_per_s(s.bytes_loaded - p.bytes_loaded, s.load_seconds - p.load_seconds),
+        });
+        self.last = s.clone();
+    }
+
+    /// The points so far.
+    pub fn into_points(self) -> Vec<TimelinePoint> {
+        self.points
+    }
+}
+
 /// The summary of one benchmark run.
 ///
 /// Build it with `Summary { .., ..Default::default() }`, then call
@@ -215,6 +275,10 @@ pub struct Summary {
     /// of [`CDF_QUANTILES`] (empty when nothing was loaded).
     #[serde(default)]
     pub load_latency_cdf: Vec<CdfPoint>,
+    /// The run in about [`TIMELINE_POINTS`] steps of requests (empty for
+    /// none): hit ratio so far, save and load GB/s within each step.
+    #[serde(default)]
+    pub timeline: Vec<TimelinePoint>,
     /// Loaded blocks whose contents were checked against their pattern.
     pub blocks_verified: u64,
     /// Wall-clock duration of the whole replay, seconds.

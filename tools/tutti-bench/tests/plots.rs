@@ -86,6 +86,10 @@ fn replay_chart_names_the_cdf_and_bandwidth() {
             "block loads, cpu",
             "save (put)",
             "load (get)",
+            "requests replayed",
+            "hit ratio of the requests so far",
+            "save, GB/s within the step",
+            "load, GB/s within the step",
         ],
     );
 }

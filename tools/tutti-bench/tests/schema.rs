@@ -71,6 +71,9 @@ fn live_documents_match_their_types_and_docs() {
     let replay = run_json(&["replay", "--requests", "20", "--json"]);
     check(&replay, "replay");
     assert!(!replay["load_latency_cdf"].as_array().unwrap().is_empty());
+    let timeline = replay["timeline"].as_array().unwrap();
+    assert_eq!(timeline.len(), 20);
+    assert_eq!(timeline[19]["requests"], 20);
 }
 
 #[test]

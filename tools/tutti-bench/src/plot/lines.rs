@@ -28,6 +28,8 @@ pub struct LineChart<'a> {
     pub lines: &'a [Line],
     /// Label only whole-number x ticks (counts such as drives).
     pub integer_x: bool,
+    /// Logarithmic x (positive data; values below 1 drawn at 1).
+    pub log_x: bool,
 }
 
 /// The smallest and largest of `v` (0..1 when empty or flat).
@@ -45,7 +47,8 @@ fn span(v: impl Iterator<Item = f64>) -> (f64, f64) {
 /// Draws `c` into `area`: y from 0 (or below, for negative data), x over
 /// the data with a small pad.
 pub fn draw(area: &Area<'_>, c: &LineChart<'_>) -> Result<(), PlotError> {
-    let all = || c.lines.iter().flat_map(|l| l.points.iter().copied());
+    let to_x = |x: f64| if c.log_x { x.max(1.0).log10() } else { x };
+    let all = || c.lines.iter().flat_map(|l| l.points.iter().map(|&(x, y)| (to_x(x), y)));
     if all().next().is_none() {
         return Err(PlotError::Empty("no points"));
     }
@@ -59,10 +62,12 @@ pub fn draw(area: &Area<'_>, c: &LineChart<'_>) -> Result<(), PlotError> {
         .y_label_area_size(64)
         .build_cartesian_2d(x0 - pad..x1 + pad, y0.min(0.0)..y1 * 1.15)
         .map_err(draw_err)?;
-    let integer_x = c.integer_x;
-    let fmt_x = move |x: &f64| match (integer_x, x.fract() == 0.0) {
-        (true, false) => String::new(),
-        (true, true) => format!("{x:.0}"),
+    let (integer_x, log_x) = (c.integer_x, c.log_x);
+    let fmt_x = move |x: &f64| match (integer_x, log_x, x.fract() == 0.0) {
+        (_, true, true) => format!("{:.0}", 10f64.powf(*x)),
+        (_, true, false) => String::new(),
+        (true, _, false) => String::new(),
+        (true, _, true) => format!("{x:.0}"),
         _ => format!("{x}"),
     };
     chart
@@ -78,10 +83,11 @@ pub fn draw(area: &Area<'_>, c: &LineChart<'_>) -> Result<(), PlotError> {
     for (i, l) in c.lines.iter().enumerate() {
         let style = color(i).stroke_width(2);
         let legend = move |(x, y): (i32, i32)| PathElement::new(vec![(x, y), (x + 20, y)], style);
+        let points = l.points.iter().map(|&(x, y)| (to_x(x), y));
         let drawn = if l.dashed {
-            chart.draw_series(DashedLineSeries::new(l.points.iter().copied(), 8, 5, style))
+            chart.draw_series(DashedLineSeries::new(points, 8, 5, style))
         } else {
-            chart.draw_series(LineSeries::new(l.points.iter().copied(), style).point_size(3))
+            chart.draw_series(LineSeries::new(points, style).point_size(3))
         };
         drawn.map_err(draw_err)?.label(l.name.as_str()).legend(legend);
     }

@@ -66,9 +66,17 @@ pub type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
 /// Runs `draw` on a white `SIZE` canvas and returns the SVG text.
 pub fn render(draw: impl FnOnce(&Area<'_>) -> Result<(), PlotError>) -> Result<String, PlotError> {
+    render_sized(SIZE, draw)
+}
+
+/// The same on a canvas of `size` pixels (charts of several panels).
+pub fn render_sized(
+    size: (u32, u32),
+    draw: impl FnOnce(&Area<'_>) -> Result<(), PlotError>,
+) -> Result<String, PlotError> {
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
         root.fill(&WHITE).map_err(draw_err)?;
         draw(&root)?;
         root.present().map_err(draw_err)?;

@@ -54,6 +54,7 @@ pub fn svg_many(results: &[&StripeResult]) -> Result<String, PlotError> {
         y_desc: "bandwidth, GB/s (10^9 bytes/s)",
         lines: &lines,
         integer_x: true,
+        log_x: false,
     };
     render(|area| lines::draw(area, &chart))
 }

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use tutti::{error_chain, Runtime};
+use tutti_bench::report::Timeline;
 use tutti_bench::{
     preset, read_trace, synthetic_trace, BlockKeys, ModelGeometry, Summary, TraceRequest, PRESETS,
 };
@@ -74,8 +75,10 @@ pub fn run(a: &ReplayArgs, stop: &Stop) -> Result<Ended, String> {
     let bar = progress_bar(a.json, trace.len());
     let start = Instant::now();
     let mut stopped = None;
-    for req in &trace {
+    let mut timeline = Timeline::new(trace.len());
+    for (i, req) in trace.iter().enumerate() {
         stopped = replay.request(req, stop)?;
+        timeline.observe(&replay.s, start.elapsed().as_secs_f64(), stopped.is_some() || i + 1 == trace.len());
         if stopped.is_some() {
             break;
         }
@@ -83,6 +86,7 @@ pub fn run(a: &ReplayArgs, stop: &Stop) -> Result<Ended, String> {
     }
     bar.finish_and_clear();
     let mut s = replay.finish(start.elapsed());
+    s.timeline = timeline.into_points();
     s.store_evictions = kv.stats().evictions;
     kv.unregister(mem).map_err(|e| tutti::error_chain(&e))?;
     // Evictions' record clears made durable too (puts already are).

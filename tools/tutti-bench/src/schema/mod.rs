@@ -59,7 +59,7 @@ impl<T: Serialize> Document<T> {
 #[derive(Debug, Clone, PartialEq)]
 pub enum AnyDocument {
     /// `replay`.
-    Replay(Document<Summary>),
+    Replay(Box<Document<Summary>>),
     /// `stripe` (not `--daemon`).
     Stripe(Document<StripeResult>),
     /// `rate` (one path).
@@ -98,7 +98,7 @@ impl AnyDocument {
         }
         let bench = v.get("bench").and_then(|b| b.as_str()).unwrap_or("").to_string();
         Ok(match bench.as_str() {
-            "replay" => Self::Replay(doc(v)?),
+            "replay" => Self::Replay(Box::new(doc(v)?)),
             "stripe" => Self::Stripe(doc(v)?),
             "rate" => Self::Rate(doc(v)?),
             "rate-compare" => Self::RateCompare(doc(v)?),
