@@ -52,12 +52,29 @@ fn filter_and_list_select_cells_by_name() {
     assert!(all.len() > faults.len() && !faults.is_empty(), "{all:?}\n{faults:?}");
     assert!(faults.iter().all(|n| n.starts_with("fault-read-") && all.contains(n)), "{faults:?}");
     assert_eq!(all.iter().filter(|n| n.contains("fault-read")).count(), faults.len());
-    // A filter picks the cells that run.
-    let o = bench(&["gpu-soak", "--short", "--execution", "cpu", "--filter", "fault-read-error"]);
+    // A filter picks the cells that run; --json FILE holds them, stamped
+    // with the run's facts like every --json document.
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("soak.json");
+    let o = bench(&[
+        "gpu-soak",
+        "--short",
+        "--execution",
+        "cpu",
+        "--filter",
+        "fault-read-error",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
     let out = text(&o.stdout);
     assert_eq!(o.status.code(), Some(0), "{out}\n{}", text(&o.stderr));
     assert_eq!(out.lines().filter(|l| l.starts_with("cell ")).count(), 1, "{out}");
     assert!(summary(&out).starts_with("gpu-soak: 1 cells, 1 ok, 0 failed, 0 hung,"), "{out}");
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(doc["bench"], "gpu-soak");
+    assert_eq!(doc["run"]["command_line"][1], "gpu-soak");
+    assert_eq!(doc["cells"].as_array().unwrap().len(), 1);
+    assert!(doc["summary"].is_object());
     // No cell matches: refused, status 2.
     let o = bench(&["gpu-soak", "--short", "--filter", "no-such-cell"]);
     assert_eq!(o.status.code(), Some(2));

@@ -226,7 +226,8 @@ pub fn gpu_soak(a: &SoakArgs, stop: &Stop) -> ExitCode {
 /// stderr; the verdict stands).
 fn write_json(a: &SoakArgs, summary: &Summary, cells: &[CellResult]) {
     let Some(path) = &a.json else { return };
-    let doc = JsonReport { summary, cells };
+    // Stamped like every --json document: schema_version, bench, run.
+    let doc = tutti_bench::schema::Document::new("gpu-soak", JsonReport { summary, cells });
     let r = serde_json::to_vec_pretty(&doc)
         .map_err(|e| e.to_string())
         .and_then(|b| std::fs::write(path, b).map_err(|e| e.to_string()));
