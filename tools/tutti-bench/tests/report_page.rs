@@ -17,7 +17,8 @@ fn report_page_holds_every_run_inline() {
             names.push(p.file_name().unwrap().to_string_lossy().into_owned());
         }
     }
-    assert!(names.len() >= 5, "{names:?}");
+    assert!(names.len() >= 6, "{names:?}");
+    assert_eq!(names.iter().filter(|n| n.starts_with("stripe")).count(), 2, "{names:?}");
     // A file that is not a document is listed as skipped, not fatal.
     std::fs::write(dir.path().join("notes.json"), "not json").unwrap();
     let out = dir.path().join("page.html");
@@ -45,10 +46,13 @@ fn report_page_holds_every_run_inline() {
     let count = |tag: &str| root.descendants().filter(|n| n.tag_name().name() == tag).count();
     assert_eq!(count("title"), 1);
     assert!(html.contains("<title>fixtures &amp; runs</title>"));
-    // One chart per document, and no chart for the file that is not one.
+    // One chart per document, one more of the two stripe runs together,
+    // and none for the file that is not a document.
     let svgs = root.descendants().filter(|n| n.tag_name().name() == "svg").count();
-    assert_eq!(svgs, names.len(), "{names:?}");
-    assert_eq!(count("section"), names.len() + 1);
+    assert_eq!(svgs, names.len() + 1, "{names:?}");
+    assert_eq!(count("section"), names.len() + 2);
+    assert!(html.contains("stripe: all runs") && html.contains("modelled limit: drives x 1000 MB/s"));
+    assert!(html.contains("CPU thread submits, data in host memory), 1000 MB/s drives"));
     assert!(count("table") >= 2 * names.len());
     // Self-contained: no script, no linked stylesheet, image or frame, no URL.
     for tag in ["script", "link", "img", "iframe", "object"] {

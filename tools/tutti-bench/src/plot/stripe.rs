@@ -17,17 +17,23 @@ pub fn path_name(execution: &str) -> &'static str {
 /// each one's measurement, and the modelled limit once per distinct
 /// per-drive bandwidth.
 pub fn lines_of(results: &[&StripeResult]) -> Vec<Line> {
+    let mut models: Vec<u64> = results.iter().map(|r| r.drive_mb_s).collect();
+    models.sort_unstable();
+    models.dedup();
+    // Several models on one chart: each measured line names its own.
+    let model_of = |r: &StripeResult| match models.len() {
+        1 => String::new(),
+        _ => format!(", {} MB/s drives", r.drive_mb_s),
+    };
     let mut out: Vec<Line> = results
         .iter()
         .map(|r| Line {
-            name: format!("measured, {}", path_name(&r.execution)),
+            name: format!("measured, {}{}", path_name(&r.execution), model_of(r)),
             points: r.points.iter().map(|p| (p.drives as f64, p.gb_s)).collect(),
             dashed: false,
         })
         .collect();
-    let mut models: Vec<u64> = results.iter().map(|r| r.drive_mb_s).collect();
-    models.dedup();
-    for mb_s in models {
+    for &mb_s in &models {
         let Some(r) = results.iter().find(|r| r.drive_mb_s == mb_s) else { continue };
         out.push(Line {
             name: format!("modelled limit: drives x {mb_s} MB/s"),
