@@ -18,10 +18,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use serde::Serialize;
 use tutti::config::{DataPathConfig, DriveConfig, Execution, TimingConfig};
 use tutti::{error_chain, Config, MemoryHandle, Request, Runtime};
-use tutti_bench::schema::{Document, StripePoint, StripeResult};
+use tutti_bench::schema::{
+    Document, StripeDaemonPoint as ComparePoint, StripeDaemonResult, StripePoint, StripeResult,
+};
 
 use crate::bench::seconds;
 use crate::interrupt::{shutdown_summary, Ended, Signal, Stop};
@@ -87,8 +88,8 @@ pub struct StripeArgs {
     #[arg(long)]
     pub json: bool,
     /// Also draw GB/s against drive count, beside the modelled limit, into
-    /// FILE (SVG; not with --daemon).
-    #[arg(long, value_name = "FILE", conflicts_with = "daemon")]
+    /// FILE (SVG; with --daemon: owner and tuttid client).
+    #[arg(long, value_name = "FILE")]
     pub plot: Option<std::path::PathBuf>,
 }
 
@@ -321,30 +322,18 @@ fn keep_two_in_flight(
     Ok((bytes, seconds, app_cpu_seconds() - cpu0))
 }
 
-#[derive(Debug, Serialize)]
-struct ComparePoint {
-    drives: usize,
-    /// The runtime owning the emulated drives, GB/s: median of the runs.
-    owner_gb_s: f64,
-    /// The runtime as a tuttid client on the same drives, GB/s: median.
-    client_gb_s: f64,
-    /// `client_gb_s` / `owner_gb_s`.
-    ratio: f64,
-    /// Every run of each path, in the order measured (alternating).
-    owner_runs: Vec<f64>,
-    client_runs: Vec<f64>,
-    /// The timing model's limit: drives x `drive_mb_s`, GB/s.
-    modelled_gb_s: f64,
-}
-
-/// The fields of a `stripe-daemon` document (`stripe --daemon`).
-#[derive(Debug, Serialize)]
-struct DaemonResult<'a> {
-    /// The daemon's drives used mediated submission.
-    mediated: bool,
-    /// Runs of each path per drive count.
-    repeat: u32,
-    points: &'a [ComparePoint],
+/// The `stripe-daemon` document's fields.
+fn daemon_result(a: &StripeArgs, points: &[ComparePoint]) -> StripeDaemonResult {
+    StripeDaemonResult {
+        write: a.write,
+        request_kib: a.request_kib,
+        batch: a.batch,
+        drive_mb_s: a.drive_mb_s,
+        latency_us: a.latency_us,
+        mediated: a.mediated,
+        repeat: a.repeat,
+        points: points.to_vec(),
+    }
 }
 
 /// `--daemon`: a tuttid child serving `max_drives` drives like the
@@ -384,8 +373,11 @@ fn stripe_compare(a: &StripeArgs, stop: &Stop) -> Result<Ended, String> {
         });
     }
     drop(daemon);
+    let result = daemon_result(a, &points);
+    if let Some(path) = &a.plot {
+        crate::output::plot(path, tutti_bench::plot::stripe::svg_daemon(&result))?;
+    }
     if a.json {
-        let result = DaemonResult { mediated: a.mediated, repeat: a.repeat, points: &points };
         println!("{}", Document::new("stripe-daemon", result).to_json());
         return Ok(Ended::Complete);
     }

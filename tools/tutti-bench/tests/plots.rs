@@ -57,6 +57,22 @@ fn stripe_chart_names_drives_bandwidth_path_and_model() {
 }
 
 #[test]
+fn stripe_daemon_chart_names_owner_client_and_model() {
+    let t = plot("stripe-daemon.json");
+    assert_names(
+        "stripe-daemon",
+        &t,
+        &[
+            "drives",
+            "bandwidth, GB/s",
+            "runtime owning the drives",
+            "runtime as a tuttid client",
+            "modelled limit",
+        ],
+    );
+}
+
+#[test]
 fn kv_chart_names_operations_and_both_paths() {
     let t = plot("kv.json");
     assert_names(

@@ -18,7 +18,7 @@ fn report_page_holds_every_run_inline() {
         }
     }
     assert!(names.len() >= 6, "{names:?}");
-    assert_eq!(names.iter().filter(|n| n.starts_with("stripe")).count(), 2, "{names:?}");
+    assert_eq!(names.iter().filter(|n| n.starts_with("stripe-cpu")).count(), 2, "{names:?}");
     // A file that is not a document is listed as skipped, not fatal.
     std::fs::write(dir.path().join("notes.json"), "not json").unwrap();
     let out = dir.path().join("page.html");

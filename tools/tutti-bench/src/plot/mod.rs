@@ -89,6 +89,7 @@ pub fn svg_of(doc: &AnyDocument) -> Result<String, PlotError> {
     match doc {
         AnyDocument::Replay(d) => replay::svg(&d.result),
         AnyDocument::Stripe(d) => stripe::svg(&d.result),
+        AnyDocument::StripeDaemon(d) => stripe::svg_daemon(&d.result),
         AnyDocument::Rate(d) => rate::svg_runs(std::slice::from_ref(&d.result), &[]),
         AnyDocument::RateCompare(d) => rate::svg_compare(&d.result),
         AnyDocument::Kv(d) => kv::svg(&d.result),

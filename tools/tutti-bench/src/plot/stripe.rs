@@ -3,7 +3,7 @@
 
 use super::lines::{self, Line, LineChart};
 use super::{render, PlotError};
-use crate::schema::StripeResult;
+use crate::schema::{StripeDaemonResult, StripeResult};
 
 /// The path's name as the legend shows it.
 pub fn path_name(execution: &str) -> &'static str {
@@ -68,4 +68,35 @@ pub fn svg_many(results: &[&StripeResult]) -> Result<String, PlotError> {
 /// The chart of one `stripe` result, as SVG.
 pub fn svg(r: &StripeResult) -> Result<String, PlotError> {
     svg_many(&[r])
+}
+
+/// The chart of a `stripe --daemon` result: the runtime owning the drives
+/// and the runtime as a tuttid client, beside the modelled limit, as SVG.
+pub fn svg_daemon(r: &StripeDaemonResult) -> Result<String, PlotError> {
+    let line = |name: String, f: fn(&crate::schema::StripeDaemonPoint) -> f64, dashed| Line {
+        name,
+        points: r.points.iter().map(|p| (p.drives as f64, f(p))).collect(),
+        dashed,
+    };
+    let mediated = if r.mediated { ", mediated submission" } else { "" };
+    let lines = [
+        line("runtime owning the drives (median)".into(), |p| p.owner_gb_s, false),
+        line(format!("runtime as a tuttid client{mediated} (median)"), |p| p.client_gb_s, false),
+        line(format!("modelled limit: drives x {} MB/s", r.drive_mb_s), |p| p.modelled_gb_s, true),
+    ];
+    let title = format!(
+        "Striped {}, owner vs tuttid client, {} KiB requests, {} run(s) each",
+        if r.write { "writes" } else { "reads" },
+        r.request_kib,
+        r.repeat
+    );
+    let chart = LineChart {
+        title: &title,
+        x_desc: "drives",
+        y_desc: "bandwidth, GB/s (10^9 bytes/s)",
+        lines: &lines,
+        integer_x: true,
+        log_x: false,
+    };
+    render(|area| lines::draw(area, &chart))
 }

@@ -19,7 +19,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 pub use kv::{KvPass, KvResult};
 pub use rate::{RateComparison, RateRun};
 pub use run::RunInfo;
-pub use stripe::{StripePoint, StripeResult};
+pub use stripe::{StripeDaemonPoint, StripeDaemonResult, StripePoint, StripeResult};
 
 use crate::report::Summary;
 
@@ -62,6 +62,8 @@ pub enum AnyDocument {
     Replay(Box<Document<Summary>>),
     /// `stripe` (not `--daemon`).
     Stripe(Document<StripeResult>),
+    /// `stripe --daemon`.
+    StripeDaemon(Document<StripeDaemonResult>),
     /// `rate` (one path).
     Rate(Document<RateRun>),
     /// `rate --compare`.
@@ -100,6 +102,7 @@ impl AnyDocument {
         Ok(match bench.as_str() {
             "replay" => Self::Replay(Box::new(doc(v)?)),
             "stripe" => Self::Stripe(doc(v)?),
+            "stripe-daemon" => Self::StripeDaemon(doc(v)?),
             "rate" => Self::Rate(doc(v)?),
             "rate-compare" => Self::RateCompare(doc(v)?),
             "kv" => Self::Kv(doc(v)?),
@@ -112,6 +115,7 @@ impl AnyDocument {
         let v = match self {
             Self::Replay(d) => serde_json::to_value(d),
             Self::Stripe(d) => serde_json::to_value(d),
+            Self::StripeDaemon(d) => serde_json::to_value(d),
             Self::Rate(d) => serde_json::to_value(d),
             Self::RateCompare(d) => serde_json::to_value(d),
             Self::Kv(d) => serde_json::to_value(d),
@@ -124,6 +128,7 @@ impl AnyDocument {
         match self {
             Self::Replay(d) => &d.run,
             Self::Stripe(d) => &d.run,
+            Self::StripeDaemon(d) => &d.run,
             Self::Rate(d) => &d.run,
             Self::RateCompare(d) => &d.run,
             Self::Kv(d) => &d.run,
@@ -135,6 +140,7 @@ impl AnyDocument {
         match self {
             Self::Replay(d) => &d.bench,
             Self::Stripe(d) => &d.bench,
+            Self::StripeDaemon(d) => &d.bench,
             Self::Rate(d) => &d.bench,
             Self::RateCompare(d) => &d.bench,
             Self::Kv(d) => &d.bench,
