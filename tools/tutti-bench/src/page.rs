@@ -188,3 +188,34 @@ fn cell(v: &Value) -> String {
         other => other.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_markup_and_quotes() {
+        assert_eq!(escape(r#"<a href="x">&'</a>"#), "&lt;a href=&quot;x&quot;&gt;&amp;&#39;&lt;/a&gt;");
+        assert_eq!(escape("plain 1.5 GB/s"), "plain 1.5 GB/s");
+    }
+
+    #[test]
+    fn cells_of_each_kind() {
+        assert_eq!(cell(&serde_json::json!(1.23456789)), "1.2346");
+        assert_eq!(cell(&serde_json::json!(42)), "42");
+        assert_eq!(cell(&serde_json::json!(null)), "-");
+        assert_eq!(cell(&serde_json::json!("cpu")), "cpu");
+        assert_eq!(cell(&serde_json::json!([[100, 0.5]])), "[[100,0.5]]");
+    }
+
+    #[test]
+    fn an_empty_directory_gives_no_entries() {
+        let dir = std::env::temp_dir().join(format!("tutti-bench-page-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("notes.txt"), "not json").unwrap();
+        assert!(gather(&dir).unwrap().is_empty());
+        let page = html("t", &[]);
+        assert!(page.starts_with("<!DOCTYPE html>") && page.ends_with("</html>\n"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

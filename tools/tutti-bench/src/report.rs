@@ -502,6 +502,43 @@ mod tests {
     }
 
     #[test]
+    fn timeline_samples_every_step_and_the_end() {
+        let mut t = Timeline::new(45); // step 2 (45 / 20)
+        let mut s = Summary::default();
+        for i in 1..=45u64 {
+            s.requests = i;
+            s.blocks_loaded += 1;
+            s.blocks_saved += i % 2;
+            s.bytes_loaded += 1_000_000;
+            s.load_seconds += 0.001;
+            t.observe(&s, i as f64, i == 45);
+        }
+        let p = t.into_points();
+        assert_eq!(p.len(), 23, "{p:?}"); // 2, 4, ..., 44, then 45
+        assert_eq!((p[0].requests, p[21].requests, p[22].requests), (2, 44, 45));
+        assert!((p[0].hit_ratio - 2.0 / 3.0).abs() < 1e-12);
+        assert!(p.iter().all(|x| (x.load_gb_s - 1.0).abs() < 1e-6 && x.save_gb_s == 0.0), "{p:?}");
+        // The same request observed twice (a stop after the last step) adds
+        // nothing.
+        let mut t = Timeline::new(2);
+        s.requests = 1;
+        t.observe(&s, 1.0, true);
+        t.observe(&s, 1.0, true);
+        assert_eq!(t.into_points().len(), 1);
+    }
+
+    #[test]
+    fn cdf_follows_the_recorder() {
+        let s = sample();
+        assert_eq!(s.load_latency_cdf.len(), CDF_QUANTILES.len());
+        assert_eq!(s.load_latency_cdf[7], CdfPoint { quantile: 0.5, us: 500 });
+        assert!(s.load_latency_cdf.windows(2).all(|w| w[0].us <= w[1].us));
+        let mut empty = Summary::default();
+        empty.set_load_latency(&LatencyRecorder::new());
+        assert!(empty.load_latency_cdf.is_empty());
+    }
+
+    #[test]
     fn recorder_never_panics() {
         let mut r = LatencyRecorder::new();
         assert!(r.is_empty());
