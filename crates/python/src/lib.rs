@@ -19,6 +19,7 @@ mod errors;
 mod ffi;
 mod kv;
 mod memory;
+mod registration;
 mod request;
 mod runtime;
 mod shared;
@@ -31,7 +32,7 @@ use pyo3::prelude::*;
 fn _tutti(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<runtime::PyRuntime>()?;
-    m.add_class::<runtime::Memory>()?;
+    m.add_class::<registration::Memory>()?;
     m.add_class::<shared::SharedBuffer>()?;
     m.add_class::<runtime::ShutdownReport>()?;
     m.add_class::<request::Request>()?;

@@ -3,7 +3,7 @@
 //! `__dlpack__` (GPU or host). An [`Export`] holds what keeps the memory
 //! alive and in place (a strong reference to the exporter, the buffer view,
 //! the DLPack capsule's tensor) until it is released after a successful
-//! unregister.
+//! unregister (`registration.rs` holds it in a `tutti.Memory`).
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;

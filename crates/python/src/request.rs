@@ -10,7 +10,7 @@ use tutti::{Direction, MemoryHandle, OpHandle, Runtime, TargetHandle};
 
 use crate::deferred;
 use crate::errors::{timeout_error_type, IntoPyResult};
-use crate::runtime::Memory;
+use crate::registration::Memory;
 use crate::status::Status;
 
 /// One I/O request: `length` bytes at byte `offset` of an opened target,

@@ -1,5 +1,6 @@
-//! `tutti.Runtime` and `tutti.Memory`: the runtime API with handles as
-//! integers, Python objects registered as memory, errors as exceptions.
+//! `tutti.Runtime`: the runtime API with handles as integers, Python
+//! objects registered as memory (`tutti.Memory`, in `registration.rs`), errors as
+//! exceptions.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -9,11 +10,12 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use tutti::config::MAX_STRIPE_DRIVES;
-use tutti::{error_chain, Config, MemoryHandle, OpHandle, Runtime, TargetHandle};
+use tutti::{error_chain, Config, OpHandle, Runtime, TargetHandle};
 
 use crate::deferred;
 use crate::errors::{runtime_error_with, ConfigError, HandleError, IntoPyResult, RequestError, TuttiError};
-use crate::memory::{describe, Export, Location};
+use crate::memory::{Export, Location};
+use crate::registration::Memory;
 use crate::request::{Operation, Request};
 use crate::status::Status;
 
@@ -26,95 +28,6 @@ pub const MAX_DRAIN: Duration = Duration::from_secs(1 << 32);
 /// Seconds as a `Duration`, or `ValueError`.
 pub fn seconds(s: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(s).map_err(|e| PyValueError::new_err(format!("{s} seconds: {e}")))
-}
-
-/// Memory registered with a runtime: a byte range of a Python object (a
-/// buffer such as a numpy array, bytearray or memoryview; a CUDA array; a
-/// DLPack tensor) that requests name by `handle` and a byte offset.
-///
-/// It keeps the object alive (and, for buffers, its buffer view, so a
-/// bytearray cannot be resized) until `Runtime.unregister` succeeds. Do not
-/// read or write the bytes while an operation using them is in flight.
-#[pyclass(frozen, module = "tutti", name = "Memory")]
-#[derive(Debug)]
-pub struct Memory {
-    rt: Arc<Runtime>,
-    handle: MemoryHandle,
-    nbytes: usize,
-    location: Location,
-    readonly: bool,
-    export: Mutex<Option<Export>>,
-}
-
-impl Memory {
-    /// The runtime's handle as an int.
-    pub fn handle_u64(&self) -> u64 {
-        self.handle.to_u64()
-    }
-
-    fn export(&self) -> MutexGuard<'_, Option<Export>> {
-        self.export.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-#[pymethods]
-impl Memory {
-    /// The runtime's memory handle (an int; requests may name it).
-    #[getter]
-    fn handle(&self) -> u64 {
-        self.handle.to_u64()
-    }
-
-    /// Length of the region, bytes.
-    #[getter]
-    fn nbytes(&self) -> usize {
-        self.nbytes
-    }
-
-    /// "host" or "gpu".
-    #[getter]
-    fn kind(&self) -> &'static str {
-        self.location.name()
-    }
-
-    /// True when the exporter gave the memory read-only: it may be written
-    /// to a drive but not read into.
-    #[getter]
-    fn readonly(&self) -> bool {
-        self.readonly
-    }
-
-    /// True until unregistered.
-    #[getter]
-    fn registered(&self) -> bool {
-        self.export().is_some()
-    }
-
-    fn __repr__(&self) -> String {
-        match &*self.export() {
-            Some(e) => format!("Memory(handle={:#x}, {})", self.handle.to_u64(), describe(e)),
-            None => format!("Memory(handle={:#x}, unregistered)", self.handle.to_u64()),
-        }
-    }
-}
-
-impl Drop for Memory {
-    /// A registration dropped without `unregister` is ended here; if the
-    /// runtime refuses (an operation may still use it), the memory is kept
-    /// alive until a later call finds the drives done with it
-    /// (`deferred.rs`), rather than freed under a drive.
-    fn drop(&mut self) {
-        let export = self.export.get_mut().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(e) = export {
-            match self.rt.unregister_memory(self.handle) {
-                Ok(()) => drop(e),
-                Err(_) => {
-                    let (rt, handle) = (self.rt.clone(), self.handle);
-                    deferred::defer(move || rt.unregister_memory(handle).is_ok(), e);
-                }
-            }
-        }
-    }
 }
 
 /// What `Runtime.shutdown` found: operations and commands still in flight
