@@ -20,12 +20,15 @@ python="${PYTHON:-python3}"
 maturin_pin="maturin==1.16.0"
 pytest_pin="pytest==8.3.5"
 numpy_pin="numpy==2.0.2"
+# The vLLM connector maps a store to its drives' files with PyYAML (vLLM
+# depends on it; locks.py has a coarser fallback without it).
+pyyaml_pin="pyyaml==6.0.2"
 
 if [[ ! -x "$venv/bin/python" ]]; then
     echo "creating $venv" >&2
     "$python" -m venv "$venv"
 fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$maturin_pin" "$pytest_pin" "$numpy_pin"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$maturin_pin" "$pytest_pin" "$numpy_pin" "$pyyaml_pin"
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$repo/target}"
 (

@@ -188,7 +188,7 @@ class Engine:
 
     @property
     def client(self):
-        return self.worker._shared.client
+        return self.worker._writer.client
 
     def step(self, out: SchedulerOutput, on_layer: Optional[Callable[[int], None]] = None) -> Tuple[TuttiConnectorMetadata, Set[int]]:
         meta = self.sched.build_connector_meta(out)
@@ -468,7 +468,7 @@ def test_object_removed_after_lookup_reports_failed_and_later_chunks(what):
                 keys = eng.client.keys.layer_keys(cks[2], 1)
             else:
                 keys = eng.client.keys.chunk_object_keys(cks[3])
-            assert all(s.kind == "ok" for s in eng.worker._shared.store.remove(keys))
+            assert all(s.kind == "ok" for s in eng.worker._writer.store.remove(keys))
 
         errors = load_b(eng, a, tb, remove)
         assert errors == set(tb[bad * BPC : 4 * BPC])

@@ -10,8 +10,12 @@ over ``tutti.engine``; docs/vllm.md is the guide.
 - ``layout.py``: ``VllmPagedKV``, vLLM's paged KV tensors as an engine layout;
 - ``attention.py``: ``check_vllm_model``, the models the connector refuses
   when built (``tutti.engine.UnsupportedModel``);
-- ``metadata.py``, ``config.py``, ``state.py``, ``_compat.py`` (the optional
-  vLLM import).
+- ``state.py``: one runtime per process; the worker as its store's one
+  writer, the scheduler as a reader;
+- ``reader.py``: ``StoreReader``, the scheduler's read-only view of a store
+  a worker in another process writes, and the manifest of the worker's keys;
+- ``locks.py``: ``WriterLock``/``StoreBusy``, one writing process per store;
+- ``metadata.py``, ``config.py``, ``_compat.py`` (the optional vLLM import).
 
 vLLM is optional: without it the classes work with duck-typed inputs.
 """
@@ -25,6 +29,8 @@ from tutti.integrations.vllm.config import KEYS as EXTRA_CONFIG_KEYS
 from tutti.integrations.vllm.config import TuttiVllmConfig
 from tutti.integrations.vllm.connector import TuttiConnector
 from tutti.integrations.vllm.layout import SCRATCH, VllmPagedKV, detect_form
+from tutti.integrations.vllm.locks import StoreBusy
+from tutti.integrations.vllm.reader import StoreReader
 from tutti.integrations.vllm.metadata import LoadSpec, SaveSpec, TuttiConnectorMetadata
 from tutti.integrations.vllm.scheduler import SchedulerLogic
 from tutti.integrations.vllm.worker import WorkerLogic
@@ -40,6 +46,8 @@ __all__ = [
     "SCRATCH",
     "SaveSpec",
     "SchedulerLogic",
+    "StoreBusy",
+    "StoreReader",
     "TuttiConnector",
     "TuttiConnectorMetadata",
     "TuttiVllmConfig",

@@ -8,7 +8,10 @@ Keys (all optional; docs/vllm.md has the table):
   (``tutti.Runtime.from_yaml``). At most one of the two; with neither, the
   runtime is ``tutti.Runtime.emulated`` (RAM drives, lost at exit) sized by
   ``emulated_drives``, ``emulated_drive_bytes`` and ``emulated_slot_bytes``.
-- ``store``: the store name in the runtime (default ``"kv"``).
+- ``store``: the store name in the runtime (default ``"kv"``). With
+  tensor parallelism each rank writes its own store: the name must then
+  contain ``{rank}`` (``"kv{rank}"`` -> ``kv0``, ``kv1``, ...), since a store
+  has one writing process (locks.py).
 - ``chunk_tokens``: tokens per chunk (default 256); a positive multiple of
   vLLM's block size (``--block-size``, tokens per KV block).
 - ``model``: the model namespace of the keys (default: vLLM's model name).
@@ -17,6 +20,13 @@ Keys (all optional; docs/vllm.md has the table):
   (default 5.0).
 - ``save_decode_tokens``: also save whole chunks of generated tokens (default
   false: whole chunks of the prompt only).
+- ``lookup_refresh_s``: with the scheduler and the worker in different
+  processes, how old (seconds) the scheduler's read-only view of the store
+  may get before it is read again from the media (default 1.0; reader.py).
+- ``stats_file``: a path prefix; each connector instance writes its
+  counters (``TuttiConnector.stats``) as JSON to
+  ``<stats_file>.<scheduler|worker><rank>.json`` whenever they change (for
+  tests and debugging; default: not written).
 """
 
 from __future__ import annotations
@@ -35,6 +45,8 @@ KEYS = (
     "model",
     "timeout_s",
     "save_decode_tokens",
+    "lookup_refresh_s",
+    "stats_file",
 )
 
 
@@ -54,6 +66,8 @@ class TuttiVllmConfig:
     emulated_slot_bytes: int = 1 << 20
     timeout_s: float = 5.0
     save_decode_tokens: bool = False
+    lookup_refresh_s: float = 1.0
+    stats_file: Optional[str] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -68,6 +82,8 @@ class TuttiVllmConfig:
             raise ValueError("model (the key namespace) must not be empty")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.lookup_refresh_s < 0:
+            raise ValueError(f"lookup_refresh_s must be >= 0, got {self.lookup_refresh_s}")
 
     @classmethod
     def from_extra_config(cls, extra: Optional[Mapping[str, Any]], *, block_size: int, model: str) -> "TuttiVllmConfig":
@@ -82,14 +98,15 @@ class TuttiVllmConfig:
         for k in ("chunk_tokens", "emulated_drives", "emulated_drive_bytes", "emulated_slot_bytes"):
             if k in extra:
                 kw[k] = int(extra.pop(k))
-        if "timeout_s" in extra:
-            kw["timeout_s"] = float(extra.pop("timeout_s"))
+        for k in ("timeout_s", "lookup_refresh_s"):
+            if k in extra:
+                kw[k] = float(extra.pop(k))
         if "save_decode_tokens" in extra:
             v = extra.pop("save_decode_tokens")
             if isinstance(v, str):
                 v = v.strip().lower() in ("1", "true", "yes", "on")
             kw["save_decode_tokens"] = bool(v)
-        for k in ("store", "runtime_config", "runtime_yaml"):
+        for k in ("store", "runtime_config", "runtime_yaml", "stats_file"):
             if k in extra and extra[k] is not None:
                 kw[k] = str(extra.pop(k))
         return cls(**kw)
@@ -103,6 +120,18 @@ class TuttiVllmConfig:
         if self.runtime_yaml is not None:
             return ("yaml", self.runtime_yaml)
         return ("emulated", f"{self.emulated_drives}x{self.emulated_drive_bytes}/{self.emulated_slot_bytes}")
+
+    def store_name(self, rank: int) -> str:
+        """The store tensor-parallel rank ``rank`` writes (``store`` with
+        ``{rank}`` replaced)."""
+        return self.store.replace("{rank}", str(rank))
+
+    def runtime_text(self) -> Optional[str]:
+        """The runtime YAML this config opens (None for emulated RAM drives)."""
+        if self.runtime_config is not None:
+            with open(self.runtime_config, encoding="utf-8") as f:
+                return f.read()
+        return self.runtime_yaml
 
     def open_runtime(self) -> Any:
         """Open the tutti runtime this config names."""

@@ -15,8 +15,11 @@ thin call into ``SchedulerLogic`` (scheduler side) or ``WorkerLogic``
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import logging
+import os
 import re
 from typing import Any, Dict, List, Optional, Set
 
@@ -27,6 +30,7 @@ from tutti.integrations.vllm.attention import check_vllm_model
 from tutti.integrations.vllm.config import TuttiVllmConfig
 from tutti.integrations.vllm.layout import VllmPagedKV
 from tutti.integrations.vllm.metadata import TuttiConnectorMetadata
+from tutti.integrations.vllm.reader import manifest_key, put_manifest
 from tutti.integrations.vllm.scheduler import SchedulerLogic
 from tutti.integrations.vllm.worker import WorkerLogic
 
@@ -59,21 +63,58 @@ def _role_name(role: Any) -> str:
     return str(getattr(role, "name", role)).upper()
 
 
+def tp_rank(vllm_config: Any) -> int:
+    """This worker's tensor-parallel rank: vLLM's process group when it is
+    initialised, else ``parallel_config.rank`` (0 without either)."""
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank  # type: ignore[import-not-found]
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # no vLLM, or its groups are not initialised here
+        par = getattr(vllm_config, "parallel_config", None)
+        return int(getattr(par, "rank", 0) or 0)
+
+
+COUNTERS = (
+    "lookups",
+    "lookup_tokens",
+    "loads",
+    "tokens_loaded",
+    "load_error_blocks",
+    "objects_saved",
+)
+"""The connector's counters (``TuttiConnector.stats``): scheduler side,
+``lookups`` (calls of ``get_num_new_matched_tokens``) and
+``lookup_tokens`` (tokens offered to vLLM, summed); worker side, ``loads``
+(requests loaded), ``tokens_loaded`` (tokens whose KV was loaded in every
+layer), ``load_error_blocks`` (blocks reported to vLLM to recompute) and
+``objects_saved`` (store objects put)."""
+
+
 class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
     """tutti's KV connector: vLLM's KV blocks saved to and loaded from NVMe.
 
     ``vllm_config``: vLLM's ``VllmConfig`` (read: ``kv_transfer_config.
     kv_connector_extra_config``, ``cache_config.block_size``,
-    ``model_config.model``, ``parallel_config``); ``role``:
+    ``model_config.model``, ``parallel_config``: tensor-parallel size, and
+    the worker's rank when vLLM's process groups are not up); ``role``:
     ``KVConnectorRole.SCHEDULER`` or ``WORKER``; ``kv_cache_config``: vLLM's
     ``KVCacheConfig`` (its ``num_blocks`` is read when present).
 
-    Supports one tensor-parallel and pipeline-parallel rank (the scheduler
-    and the worker in one process, see state.py) and models whose
+    The scheduler and the workers may live in different processes (vLLM's
+    multiprocess executor): each worker is the one writer of its rank's
+    store, the scheduler reads the stores from the drives (state.py,
+    reader.py), so the drives must be reachable from both (file-backed
+    emulated drives or ``daemon`` drives, not RAM drives). Tensor-parallel
+    ranks write their own stores (``store`` containing ``{rank}``) under
+    rank-qualified keys; pipeline-parallel size 1 only. Models whose
     attention layers share one KV cache shape. Raises
     ``tutti.engine.UnsupportedModel`` (a ``ValueError``) for models it
     cannot restore exactly (sliding windows shorter than ``max_model_len``,
-    MLA, hybrid models; attention.py), before opening anything.
+    MLA, hybrid models; attention.py), before opening anything;
+    ``ValueError`` for pipeline parallelism or a tensor-parallel store name
+    without ``{rank}``; ``StoreBusy`` (locks.py) when another process
+    writes the worker's store.
     """
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
@@ -81,24 +122,37 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
         ktc = getattr(vllm_config, "kv_transfer_config", None)
         extra = dict(getattr(ktc, "kv_connector_extra_config", None) or {})
         par = getattr(vllm_config, "parallel_config", None)
-        for what in ("tensor_parallel_size", "pipeline_parallel_size"):
-            n = int(getattr(par, what, 1) or 1)
-            if n != 1:
-                raise ValueError(f"TuttiConnector supports {what} 1 only (got {n})")
+        pp = int(getattr(par, "pipeline_parallel_size", 1) or 1)
+        if pp != 1:
+            raise ValueError(f"TuttiConnector supports pipeline_parallel_size 1 only (got {pp})")
+        self._world = int(getattr(par, "tensor_parallel_size", 1) or 1)
         check_vllm_model(vllm_config, kv_cache_config)
         model = getattr(getattr(vllm_config, "model_config", None), "model", None) or "unknown-model"
-        self.tutti_config = TuttiVllmConfig.from_extra_config(
+        self.tutti_config = c = TuttiVllmConfig.from_extra_config(
             extra, block_size=int(vllm_config.cache_config.block_size), model=str(model)
         )
+        if self._world > 1 and "{rank}" not in c.store:
+            raise ValueError(
+                f"tensor_parallel_size {self._world}: each rank writes its own store, so the store name must "
+                f"contain {{rank}} (got {c.store!r}; e.g. \"kv{{rank}}\" with stores kv0..kv{self._world - 1})"
+            )
         self._num_blocks: Optional[int] = getattr(kv_cache_config, "num_blocks", None)
-        self._shared: Optional[state.SharedStore] = state.acquire(self.tutti_config)
         self._is_scheduler = _role_name(role) == "SCHEDULER"
-        self._warned = False
+        self._rank = 0 if self._is_scheduler else tp_rank(vllm_config)
+        self._shared: Optional[state.SharedRuntime] = state.acquire(c)
+        self._writer: Optional[state.Writer] = None
+        self.counters: Dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._scheduler: Optional[SchedulerLogic] = None
         self._worker: Optional[WorkerLogic] = None
-        if self._is_scheduler:
-            c = self.tutti_config
-            self._scheduler = SchedulerLogic(self._lookup, c.chunk_tokens, c.block_size, save_decode_tokens=c.save_decode_tokens)
+        try:
+            if self._is_scheduler:
+                self._scheduler = SchedulerLogic(self._lookup, c.chunk_tokens, c.block_size, save_decode_tokens=c.save_decode_tokens)
+            else:
+                self._writer = self._shared.open_writer(c.store_name(self._rank))
+        except BaseException:
+            state.release(self._shared)
+            self._shared = None
+            raise
 
     # Properties and class methods --------------------------------------------
 
@@ -118,19 +172,43 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
     def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
         """Register the KV cache storage with tutti, once: one tensor per
         layer name (``VllmPagedKV`` reads their form and memory order);
-        layer ``l`` of the keys is the ``l``-th name in ``layer_order``."""
-        if self._worker is not None:
-            raise RuntimeError("register_kv_caches called twice")
-        assert self._shared is not None
-        if self._shared.client is not None:
-            raise RuntimeError("another TuttiConnector of this process already registered its KV caches")
+        layer ``l`` of the keys is the ``l``-th name in ``layer_order``.
+        Then put the manifest (reader.py) through which a scheduler in
+        another process finds this worker's keys."""
+        if self._worker is not None or self._writer is None:
+            raise RuntimeError("register_kv_caches called twice, or on the scheduler-side connector")
         names = layer_order(kv_caches)
         c = self.tutti_config
         layout = VllmPagedKV([kv_caches[n] for n in names], c.block_size, c.chunk_tokens, num_blocks=self._num_blocks)
-        client = KvCacheClient(self._shared.store, layout, namespace_model(c.model, names), timeout=c.timeout_s)
-        self._shared.client = client
+        model = f"{namespace_model(c.model, names)}|tp={self._rank}/{self._world}"
+        client = KvCacheClient(self._writer.store, layout, model, timeout=c.timeout_s)
+        self._writer.client = client
         self._worker = WorkerLogic(client, names, timeout=c.timeout_s)
-        log.info("tutti: registered %d layers (%s), %d B objects", len(names), layout.name, layout.segment_bytes)
+        key = manifest_key(c.model, self._rank, self._world, c.chunk_tokens, c.block_size, client.keys.key_size)
+        put_manifest(self._writer.store, key, client.keys, c.timeout_s)
+        log.info("tutti: rank %d registered %d layers (%s), %d B objects, store %s", self._rank, len(names), layout.name, layout.segment_bytes, c.store_name(self._rank))
+
+    def stats(self) -> Dict[str, int]:
+        """This instance's counters (``COUNTERS``), updated as it runs."""
+        if self._worker is not None:
+            for k, v in self._worker.counters.items():
+                self.counters[k] = v
+        return dict(self.counters)
+
+    def _dump_stats(self) -> None:
+        """Write ``stats()`` to the ``stats_file`` (when configured) if they changed."""
+        path = self.tutti_config.stats_file
+        if path is None:
+            return
+        st = self.stats()
+        if st == getattr(self, "_dumped", None):
+            return
+        self._dumped = st
+        role = "scheduler" if self._is_scheduler else "worker"
+        tmp = f"{path}.{role}{self._rank}.json.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(st, f)
+        os.replace(tmp, f"{path}.{role}{self._rank}.json")
 
     def _meta(self) -> Optional[TuttiConnectorMetadata]:
         if not self.has_connector_metadata():
@@ -166,6 +244,7 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
         """Wait for this step's puts (and finalise its loads)."""
         if self._worker is not None:
             self._worker.wait_for_save()
+            self._dump_stats()
 
     def get_finished(self, finished_req_ids: Set[str]) -> tuple[set[str] | None, set[str] | None]:
         """Loads and saves complete within their step: nothing finishes
@@ -182,27 +261,45 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
         return self._worker.load_errors()
 
     def shutdown(self) -> None:
-        """Release the shared runtime (the last user shuts it down)."""
-        if self._shared is not None:
-            if self._worker is not None:
-                self._worker.finish_loads()
-                if self._shared.client is self._worker.client:
-                    self._shared.client.close()
-                    self._shared.client = None
-                self._worker = None
-            state.release(self._shared)
-            self._shared = None
+        """Close this instance's store (the worker's) and release the shared
+        runtime (the last user shuts it down)."""
+        if self._shared is None:
+            return
+        log.info("tutti: %s rank %d stats %s", "scheduler" if self._is_scheduler else "worker", self._rank, self.stats())
+        if self._worker is not None:
+            self._worker.finish_loads()
+            self._worker = None
+        if self._writer is not None:
+            self._shared.close_writer(self.tutti_config.store_name(self._rank))
+            self._writer = None
+        state.release(self._shared)
+        self._shared = None
 
     # Scheduler side ------------------------------------------------------------
 
     def _lookup(self, tokens: Any) -> int:
-        client = self._shared.client if self._shared is not None else None
-        if client is None:
-            if not self._warned:
-                log.warning("tutti: no KV caches registered in this process; lookups find nothing")
+        """The tokens every rank's store holds (the shortest of them): one
+        rank's shard without the others' cannot be used."""
+        if self._shared is None:
+            return 0
+        c = self.tutti_config
+        if c.runtime_config is None and c.runtime_yaml is None and not self._shared.writers:
+            if not getattr(self, "_warned", False):
+                log.warning(
+                    "tutti: the worker is in another process and the drives are emulated RAM drives, private to each "
+                    "process: lookups find nothing (use file-backed or daemon drives, docs/vllm.md)"
+                )
                 self._warned = True
             return 0
-        return int(client.lookup(tokens))
+        found: Optional[int] = None
+        for r in range(self._world):
+            reader = self._shared.reader(c.store_name(r), c.lookup_refresh_s)
+            n = reader.lookup(tokens, functools.partial(manifest_key, c.model, r, self._world, c.chunk_tokens, c.block_size))
+            found = n if found is None else min(found, n)
+            if not found:
+                break
+        self.counters["lookups"] += 1
+        return int(found or 0)
 
     def _sched(self) -> SchedulerLogic:
         if self._scheduler is None:
@@ -212,7 +309,9 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         """Tokens beyond vLLM's local hit that tutti holds (whole chunks,
         leaving the last prompt token to compute); loads are synchronous."""
-        return self._sched().get_num_new_matched_tokens(request, num_computed_tokens)
+        ext, is_async = self._sched().get_num_new_matched_tokens(request, num_computed_tokens)
+        self.counters["lookup_tokens"] += int(ext or 0)
+        return ext, is_async
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         """Record the request and its load of ``num_external_tokens`` tokens."""
@@ -220,7 +319,9 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         """This step's loads and saves, a ``TuttiConnectorMetadata``."""
-        return self._sched().build_connector_meta(scheduler_output)
+        meta = self._sched().build_connector_meta(scheduler_output)
+        self._dump_stats()
+        return meta
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """Forget the request; blocks may be freed now: ``(False, None)``."""

@@ -82,6 +82,9 @@ class WorkerLogic:
         self._errors: Set[int] = set()
         self.last_save_results: List[SaveResult] = []
         self.step_meta: Optional[TuttiConnectorMetadata] = None
+        self.counters: Dict[str, int] = {"loads": 0, "tokens_loaded": 0, "load_error_blocks": 0, "objects_saved": 0}
+        """Requests loaded, tokens loaded in every layer, blocks reported
+        as load errors, objects put by saves (cumulative)."""
 
     # Loads -------------------------------------------------------------------
 
@@ -93,7 +96,20 @@ class WorkerLogic:
     def start_load(self, meta: TuttiConnectorMetadata) -> None:
         """Begin the step: look up each load's chunks and issue layer 0's
         reads. Blocks of vLLM's local tokens are never written (``SCRATCH``
-        in the table)."""
+        in the table).
+
+        vLLM calls ``start_load_kv`` before the forward pass only in steps
+        with synchronous loads; in other steps it calls it after the
+        forward, when this step's saves are already in flight: those are
+        kept (``begin_step`` only for a new step). Loads of a step whose
+        layers already ran would come too late: they are reported as load
+        errors (vLLM does not do this)."""
+        if self.step_meta is meta:
+            if meta.loads:
+                log.warning("tutti: loads bound after the forward pass; recomputing them")
+                for spec in meta.loads:
+                    self._fail(spec, spec.local_tokens)
+            return
         self.begin_step(meta)
         ct, bs = self.layout.chunk_tokens, self.layout.block_size
         for spec in meta.loads:
@@ -142,6 +158,8 @@ class WorkerLogic:
             good = min(res.cached_chunks * ct, spec.end_tokens)
             if res.cached_chunks < act.load.first_chunk or good < spec.local_tokens:
                 good = spec.local_tokens
+            self.counters["loads"] += 1
+            self.counters["tokens_loaded"] += good - spec.local_tokens
             if good < spec.end_tokens:
                 log.warning(
                     "tutti: request %s loaded %d of tokens [%d, %d): %s; recomputing the rest",
@@ -153,7 +171,9 @@ class WorkerLogic:
 
     def _fail(self, spec: LoadSpec, good_tokens: int) -> None:
         bs = self.layout.block_size
-        self._errors.update(int(b) for b in spec.block_ids[good_tokens // bs : spec.end_tokens // bs])
+        failed = spec.block_ids[good_tokens // bs : spec.end_tokens // bs]
+        self.counters["load_error_blocks"] += len(failed)
+        self._errors.update(int(b) for b in failed)
 
     def load_errors(self) -> Set[int]:
         """Block ids whose load failed since the last call (then cleared)."""
@@ -183,6 +203,7 @@ class WorkerLogic:
         self.finish_loads()
         results = [s.wait(self.timeout) for s in self._saves]
         for spec, r in zip(self._save_specs, results):
+            self.counters["objects_saved"] += r.put_objects
             if r.failures:
                 log.warning("tutti: request %s saved %d chunks; failures: %s", spec.req_id, r.stored_chunks, [(f.chunk, f.layer, f.kind) for f in r.failures][:4])
         self._saves, self._save_specs, self._saved_layers = [], [], set()
