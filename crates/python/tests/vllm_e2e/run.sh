@@ -3,7 +3,7 @@
 # what each scenario checks). Makes its own virtual environment, installs
 # what it needs from the package index, builds tutti into it, runs.
 #
-#   crates/python/tests/vllm_e2e/run.sh [basic|faults|variants|all]   (default all)
+#   crates/python/tests/vllm_e2e/run.sh [basic|faults|variants|tp2|all]   (default all)
 #
 # TUTTI_VLLM_VENV: the virtual environment (default <repo>/target/vllm-e2e/venv),
 #   created when missing; PYTHON: the interpreter that creates it (python3,
