@@ -447,6 +447,33 @@ def load_b(eng: Engine, a: Request, tb: List[int], before_load: Optional[Callabl
     return errors
 
 
+def test_a_prefix_shared_within_one_step_is_put_once():
+    """Two requests scheduled in one step share their first 2 chunks: the
+    second request's SaveSpec starts after them, the worker puts each
+    object once (vLLM's batch of prompts with one system prompt), and both
+    prompts are then found whole."""
+    form = "flash_attn"
+    eng = Engine(form, make_caches(form, rand_fill(51)))
+    try:
+        ta, tb = tables(52)
+        shared = prompt(2 * CT, seed=53)
+        a = Request("A", shared + prompt(CT + 3, seed=54))
+        b = Request("B", shared + prompt(2 * CT + 3, seed=55))
+        for r, t in ((a, ta), (b, tb)):
+            eng.sched.update_state_after_alloc(r, KVCacheBlocks(t), eng.sched.get_num_new_matched_tokens(r, 0)[0])
+        out = SchedulerOutput(
+            [NewRequestData(r.request_id, r.prompt_token_ids, (t,), 0) for r, t in ((a, ta), (b, tb))],
+            num_scheduled_tokens={"A": a.num_tokens, "B": b.num_tokens},
+        )
+        meta, errors = eng.step(out)
+        assert errors == set()
+        assert [(s.req_id, s.first_chunk, len(s.token_ids) // CT) for s in meta.saves] == [("A", 0, 3), ("B", 2, 4)]
+        assert eng.worker.stats()["objects_saved"] == (3 + 2) * LAYERS * BPC * 2  # K and V of each block, not 3 + 4 chunks
+        assert eng.client.lookup(a.prompt_token_ids) == 3 * CT and eng.client.lookup(b.prompt_token_ids) == 4 * CT
+    finally:
+        eng.close()
+
+
 @pytest.mark.parametrize("what", ["one_layer_of_chunk_2", "all_of_chunk_3"])
 def test_object_removed_after_lookup_reports_failed_and_later_chunks(what):
     """Objects removed between the scheduler's lookup and the load (a miss

@@ -216,12 +216,15 @@ class KvCacheClient:
 
     # Save -----------------------------------------------------------------
 
-    def start_save(self, tokens: Sequence[int], placement: Optional[Sequence[int]] = None, *, max_chunks: Optional[int] = None) -> "LayerSave":
+    def start_save(
+        self, tokens: Sequence[int], placement: Optional[Sequence[int]] = None, *, max_chunks: Optional[int] = None, skip_chunks: int = 0
+    ) -> "LayerSave":
         """Begin saving the whole chunks of ``tokens`` (at most ``max_chunks``)
         whose KV is at ``placement``; objects already in the store are
-        skipped. Call ``save_layer(l)`` once the engine has written layer
-        ``l``'s KV, then ``wait()``."""
-        return LayerSave(self, tokens, placement, max_chunks)
+        skipped, and so are the first ``skip_chunks`` chunks (another save
+        of the same prefix covers them). Call ``save_layer(l)`` once the
+        engine has written layer ``l``'s KV, then ``wait()``."""
+        return LayerSave(self, tokens, placement, max_chunks, skip_chunks=skip_chunks)
 
     def save(
         self,
@@ -329,7 +332,9 @@ class LayerLoad:
     waited on) is the usable prefix.
     """
 
-    def __init__(self, client: KvCacheClient, tokens: Sequence[int], placement: Optional[Sequence[int]], max_chunks: Optional[int]) -> None:
+    def __init__(
+        self, client: KvCacheClient, tokens: Sequence[int], placement: Optional[Sequence[int]], max_chunks: Optional[int], *, skip_chunks: int = 0
+    ) -> None:
         self.client = client
         self.placement = placement
         self._cks = client.chunk_keys(tokens)
@@ -407,7 +412,9 @@ class LayerSave:
     puts layer ``l``'s objects of the request's whole chunks (those not in
     the store already); ``wait()`` finishes every put."""
 
-    def __init__(self, client: KvCacheClient, tokens: Sequence[int], placement: Optional[Sequence[int]], max_chunks: Optional[int]) -> None:
+    def __init__(
+        self, client: KvCacheClient, tokens: Sequence[int], placement: Optional[Sequence[int]], max_chunks: Optional[int], *, skip_chunks: int = 0
+    ) -> None:
         self.client = client
         self.placement = placement
         self._cks = client.chunk_keys(tokens)
@@ -416,9 +423,11 @@ class LayerSave:
         n = len(self._cks)
         if n:
             client.layout.check_placement(placement, n)
-        objs = [k for ck in self._cks for k in client._objects(ck)]
+        skip = max(0, min(skip_chunks, n))
+        objs = [k for ck in self._cks[skip:] for k in client._objects(ck)]
         present = client.store.contains(objs) if objs else []
         self._present = set(k for k, p in zip(objs, present) if p)
+        self._present.update(k for ck in self._cks[:skip] for k in client._objects(ck))
         self._batches: List[Tuple[Any, List[_Tag], int]] = []
         self._started: set = set()
         self._put = 0

@@ -38,7 +38,9 @@ class SaveSpec:
 
     ``token_ids``: the request's first ``num_chunks * chunk_tokens`` token
     ids; ``block_ids``: the blocks holding them; chunks before
-    ``first_chunk`` were saved (or loaded) in earlier steps.
+    ``first_chunk`` were saved (or loaded) in earlier steps, or are saved
+    by another request's ``SaveSpec`` of the same step (a shared prefix):
+    the worker does not put them.
     """
 
     req_id: str

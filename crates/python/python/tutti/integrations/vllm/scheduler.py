@@ -21,8 +21,10 @@ layers).
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from tutti.integrations.vllm.metadata import LoadSpec, SaveSpec, TuttiConnectorMetadata
 
@@ -34,6 +36,19 @@ def request_tokens(request: Any) -> List[int]:
     if toks is None:
         toks = getattr(request, "prompt_token_ids", None) or []
     return list(toks)
+
+
+def chunk_digests(tokens: Sequence[int], chunk_tokens: int) -> List[bytes]:
+    """One digest per whole chunk of ``tokens``, naming the whole prefix up
+    to the chunk's end (chained, like the store's chunk keys)."""
+    out: List[bytes] = []
+    prev = b""
+    for c in range(len(tokens) // chunk_tokens):
+        h = hashlib.blake2b(prev, digest_size=16)
+        h.update(array("I", tokens[c * chunk_tokens : (c + 1) * chunk_tokens]).tobytes())
+        prev = h.digest()
+        out.append(prev)
+    return out
 
 
 def _group0(block_ids: Any) -> List[int]:
@@ -87,6 +102,7 @@ class SchedulerLogic:
         self._requests: Dict[str, Any] = {}
         self._pending: Dict[str, _Pending] = {}
         self._trackers: Dict[str, _Tracker] = {}
+        self._step_chunks: Set[bytes] = set()  # chunks saved by this step's SaveSpecs
 
     # vLLM's scheduler calls ---------------------------------------------
 
@@ -134,6 +150,7 @@ class SchedulerLogic:
         and saves (whole chunks that this step completes). Resets the
         per-step state; does not modify ``scheduler_output``."""
         meta = TuttiConnectorMetadata()
+        self._step_chunks = set()
         sched = getattr(scheduler_output, "num_scheduled_tokens", {}) or {}
         for new in getattr(scheduler_output, "scheduled_new_reqs", []) or []:
             rid = new.req_id
@@ -196,5 +213,14 @@ class SchedulerLogic:
         whole = min(whole, len(tr.block_ids) // bpc)
         if whole <= tr.stored_chunks:
             return
-        meta.saves.append(SaveSpec(tr.req_id, toks[: whole * self.chunk_tokens], tr.block_ids[: whole * bpc], tr.stored_chunks))
+        first = tr.stored_chunks
+        # Leading chunks another request of this step already saves (a
+        # shared prefix: the same tokens, so the same keys and bytes) are
+        # not put twice.
+        digests = chunk_digests(toks[: whole * self.chunk_tokens], self.chunk_tokens)
+        while first < whole and digests[first] in self._step_chunks:
+            first += 1
+        self._step_chunks.update(digests[first:whole])
+        if first < whole:
+            meta.saves.append(SaveSpec(tr.req_id, toks[: whole * self.chunk_tokens], tr.block_ids[: whole * bpc], first))
         tr.stored_chunks = whole

@@ -192,7 +192,7 @@ class WorkerLogic:
         if not self._saves:
             for spec in self._save_specs:
                 n = len(spec.token_ids) // self.layout.chunk_tokens
-                self._saves.append(self.client.start_save(spec.token_ids, spec.block_ids, max_chunks=n))
+                self._saves.append(self.client.start_save(spec.token_ids, spec.block_ids, max_chunks=n, skip_chunks=spec.first_chunk))
         self._saved_layers.add(layer)
         for s in self._saves:
             s.save_layer(layer)
