@@ -142,6 +142,8 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
         self._shared: Optional[state.SharedRuntime] = state.acquire(c)
         self._writer: Optional[state.Writer] = None
         self.counters: Dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self._dumped: Optional[Dict[str, int]] = None
+        self._warned = False
         self._scheduler: Optional[SchedulerLogic] = None
         self._worker: Optional[WorkerLogic] = None
         try:
@@ -201,7 +203,7 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
         if path is None:
             return
         st = self.stats()
-        if st == getattr(self, "_dumped", None):
+        if st == self._dumped:
             return
         self._dumped = st
         role = "scheduler" if self._is_scheduler else "worker"
@@ -284,7 +286,7 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
             return 0
         c = self.tutti_config
         if c.runtime_config is None and c.runtime_yaml is None and not self._shared.writers:
-            if not getattr(self, "_warned", False):
+            if not self._warned:
                 log.warning(
                     "tutti: the worker is in another process and the drives are emulated RAM drives, private to each "
                     "process: lookups find nothing (use file-backed or daemon drives, docs/vllm.md)"
