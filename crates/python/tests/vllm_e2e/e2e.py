@@ -171,8 +171,10 @@ def main_phase(argv: List[str]) -> None:
 
 
 def last_data_block(img: str) -> int:
-    """The logical block (4 KiB) of the last nonzero block of a drive image:
-    object payload (records and superblock sit at the store's start)."""
+    """The logical block (4 KiB) of the last nonzero block of a drive image
+    that is not the worker's manifest (JSON): KV object payload (records
+    and superblock sit at the store's start; nothing here is replaced or
+    evicted, so no stale payload lies past the live objects)."""
     last = -1
     with open(img, "rb") as f:
         i = 0
@@ -181,7 +183,7 @@ def last_data_block(img: str) -> int:
             if not b:
                 break
             for j in range(0, len(b), 4096):
-                if any(b[j : j + 4096]):
+                if any(b[j : j + 4096]) and not b[j : j + 2] == b'{"':
                     last = i + j // 4096
             i += len(b) // 4096
     assert last > 0, f"{img} holds no data"

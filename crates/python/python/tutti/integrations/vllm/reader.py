@@ -69,8 +69,18 @@ def decode_manifest(buf: np.ndarray) -> KeyScheme:
 
 
 def put_manifest(store: Any, key: bytes, scheme: KeyScheme, timeout: float) -> bool:
-    """Put ``scheme``'s manifest under ``key``; True when it was stored."""
+    """Put ``scheme``'s manifest under ``key`` unless the store holds it
+    already (a restart with the same layout writes nothing); True when it
+    is stored."""
     buf = encode_manifest(scheme)
+    old = np.zeros(MANIFEST_BYTES, dtype=np.uint8)
+    mem = store.register(old)
+    try:
+        st = store.get_sync([(key, mem, 0, MANIFEST_BYTES)], timeout)
+    finally:
+        store.unregister(mem)
+    if st[0].kind == "hit" and np.array_equal(old, buf):
+        return True
     mem = store.register(buf)
     try:
         st = store.put_sync([(key, mem, 0, MANIFEST_BYTES)], timeout)
