@@ -191,3 +191,26 @@ def test_writer_lock_paths(tmp_path, monkeypatch):
     assert p.endswith(".lock") and p != lock_paths(daemon.replace("/run/tutti.sock", "/run/other.sock"), "kv")[0]
     monkeypatch.setattr(locks, "_parse", lambda text: None)
     assert lock_paths(yaml, "kv0") == [f"{tmp_path}/d0.img", f"{tmp_path}/d1.img"]
+
+
+def test_a_restarted_worker_does_not_rewrite_its_manifest(tmp_path):
+    """The manifest is put when the store lacks it (first start) and not
+    again by a restart with the same layout (no put at all); the restarted
+    scheduler-side reader still decodes it into the worker's key scheme."""
+    from tutti.integrations.vllm.reader import StoreReader
+
+    yaml = file_yaml(str(tmp_path / "d0.img"))
+    for start in range(2):
+        eng = Engine("flash_attn", make_caches("flash_attn", rand_fill(61)), vllm_config(yaml=yaml))
+        try:
+            assert eng.worker._writer.store.stats()["puts"] == (1 if start == 0 else 0)
+            scheme = eng.client.keys
+        finally:
+            eng.close()
+    s = TuttiConnector(vllm_config({"lookup_refresh_s": 0.0}, yaml=yaml), KVConnectorRole.SCHEDULER, KVCacheConfig())
+    try:
+        assert s.get_num_new_matched_tokens(Request("X", prompt(CT + 1)), 0) == (0, False)
+        reader = s._shared.readers["kv"]
+        assert isinstance(reader, StoreReader) and reader.scheme == scheme
+    finally:
+        s.shutdown()
