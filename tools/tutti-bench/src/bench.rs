@@ -12,6 +12,7 @@ use clap::Args;
 use nvm_queue::{Controller, ControllerOptions, DmaBuffer, NvmeDevice};
 use nvme_emu::{BackingSpec, Emulator, EmulatorConfig, NamespaceSpec};
 use serde::Serialize;
+use tutti_bench::schema::GpuRateResult;
 use tutti::error_chain;
 
 use crate::interrupt::{Ended, Stop};
@@ -39,6 +40,16 @@ pub enum RateController {
     GpuNull,
 }
 
+impl RateController {
+    /// The name `--controller` takes and the JSON carries.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Emulator => "emulator",
+            Self::GpuNull => "gpu-null",
+        }
+    }
+}
+
 /// Where `gpu-rate`'s SQs, CQs and doorbells live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -49,6 +60,16 @@ pub enum RateRings {
     /// GPU memory (`GpuQueue::with_device_rings`, BaM's layout): only
     /// with `--controller gpu-null`, which serves them from the GPU.
     Device,
+}
+
+impl RateRings {
+    /// The name `--rings` takes and the JSON carries.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Host => "host",
+            Self::Device => "device",
+        }
+    }
 }
 
 /// Options of `gpu-rate`.
@@ -81,43 +102,9 @@ pub struct GpuRateArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
-}
-
-#[derive(Debug, Serialize)]
-struct GpuRateResult {
-    drives: u64,
-    queues: u64,
-    queue_depth: u32,
-    controller: RateController,
-    rings: RateRings,
-    gpu_commands: u64,
-    /// The protocol kernel's GPU time (CUDA events on its stream, just
-    /// before and after it), seconds.
-    gpu_kernel_seconds: f64,
-    /// `gpu_commands` over `gpu_kernel_seconds`: the device-side rate.
-    gpu_commands_per_second: f64,
-    /// The whole launch as the host sees it (grouping the requests by
-    /// queue, filling the launch slot, the kernel, reading the statuses
-    /// back), seconds.
-    gpu_launch_seconds: f64,
-    /// `gpu_commands` over `gpu_launch_seconds`.
-    gpu_launch_commands_per_second: f64,
-    /// Entries per second of the bare ring probe over the same queues and
-    /// requests, by its kernel's GPU time (`None`: skipped or unavailable).
-    probe_entries_per_second: Option<f64>,
-    /// The same, by the probe's whole launch as the host sees it.
-    probe_launch_entries_per_second: Option<f64>,
-    /// Why the probe did not run, when it did not.
-    probe_skipped: Option<String>,
-    /// "CQ full" stalls the emulated controllers counted in the protocol
-    /// run; for GPU null controllers, the polls (over every run) that found
-    /// commands waiting and no free CQ slot.
-    cq_full_stalls: u64,
-    /// Commands the GPU null controllers served over every run (warm-up,
-    /// probe, protocol); `None` with the emulator.
-    null_served: Option<u64>,
-    cpu_commands_per_second: f64,
-    ratio: f64,
+    /// Also write an SVG chart of the run to this file.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 /// The GPU part of `gpu-rate`: rates of the probe and the protocol run.
@@ -156,8 +143,8 @@ pub fn gpu_rate(a: &GpuRateArgs, stop: &Stop) -> Result<Ended, String> {
         drives: a.drives,
         queues: a.drives * a.queues_per_drive,
         queue_depth: a.queue_depth,
-        controller: a.controller,
-        rings: a.rings,
+        controller: a.controller.name().to_owned(),
+        rings: a.rings.name().to_owned(),
         gpu_commands: a.commands,
         gpu_kernel_seconds: run.secs.kernel,
         gpu_commands_per_second: a.commands as f64 / run.secs.kernel,
@@ -171,6 +158,9 @@ pub fn gpu_rate(a: &GpuRateArgs, stop: &Stop) -> Result<Ended, String> {
         cpu_commands_per_second: cpu,
         ratio: a.commands as f64 / run.secs.kernel / cpu,
     };
+    if let Some(path) = &a.plot {
+        crate::output::plot(path, tutti_bench::plot::gpu_rate::svg(&r))?;
+    }
     if a.json {
         println!("{}", tutti_bench::schema::Document::new("gpu-rate", &r).to_json());
     } else {
@@ -266,11 +256,11 @@ fn rate_requests(n: u64, queues: u64) -> Vec<gpu_io::abi::TuttiRequest> {
 }
 
 fn print_rate(r: &GpuRateResult, a: &GpuRateArgs) {
-    let device = match r.controller {
+    let device = match a.controller {
         RateController::Emulator => "emulator threads",
         RateController::GpuNull => "GPU null controllers",
     };
-    let rings = match r.rings {
+    let rings = match a.rings {
         RateRings::Host => "rings in host memory",
         RateRings::Device => "rings in GPU memory",
     };

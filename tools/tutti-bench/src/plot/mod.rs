@@ -8,6 +8,7 @@
 
 pub mod bars;
 pub mod kv;
+pub mod gpu_rate;
 pub mod lines;
 pub mod rate;
 pub mod replay;
@@ -93,6 +94,7 @@ pub fn svg_of(doc: &AnyDocument) -> Result<String, PlotError> {
         AnyDocument::Rate(d) => rate::svg_runs(std::slice::from_ref(&d.result), &[]),
         AnyDocument::RateCompare(d) => rate::svg_compare(&d.result),
         AnyDocument::Kv(d) => kv::svg(&d.result),
+        AnyDocument::GpuRate(d) => gpu_rate::svg(&d.result),
     }
 }
 

@@ -9,6 +9,7 @@
 //! checks that its output parses into them and serializes back to the same
 //! JSON, so a field added, renamed or dropped on one side fails a test.
 
+pub mod gpu_rate;
 pub mod kv;
 pub mod rate;
 pub mod run;
@@ -16,6 +17,7 @@ pub mod stripe;
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
+pub use gpu_rate::GpuRateResult;
 pub use kv::{KvPass, KvResult};
 pub use rate::{RateComparison, RateRun};
 pub use run::RunInfo;
@@ -70,6 +72,8 @@ pub enum AnyDocument {
     RateCompare(Document<RateComparison>),
     /// `kv`.
     Kv(Document<KvResult>),
+    /// `gpu-rate`.
+    GpuRate(Document<GpuRateResult>),
 }
 
 /// Why a document could not be read.
@@ -78,7 +82,7 @@ pub enum ReadError {
     /// Not JSON, or not of its benchmark's layout.
     #[error("not a tutti-bench document")]
     Json(#[from] serde_json::Error),
-    /// A `bench` this build has no type for (e.g. `gpu-rate`).
+    /// A `bench` this build has no type for.
     #[error("benchmark {bench:?} has no typed result")]
     Untyped {
         /// The document's `bench`.
@@ -106,6 +110,7 @@ impl AnyDocument {
             "rate" => Self::Rate(doc(v)?),
             "rate-compare" => Self::RateCompare(doc(v)?),
             "kv" => Self::Kv(doc(v)?),
+            "gpu-rate" => Self::GpuRate(doc(v)?),
             _ => return Err(ReadError::Untyped { bench }),
         })
     }
@@ -119,6 +124,7 @@ impl AnyDocument {
             Self::Rate(d) => serde_json::to_value(d),
             Self::RateCompare(d) => serde_json::to_value(d),
             Self::Kv(d) => serde_json::to_value(d),
+            Self::GpuRate(d) => serde_json::to_value(d),
         };
         v.unwrap_or_default()
     }
@@ -132,6 +138,7 @@ impl AnyDocument {
             Self::Rate(d) => &d.run,
             Self::RateCompare(d) => &d.run,
             Self::Kv(d) => &d.run,
+            Self::GpuRate(d) => &d.run,
         }
     }
 
@@ -144,6 +151,7 @@ impl AnyDocument {
             Self::Rate(d) => &d.bench,
             Self::RateCompare(d) => &d.bench,
             Self::Kv(d) => &d.bench,
+            Self::GpuRate(d) => &d.bench,
         }
     }
 }
