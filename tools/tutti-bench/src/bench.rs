@@ -12,8 +12,8 @@ use clap::Args;
 use nvm_queue::{Controller, ControllerOptions, DmaBuffer, NvmeDevice};
 use nvme_emu::{BackingSpec, Emulator, EmulatorConfig, NamespaceSpec};
 use serde::Serialize;
-use tutti_bench::schema::GpuRateResult;
 use tutti::error_chain;
+use tutti_bench::schema::GpuRateResult;
 
 use crate::interrupt::{Ended, Stop};
 

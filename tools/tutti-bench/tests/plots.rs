@@ -113,15 +113,15 @@ fn replay_chart_names_the_cdf_and_bandwidth() {
 #[test]
 fn a_document_without_a_chart_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let bad = dir.path().join("gpu-rate.json");
-    std::fs::write(&bad, r#"{"schema_version":1,"bench":"gpu-rate"}"#).unwrap();
+    let bad = dir.path().join("gpu-soak.json");
+    std::fs::write(&bad, r#"{"schema_version":1,"bench":"gpu-soak"}"#).unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_tutti-bench"))
         .args(["plot", bad.to_str().unwrap(), "-o", dir.path().join("x.svg").to_str().unwrap()])
         .output()
         .unwrap();
     assert!(!o.status.success());
     assert!(
-        String::from_utf8_lossy(&o.stderr).contains("gpu-rate"),
+        String::from_utf8_lossy(&o.stderr).contains("gpu-soak"),
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );

@@ -7,8 +7,8 @@
 //! [`bars`] are the two chart shapes they share.
 
 pub mod bars;
-pub mod kv;
 pub mod gpu_rate;
+pub mod kv;
 pub mod lines;
 pub mod rate;
 pub mod replay;
