@@ -18,7 +18,7 @@ use crate::deferred;
 use crate::errors::{HandleError, IntoPyResult, MemoryRegistrationError, TuttiError};
 use crate::memory::{describe, Export, Location};
 use crate::request::{still_waited_on, wait_for_other};
-use crate::runtime::{seconds, PyRuntime, RUNTIME_GPU};
+use crate::runtime::{runtime_gpu, seconds, PyRuntime};
 use crate::status::ItemStatus;
 
 /// A key from bytes (16 or 32 of them), or `ValueError`.
@@ -383,7 +383,7 @@ impl KvStore {
         deferred::retry(py);
         let export = Export::from_object(obj)?;
         if export.location == Location::Gpu {
-            Export::check_gpu_device(obj, RUNTIME_GPU)?;
+            Export::check_gpu_device(obj, runtime_gpu(self.kv.runtime()))?;
         }
         let (ptr, len, location) = (export.ptr, export.len, export.location);
         let kv = self.kv.clone();

@@ -19,8 +19,10 @@ use crate::registration::Memory;
 use crate::request::{Operation, Request};
 use crate::status::Status;
 
-/// The GPU the runtime drives (`gpu-io` opens ordinal 0).
-pub const RUNTIME_GPU: i64 = 0;
+/// The CUDA ordinal of `rt`'s GPU (config `gpu.ordinal`; 0 without one).
+pub fn runtime_gpu(rt: &Runtime) -> i64 {
+    rt.gpu_ordinal().map_or(0, i64::from)
+}
 
 /// The longest shutdown drain bound (2^32 s, about 136 years).
 pub const MAX_DRAIN: Duration = Duration::from_secs(1 << 32);
@@ -231,14 +233,15 @@ impl PyRuntime {
     /// C-contiguous buffer-protocol object (numpy array, bytearray,
     /// memoryview, bytes: read-only ones may only be written to drives), a
     /// CUDA array (`__cuda_array_interface__`) or a DLPack tensor
-    /// (`__dlpack__`) on GPU 0, which needs a runtime whose datapath has
+    /// (`__dlpack__`) on the runtime's GPU (config `gpu.ordinal`, default
+    /// 0), which needs a runtime whose datapath has
     /// `execution: gpu`. Raises `tutti.MemoryRegistrationError` for a
     /// non-contiguous or unsupported object, or a GPU array on another GPU.
     fn register(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Memory> {
         deferred::retry(py);
         let export = Export::from_object(obj)?;
         if export.location == Location::Gpu {
-            Export::check_gpu_device(obj, RUNTIME_GPU)?;
+            Export::check_gpu_device(obj, runtime_gpu(&self.rt))?;
         }
         let (ptr, len, location) = (export.ptr, export.len, export.location);
         let rt = self.rt.clone();

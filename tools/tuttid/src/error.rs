@@ -3,10 +3,10 @@
 
 use tuttid_proto::Rule;
 
-/// What went wrong serving a request or starting the daemon.
 /// The error beneath a [`DaemonError::Drive`].
 pub type DriveCause = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// What went wrong serving a request or starting the daemon.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
     /// A request named a drive the config does not have.

@@ -62,13 +62,14 @@ pub use error::{ConfigError, ConfigErrorKind, RefKind};
 use schema::{default_nsid, default_queue_depth, default_queues, default_stripe_unit};
 pub use schema::{
     Backing, DaemonDriveConfig, DataPathConfig, DriveConfig, EmulatedDriveConfig, Execution,
-    FaultActionConfig, FaultConfig, FaultOp, LocalNvmeConfig, MetadataConfig, NamespaceConfig,
+    FaultActionConfig, FaultConfig, FaultOp, GpuConfig, LocalNvmeConfig, MetadataConfig, NamespaceConfig,
     PciDriveConfig, ResolverConfig, SlabConfig, StoreConfig, StripedConfig, TimingConfig, WriteCacheConfig,
 };
 pub use size::{ByteSize, ByteSizeParseError};
 pub use validate::{normalize_pci_addr, MAX_STRIPE_DRIVES, MIN_STRIPE_DRIVES};
 
-/// The whole runtime configuration: four maps keyed by object name.
+/// The whole runtime configuration: four maps keyed by object name, and
+/// the GPU GPU-executed datapaths use.
 ///
 /// Every section may be omitted (empty). Names are non-empty strings; the
 /// map order (sorted by name) is the order in which the runtime assembles
@@ -88,6 +89,10 @@ pub struct Config {
     /// Stores (one resolver joined to one datapath), by name.
     #[serde(default)]
     pub stores: BTreeMap<String, StoreConfig>,
+    /// The GPU of `execution: gpu` datapaths (YAML `gpu: { ordinal: 1 }`;
+    /// default GPU 0).
+    #[serde(default, skip_serializing_if = "GpuConfig::is_default")]
+    pub gpu: GpuConfig,
 }
 
 impl Config {
@@ -219,6 +224,7 @@ impl Config {
                 "kv".to_owned(),
                 StoreConfig { resolver: "kv".to_owned(), datapath: dp_name.to_owned() },
             )]),
+            gpu: GpuConfig::default(),
         }
     }
 }

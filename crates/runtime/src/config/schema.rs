@@ -446,6 +446,26 @@ pub struct StripedConfig {
     pub execution: Execution,
 }
 
+/// The GPU a runtime drives for `execution: gpu` datapaths.
+///
+/// YAML: `gpu: { ordinal: 1 }`. The ordinal counts the GPUs the process
+/// sees (after `CUDA_VISIBLE_DEVICES`), as CUDA does; memory registered with
+/// `register_gpu_memory` must live on that GPU.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuConfig {
+    /// CUDA device ordinal. Default 0.
+    #[serde(default)]
+    pub ordinal: u32,
+}
+
+impl GpuConfig {
+    /// `true` for the default (GPU 0), which YAML output leaves out.
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
 /// A store: one resolver joined to one datapath.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

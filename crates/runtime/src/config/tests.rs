@@ -829,3 +829,15 @@ fn assembly_kinds_name_the_datapath_key() {
     assert_eq!(c.datapath_key("striped", "drives[2]"), "datapaths.striped.striped_local_nvme.drives[2]");
     assert_eq!(c.datapath_key("nope", "nsid"), "datapaths.nope.nsid");
 }
+
+#[test]
+fn the_gpu_ordinal_is_read_and_defaults_to_zero() {
+    assert_eq!(Config::from_yaml_str("{}").unwrap().gpu, GpuConfig { ordinal: 0 });
+    let c = Config::from_yaml_str("gpu: { ordinal: 1 }").unwrap();
+    assert_eq!(c.gpu.ordinal, 1);
+    let e = Config::from_yaml_str("gpu: { ordnal: 1 }").unwrap_err();
+    assert!(matches!(e.kind(), ConfigErrorKind::Parse { .. }), "{e:?}");
+    assert!(e.to_string().contains("ordnal"), "{e}");
+    // The default is left out of YAML output.
+    assert!(!serde_saphyr::to_string(&Config::default()).unwrap().contains("gpu"));
+}

@@ -44,9 +44,10 @@ impl Runtime {
         let usage = drive_usage(&config);
         // A GPU only when some datapath asks for GPU execution.
         let gpu = if usage.values().any(|u| u.execution == Execution::Gpu) {
-            Some(Arc::new(
-                Gpu::open(0).map_err(|source| Error::Gpu { context: "opening GPU 0".into(), source })?,
-            ))
+            Some(Arc::new(Gpu::open(config.gpu.ordinal as usize).map_err(|source| Error::Gpu {
+                context: format!("opening GPU {} (config gpu.ordinal)", config.gpu.ordinal),
+                source,
+            })?))
         } else {
             None
         };
@@ -62,7 +63,10 @@ impl Runtime {
         }
         let lanes = match &gpu {
             Some(g) => {
-                let n = drives.iter().filter_map(|d| d.gpu.as_ref()).map(|q| q.queues.len()).max();
+                // The fewest GPU queues of any drive: each lane's queue is
+                // then its own on every drive (with more lanes than a
+                // drive's queues, two lanes would share one there).
+                let n = drives.iter().filter_map(|d| d.gpu.as_ref()).map(|q| q.queues.len()).min();
                 let lanes = super::lanes::GpuLanes::new(g, n.unwrap_or(1))
                     .map_err(|source| Error::Gpu { context: "creating launch streams".into(), source })?;
                 Some(lanes)
@@ -87,6 +91,8 @@ impl Runtime {
             lanes,
             gpu,
             gpu_budget_ns: AtomicU64::new(super::GPU_COMMAND_BUDGET.as_nanos() as u64),
+            gpu_budget_max_ns: AtomicU64::new(super::GPU_COMMAND_BUDGET.as_nanos() as u64),
+            gpu_ordinal: config.gpu.ordinal,
             late_completions: AtomicU64::new(0),
         })
     }

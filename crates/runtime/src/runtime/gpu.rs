@@ -145,6 +145,14 @@ impl Runtime {
     pub fn set_gpu_command_budget(&self, budget: Duration) {
         let b = budget.clamp(Duration::from_millis(1), Duration::from_secs(600));
         self.gpu_budget_ns.store(b.as_nanos() as u64, Ordering::Relaxed);
+        self.gpu_budget_max_ns.fetch_max(b.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// The longest command budget any launch of this runtime may have had
+    /// (shutdown waits that long for running kernels, whatever the budget
+    /// is now).
+    pub(super) fn longest_gpu_command_budget(&self) -> Duration {
+        Duration::from_nanos(self.gpu_budget_max_ns.load(Ordering::Relaxed))
     }
 
     /// Appends request `i`'s commands to the launch, or says why it cannot

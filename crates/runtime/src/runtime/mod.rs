@@ -162,9 +162,13 @@ pub struct Runtime {
     lanes: Option<lanes::GpuLanes>,
     /// The GPU, when a datapath uses GPU execution.
     gpu: Option<Arc<Gpu>>,
+    /// The CUDA ordinal of `gpu` (config `gpu.ordinal`).
+    gpu_ordinal: u32,
     /// Each GPU-executed command's budget, nanoseconds
     /// ([`Runtime::set_gpu_command_budget`]).
     gpu_budget_ns: AtomicU64,
+    /// The longest budget ever set, nanoseconds (for shutdown).
+    gpu_budget_max_ns: AtomicU64,
     late_completions: AtomicU64,
 }
 
@@ -219,6 +223,12 @@ impl Runtime {
     /// GPU-resident objects); `None` without one.
     pub fn gpu(&self) -> Option<&Arc<Gpu>> {
         self.gpu.as_ref()
+    }
+
+    /// The CUDA device ordinal of [`Runtime::gpu`] (config `gpu.ordinal`);
+    /// `None` without a GPU. GPU memory registered must live there.
+    pub fn gpu_ordinal(&self) -> Option<u32> {
+        self.gpu.as_ref().map(|_| self.gpu_ordinal)
     }
 
     /// Names of the drives, in configuration order.

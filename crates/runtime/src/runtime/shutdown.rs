@@ -90,7 +90,7 @@ impl Runtime {
         for h in gpu_ops {
             let _ = self.finish_gpu(OpHandle(h));
         }
-        let gpu_deadline = Instant::now() + self.gpu_command_budget() + Duration::from_secs(1);
+        let gpu_deadline = Instant::now() + self.longest_gpu_command_budget() + Duration::from_secs(1);
         while self.drives.iter().any(|d| d.gpu_kernels() > 0) && Instant::now() < gpu_deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
