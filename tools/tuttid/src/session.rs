@@ -18,10 +18,11 @@ use crate::error::DaemonError;
 use crate::forward::LeaseEnd;
 use crate::mediate::Regions;
 
-/// How long an unregistration waits for the mediated commands that might
-/// name the memory to complete (the controller completes or times out
-/// commands well before; past this the memory stays mapped for good).
-const UNREGISTER_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long an unregistration on a mediated drive waits for the commands
+/// that may name the memory; past it the registration stays mapped and
+/// charged, and is finished by a later request of the connection or at
+/// reclaim (well under the client's 10 s reply timeout).
+const UNREGISTER_DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Peer credentials from SO_PEERCRED at accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +52,10 @@ pub struct Session {
     /// Granted rings, by (drive index, qid).
     queues: Vec<(usize, Rings)>,
     memory: HashMap<u64, Registration>,
+    /// Unregistrations still waiting for commands forwarded before them
+    /// (epoch of `Regions::begin_remove`): mapped, counted and charged
+    /// until those complete.
+    deferred: Vec<(Registration, u64)>,
     /// This connection's registrations per drive, as the forwarders of
     /// mediated drives check PRPs against them.
     regions: HashMap<usize, Arc<Regions>>,
@@ -98,6 +103,7 @@ impl Session {
             queues: Vec::new(),
             memory: HashMap::new(),
             regions: HashMap::new(),
+            deferred: Vec::new(),
             quarantined: Vec::new(),
             next_id: 1,
             accounts,
@@ -144,6 +150,9 @@ impl Session {
     /// Serves one request after the handshake (`fds`: the descriptors that
     /// came with it, already checked to match its type).
     pub fn handle(&mut self, req: Request, fds: Vec<OwnedFd>) -> Reply {
+        if !self.deferred.is_empty() {
+            self.finish_deferred(std::time::Duration::ZERO);
+        }
         let r = match req {
             Request::Hello { .. } => {
                 Err(DaemonError::BadRequest("Hello after the handshake (rule handshake-first)".into()))
@@ -265,33 +274,57 @@ impl Session {
     /// Unmaps a registration; on failure keeps its memory mapped forever
     /// (the device might still reach it). On a mediated drive it is first
     /// taken out of the ranges PRPs may name, and the commands forwarded
-    /// before are waited for (they may name it). On a drive where a queue
-    /// of this connection is quarantined it stays mapped (and counted in
-    /// the drive's registrations): that queue's commands were released
-    /// from the wait when its forwarding stopped, yet may still be live.
-    fn unmap(&self, r: Registration) {
-        self.accounts.give_memory(self.peer.uid, r.memory.len() as u64);
+    /// before are waited for (they may name it) up to [`UNREGISTER_DRAIN`];
+    /// past that it is deferred, still mapped and charged
+    /// ([`Session::finish_deferred`]). On a drive where a queue of this
+    /// connection is quarantined it stays mapped (and counted in the
+    /// drive's registrations): that queue's commands were released from
+    /// the wait when its forwarding stopped, yet may still be live.
+    fn unmap(&mut self, r: Registration) {
         let drive = &self.drives[r.drive];
         let iova = r.mapping.pages()[0];
         if self.quarantined.contains(&r.drive) {
             if let Some(regions) = self.regions.get(&r.drive) {
-                regions.remove(iova, std::time::Duration::ZERO);
+                regions.begin_remove(iova);
             }
             tracing::warn!(drive = %drive.name, iova, "a queue of this client is quarantined; keeping its memory mapped");
+            self.accounts.give_memory(self.peer.uid, r.memory.len() as u64);
             std::mem::forget(r);
             return;
         }
-        drive.registrations.fetch_sub(1, Ordering::Relaxed);
         if let Some(regions) = self.regions.get(&r.drive) {
-            if !regions.remove(iova, UNREGISTER_DRAIN) {
-                tracing::error!(drive = %drive.name, iova, "commands naming the memory did not complete; keeping it mapped");
-                std::mem::forget(r);
+            let epoch = regions.begin_remove(iova);
+            if !regions.wait_drained(epoch, UNREGISTER_DRAIN) {
+                tracing::info!(drive = %drive.name, iova, "commands naming the memory still run; unmapping it once they complete");
+                self.deferred.push((r, epoch));
                 return;
             }
         }
+        self.unmap_now(r);
+    }
+
+    /// The last step of an unregistration, once no command may name the
+    /// memory: out of the drive's count and the uid's charge, unmapped.
+    fn unmap_now(&self, r: Registration) {
+        let drive = &self.drives[r.drive];
+        drive.registrations.fetch_sub(1, Ordering::Relaxed);
+        self.accounts.give_memory(self.peer.uid, r.memory.len() as u64);
         if let Err(e) = drive.device().dma_unmap(&r.mapping) {
             tracing::error!(drive = %drive.name, error = %e, "unmapping client memory failed; keeping it");
             std::mem::forget(r);
+        }
+    }
+
+    /// Finishes the deferred unregistrations whose commands have completed
+    /// (waiting up to `wait` for each); the others stay deferred.
+    fn finish_deferred(&mut self, wait: std::time::Duration) {
+        for (r, epoch) in std::mem::take(&mut self.deferred) {
+            let drained = self.regions.get(&r.drive).is_none_or(|g| g.wait_drained(epoch, wait));
+            if drained {
+                self.unmap_now(r);
+            } else {
+                self.deferred.push((r, epoch));
+            }
         }
     }
 
@@ -324,6 +357,15 @@ impl Session {
         // On a drive in `quarantined`, `unmap` keeps the memory mapped.
         for (_, r) in std::mem::take(&mut self.memory) {
             self.unmap(r);
+        }
+        // Every SQ is gone (its commands completed or aborted), so what was
+        // deferred drains now; what does not (a broken controller) stays
+        // mapped for good, given back to the uid's charge.
+        self.finish_deferred(UNREGISTER_DRAIN);
+        for (r, _) in std::mem::take(&mut self.deferred) {
+            tracing::error!(drive = %self.drives[r.drive].name, "commands naming client memory never completed; keeping it mapped");
+            self.accounts.give_memory(self.peer.uid, r.memory.len() as u64);
+            std::mem::forget(r);
         }
     }
 }

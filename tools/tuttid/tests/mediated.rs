@@ -509,3 +509,46 @@ fn sigkilled_clients_of_mediated_drives_are_reclaimed() {
     assert!(s.drives.iter().all(|d| d.dma_faults == 0 && d.quarantined == 0), "{s:?}");
     assert!(s.reclaimed >= 11, "{s:?}");
 }
+
+#[test]
+fn an_unregistration_past_its_drain_bound_returns_and_is_finished_once_the_commands_complete() {
+    // LBAs 64..128 complete 3 s late, longer than an unregistration waits
+    // (1 s): the reply comes at that bound (not after 10 s, the client's
+    // reply timeout), the memory stays mapped and counted while the Read
+    // may still write it, and the connection's next request unmaps it
+    // once the Read has completed. Before, the daemon waited 10 s, then
+    // kept the memory mapped for good while giving its quota back.
+    let dir = tempfile::tempdir().unwrap();
+    let faults = "faults: [ { lba: [64, 128], action: { delay_us: 3000000 } } ], ";
+    let d = Daemon::start(dir.path(), &mediated_yaml_timed(dir.path(), "", faults));
+    let c = Client::connect(&d.socket).unwrap();
+    let mut qp = queue_pair(&c);
+    let regs = || Client::connect(&d.socket).unwrap().status().unwrap().drives[0].registrations;
+    let before = regs();
+    let shm = SharedMemory::new(PAGE).unwrap();
+    let (id, iova, _) = c.register_memory("d0", shm.fd(), 0, PAGE as u64).unwrap();
+    qp.submit(rw(READ, 64, 1, iova, 0), None, 0).unwrap();
+    qp.ring();
+    std::thread::sleep(Duration::from_millis(50));
+    let t = Instant::now();
+    c.unregister_memory(id).unwrap();
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(2500),
+        "unregistered after {took:?}"
+    );
+    assert_eq!(regs(), before + 1, "still mapped while the Read may write it");
+    let mut status = None;
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while status.is_none() && Instant::now() < deadline {
+        qp.poll(|c| status = Some(c.status));
+    }
+    assert_eq!(status, Some(Status::SUCCESS));
+    // The connection's next request finishes the deferred unregistration.
+    let shm2 = SharedMemory::new(PAGE).unwrap();
+    let (id2, _, _) = c.register_memory("d0", shm2.fd(), 0, PAGE as u64).unwrap();
+    assert_eq!(regs(), before + 1, "the old one gone, the new one there");
+    c.unregister_memory(id2).unwrap();
+    let st = Client::connect(&d.socket).unwrap().status().unwrap();
+    assert_eq!((st.drives[0].dma_faults, st.drives[0].registrations), (0, before));
+}

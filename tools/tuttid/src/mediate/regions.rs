@@ -55,19 +55,35 @@ impl Regions {
 
     /// Takes the registration at `iova` out, then waits up to `timeout`
     /// until every command forwarded before has completed. `false` when
-    /// some did not (the caller keeps the memory mapped).
+    /// some did not (the caller keeps the memory mapped). The session uses
+    /// the two steps apart, so that it can finish later.
+    #[cfg(test)]
     pub fn remove(&self, iova: u64, timeout: Duration) -> bool {
+        let epoch = self.begin_remove(iova);
+        self.wait_drained(epoch, timeout)
+    }
+
+    /// Takes the registration at `iova` out and returns the epoch whose
+    /// earlier commands may still name it ([`Regions::drained`]).
+    pub fn begin_remove(&self, iova: u64) -> u64 {
         self.map.write().unwrap_or_else(|p| p.into_inner()).remove(&iova);
         // The write lock above ordered every check that could name the
         // range before this point; a command issued in the new epoch (the
         // mutex orders it after this) checks without the range.
-        let epoch = {
-            let mut f = self.inflight();
-            f.epoch += 1;
-            f.epoch
-        };
+        let mut f = self.inflight();
+        f.epoch += 1;
+        f.epoch
+    }
+
+    /// `true` once every command forwarded before `epoch` has completed.
+    pub fn drained(&self, epoch: u64) -> bool {
+        self.inflight().count.first_key_value().is_none_or(|(e, _)| *e >= epoch)
+    }
+
+    /// Waits up to `timeout` for [`Regions::drained`]`(epoch)`.
+    pub fn wait_drained(&self, epoch: u64, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        while self.inflight().count.first_key_value().is_some_and(|(e, _)| *e < epoch) {
+        while !self.drained(epoch) {
             if Instant::now() > deadline {
                 return false;
             }
