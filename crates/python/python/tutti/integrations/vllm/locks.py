@@ -76,12 +76,12 @@ def lock_paths(config_text: str, store: str) -> List[str]:
     if doc is None:
         files = re.findall(r"\bfile:\s*[\"']?([^\s,}\"']+)", config_text)
         daemons = re.findall(r"\bsocket:\s*[\"']?([^\s,}\"']+)", config_text)
-        return sorted({os.path.abspath(f) for f in files} | {_daemon_lock(s, "*") for s in daemons})
+        return sorted({os.path.realpath(f) for f in files} | {_daemon_lock(s, "*") for s in daemons})
     out = set()
     for d in _store_drives(doc, store):
         backing = (d.get("emulated") or {}).get("backing")
         if isinstance(backing, dict) and "file" in backing:
-            out.add(os.path.abspath(str(backing["file"])))
+            out.add(os.path.realpath(str(backing["file"])))
         daemon = d.get("daemon")
         if isinstance(daemon, dict):
             out.add(_daemon_lock(str(daemon.get("socket")), str(daemon.get("drive"))))
@@ -89,8 +89,14 @@ def lock_paths(config_text: str, store: str) -> List[str]:
 
 
 def _daemon_lock(socket: str, drive: str) -> str:
-    digest = hashlib.blake2b(f"{os.path.abspath(socket)}\0{drive}".encode(), digest_size=8).hexdigest()
-    return os.path.join(tempfile.gettempdir(), f"tutti-writer-{digest}.lock")
+    """The lock file of ``drive`` of the daemon at ``socket`` for this uid
+    (the daemon gives each uid its own partition): named from the socket's
+    real path, in ``$XDG_RUNTIME_DIR`` when set (private to the user), else
+    the temporary directory."""
+    key = f"{os.path.realpath(socket)}\0{drive}\0{os.getuid()}"
+    digest = hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return os.path.join(base, f"tutti-writer-{os.getuid()}-{digest}.lock")
 
 
 class WriterLock:
