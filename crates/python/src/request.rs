@@ -20,9 +20,8 @@ use crate::status::Status;
 #[pyclass(frozen, module = "tutti", name = "Request")]
 #[derive(Debug)]
 pub struct Request {
-    /// "read", "write" or "flush".
-    #[pyo3(get)]
-    pub kind: &'static str,
+    /// Read, write or flush (Python sees its name as `kind`).
+    pub direction: Direction,
     /// Target handle (from `Runtime.open`).
     #[pyo3(get)]
     pub target: u64,
@@ -50,23 +49,42 @@ impl Request {
     pub fn to_rust(&self) -> tutti::Request {
         let target = TargetHandle::from_u64(self.target);
         let memory = MemoryHandle::from_u64(self.memory);
-        match self.kind {
-            "read" => tutti::Request::read(target, self.offset, self.length, memory, self.memory_offset),
-            "write" => tutti::Request::write(target, self.offset, self.length, memory, self.memory_offset),
-            _ => tutti::Request::flush(target),
+        match self.direction {
+            Direction::Read => {
+                tutti::Request::read(target, self.offset, self.length, memory, self.memory_offset)
+            }
+            Direction::Write => {
+                tutti::Request::write(target, self.offset, self.length, memory, self.memory_offset)
+            }
+            Direction::Flush => tutti::Request::flush(target),
         }
     }
 
     /// Whether it reads from a drive into memory.
     pub fn is_read(&self) -> bool {
-        self.to_rust().direction == Direction::Read
+        self.direction == Direction::Read
+    }
+
+    /// The direction's name: "read", "write" or "flush".
+    fn kind_name(&self) -> &'static str {
+        match self.direction {
+            Direction::Read => "read",
+            Direction::Write => "write",
+            Direction::Flush => "flush",
+        }
     }
 }
 
 #[pymethods]
 impl Request {
+    /// "read", "write" or "flush".
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.kind_name()
+    }
+
     fn __repr__(&self) -> String {
-        match self.kind {
+        match self.kind_name() {
             "flush" => format!("flush(target={:#x})", self.target),
             k => format!(
                 "{k}(target={:#x}, offset={}, length={}, memory={:#x}, memory_offset={})",
@@ -100,7 +118,7 @@ pub fn read(
     memory_offset: u64,
 ) -> PyResult<Request> {
     let (memory, keep) = memory_handle(memory)?;
-    Ok(Request { kind: "read", target, offset, length, memory, memory_offset, keep })
+    Ok(Request { direction: Direction::Read, target, offset, length, memory, memory_offset, keep })
 }
 
 /// A write of `length` bytes from `memory` at byte `memory_offset` to byte
@@ -115,7 +133,7 @@ pub fn write(
     memory_offset: u64,
 ) -> PyResult<Request> {
     let (memory, keep) = memory_handle(memory)?;
-    Ok(Request { kind: "write", target, offset, length, memory, memory_offset, keep })
+    Ok(Request { direction: Direction::Write, target, offset, length, memory, memory_offset, keep })
 }
 
 /// A flush of every drive of `target`'s store (NVMe Flush, NVMe Base 2.0
@@ -123,7 +141,15 @@ pub fn write(
 /// completes.
 #[pyfunction]
 pub fn flush(target: u64) -> Request {
-    Request { kind: "flush", target, offset: 0, length: 0, memory: 0, memory_offset: 0, keep: None }
+    Request {
+        direction: Direction::Flush,
+        target,
+        offset: 0,
+        length: 0,
+        memory: 0,
+        memory_offset: 0,
+        keep: None,
+    }
 }
 
 /// Where an operation stands.

@@ -50,6 +50,14 @@ def test_flush_succeeds(rt):
     st = rt.submit([tutti.flush(t)]).wait()
     assert st[0].ok and st[0].kind == "success"
     assert repr(tutti.flush(t)).startswith("flush(")
+    # The direction reaches the runtime typed; Python sees its name.
+    m = rt.register(bytearray(4096))
+    assert [r.kind for r in (tutti.read(t, 0, 4096, m), tutti.write(t, 0, 4096, m), tutti.flush(t))] == [
+        "read",
+        "write",
+        "flush",
+    ]
+    rt.unregister(m)
 
 
 def test_a_shared_buffer_is_registered_and_its_mmap_sees_the_same_bytes(rt):
