@@ -116,7 +116,8 @@ fn section(out: &mut String, e: &Entry) {
 }
 
 fn run_table(out: &mut String, doc: &AnyDocument) {
-    let r = doc.run();
+    // A ttft.py report has no `run`: its `config` table says where it ran.
+    let Some(r) = doc.run() else { return };
     let rows = [
         ("command line", r.command_line.join(" ")),
         ("tutti version", r.tutti_version.clone()),

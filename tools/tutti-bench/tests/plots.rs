@@ -126,3 +126,30 @@ fn a_document_without_a_chart_is_refused() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+#[test]
+fn ttft_chart_stacks_restore_and_prefill_per_prompt_and_variant() {
+    // A report crates/python/bench/ttft.py wrote on the H200 (commit
+    // 111905c, 2026-12-04): three prompt lengths, three variants each.
+    let name = "ttft/ttft-h200-111905c.json";
+    let t = plot(name);
+    assert_names(
+        name,
+        &t,
+        &[
+            "Time to first token, llama3-8b-shape on NVIDIA H200",
+            "milliseconds (median)",
+            "prompt tokens and variant",
+            "restore of the prefix",
+            "prefill of the rest",
+            "8192 pinned",
+            "16384 recompute",
+            "32768 tutti",
+        ],
+    );
+    // Every prompt length's variants, shortest prompt first.
+    let labels: Vec<&String> =
+        t.iter().filter(|x| x.starts_with(char::is_numeric) && x.contains(' ')).collect();
+    assert_eq!(labels.len(), 9, "{labels:?}");
+    assert!(labels[0].starts_with("8192 ") && labels[8].starts_with("32768 "), "{labels:?}");
+}

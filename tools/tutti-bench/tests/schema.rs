@@ -36,7 +36,7 @@ fn check(v: &Value, bench: &str) {
     let doc = AnyDocument::from_value(v.clone()).unwrap_or_else(|e| panic!("{bench}: {e}: {v:#}"));
     assert_eq!(doc.bench(), bench);
     assert_eq!(&doc.to_value(), v, "{bench}: the typed document differs from the output");
-    let run = doc.run();
+    let run = doc.run().expect("a tutti-bench document has its run");
     assert!(
         run.command_line.len() >= 2 && run.command_line[0].contains("tutti-bench"),
         "{:?}",

@@ -13,6 +13,7 @@ pub mod lines;
 pub mod rate;
 pub mod replay;
 pub mod stripe;
+pub mod ttft;
 
 use std::path::Path;
 
@@ -95,6 +96,7 @@ pub fn svg_of(doc: &AnyDocument) -> Result<String, PlotError> {
         AnyDocument::RateCompare(d) => rate::svg_compare(&d.result),
         AnyDocument::Kv(d) => kv::svg(&d.result),
         AnyDocument::GpuRate(d) => gpu_rate::svg(&d.result),
+        AnyDocument::Ttft(d) => ttft::svg(d),
     }
 }
 

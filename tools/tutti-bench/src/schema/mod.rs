@@ -14,6 +14,7 @@ pub mod kv;
 pub mod rate;
 pub mod run;
 pub mod stripe;
+pub mod ttft;
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
@@ -22,6 +23,7 @@ pub use kv::{KvPass, KvResult};
 pub use rate::{RateComparison, RateRun};
 pub use run::RunInfo;
 pub use stripe::{StripeDaemonPoint, StripeDaemonResult, StripePoint, StripeResult};
+pub use ttft::{TtftReport, TtftRun, TtftVariant};
 
 use crate::report::Summary;
 
@@ -74,6 +76,8 @@ pub enum AnyDocument {
     Kv(Document<KvResult>),
     /// `gpu-rate`.
     GpuRate(Document<GpuRateResult>),
+    /// A `crates/python/bench/ttft.py` report (no `run` of its own).
+    Ttft(Box<TtftReport>),
 }
 
 /// Why a document could not be read.
@@ -102,6 +106,9 @@ impl AnyDocument {
         fn doc<T: DeserializeOwned>(v: serde_json::Value) -> Result<Document<T>, ReadError> {
             Ok(serde_json::from_value(v)?)
         }
+        if v.get("bench").is_none() && TtftReport::is_one(&v) {
+            return Ok(Self::Ttft(Box::new(serde_json::from_value(v)?)));
+        }
         let bench = v.get("bench").and_then(|b| b.as_str()).unwrap_or("").to_string();
         Ok(match bench.as_str() {
             "replay" => Self::Replay(Box::new(doc(v)?)),
@@ -125,13 +132,15 @@ impl AnyDocument {
             Self::RateCompare(d) => serde_json::to_value(d),
             Self::Kv(d) => serde_json::to_value(d),
             Self::GpuRate(d) => serde_json::to_value(d),
+            Self::Ttft(d) => serde_json::to_value(d),
         };
         v.unwrap_or_default()
     }
 
-    /// The run's facts.
-    pub fn run(&self) -> &RunInfo {
-        match self {
+    /// The run's facts (`None` for a ttft.py report, which has its own
+    /// `config`).
+    pub fn run(&self) -> Option<&RunInfo> {
+        Some(match self {
             Self::Replay(d) => &d.run,
             Self::Stripe(d) => &d.run,
             Self::StripeDaemon(d) => &d.run,
@@ -139,7 +148,8 @@ impl AnyDocument {
             Self::RateCompare(d) => &d.run,
             Self::Kv(d) => &d.run,
             Self::GpuRate(d) => &d.run,
-        }
+            Self::Ttft(_) => return None,
+        })
     }
 
     /// The benchmark's name.
@@ -152,6 +162,7 @@ impl AnyDocument {
             Self::RateCompare(d) => &d.bench,
             Self::Kv(d) => &d.bench,
             Self::GpuRate(d) => &d.bench,
+            Self::Ttft(_) => "ttft",
         }
     }
 }
