@@ -396,31 +396,59 @@ fn clients_stripe_through_mediated_drives() {
     assert!(s.drives.iter().all(|d| d.dma_faults == 0 && d.quarantined == 0));
 }
 
+/// A mediated drive whose LBAs 64..128 complete `delay_us` late, a client
+/// with a queue pair, and one page of its memory (`id`) that a Read of LBA
+/// 64, submitted 50 ms ago, names.
+struct HeldRead {
+    _dir: tempfile::TempDir,
+    daemon: Daemon,
+    client: Arc<Client>,
+    qp: QueuePair,
+    id: u64,
+    _shm: SharedMemory,
+    /// The drive's registrations before this one.
+    registrations_before: u32,
+}
+
+impl HeldRead {
+    fn start(delay_us: u64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let faults = format!("faults: [ {{ lba: [64, 128], action: {{ delay_us: {delay_us} }} }} ], ");
+        let daemon = Daemon::start(dir.path(), &mediated_yaml_timed(dir.path(), "", &faults));
+        let client = Client::connect(&daemon.socket).unwrap();
+        let mut qp = queue_pair(&client);
+        let before = Client::connect(&daemon.socket).unwrap().status().unwrap().drives[0].registrations;
+        let shm = SharedMemory::new(PAGE).unwrap();
+        let (id, iova, _) = client.register_memory("d0", shm.fd(), 0, PAGE as u64).unwrap();
+        qp.submit(rw(READ, 64, 1, iova, 0), None, 0).unwrap();
+        qp.ring();
+        std::thread::sleep(Duration::from_millis(50));
+        Self { _dir: dir, daemon, client, qp, id, _shm: shm, registrations_before: before }
+    }
+}
+
+/// The status of the first completion on `qp` within `within`.
+fn first_status(qp: &mut QueuePair, within: Duration) -> Option<Status> {
+    let mut status = None;
+    let deadline = Instant::now() + within;
+    while status.is_none() && Instant::now() < deadline {
+        qp.poll(|c| status = Some(c.status));
+    }
+    status
+}
+
 #[test]
 fn unregistering_waits_for_the_commands_that_may_name_the_memory() {
     // LBAs 64..128 complete 300 ms late: a registration a Read there
     // names is unmapped only after the Read completed (its IOVA could
     // otherwise go to another client while the controller still writes).
-    let dir = tempfile::tempdir().unwrap();
-    let faults = "faults: [ { lba: [64, 128], action: { delay_us: 300000 } } ], ";
-    let d = Daemon::start(dir.path(), &mediated_yaml_timed(dir.path(), "", faults));
-    let c = Client::connect(&d.socket).unwrap();
-    let mut qp = queue_pair(&c);
-    let regs = || Client::connect(&d.socket).unwrap().status().unwrap().drives[0].registrations;
-    let before = regs();
-    let shm = SharedMemory::new(PAGE).unwrap();
-    let (id, iova, _) = c.register_memory("d0", shm.fd(), 0, PAGE as u64).unwrap();
-    qp.submit(rw(READ, 64, 1, iova, 0), None, 0).unwrap();
-    qp.ring();
-    std::thread::sleep(Duration::from_millis(50));
+    let h = HeldRead::start(300_000);
+    let (d, c, mut qp, id) = (&h.daemon, &h.client, h.qp, h.id);
+    let before = h.registrations_before;
     let t = Instant::now();
     c.unregister_memory(id).unwrap();
     assert!(t.elapsed() >= Duration::from_millis(150), "unregistered after {:?}", t.elapsed());
-    let mut status = None;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while status.is_none() && Instant::now() < deadline {
-        qp.poll(|c| status = Some(c.status));
-    }
+    let status = first_status(&mut qp, Duration::from_secs(5));
     assert_eq!(status, Some(Status::SUCCESS));
     let st = Client::connect(&d.socket).unwrap().status().unwrap();
     assert_eq!((st.drives[0].dma_faults, st.drives[0].registrations), (0, before));
@@ -518,18 +546,10 @@ fn an_unregistration_past_its_drain_bound_returns_and_is_finished_once_the_comma
     // may still write it, and the connection's next request unmaps it
     // once the Read has completed. Before, the daemon waited 10 s, then
     // kept the memory mapped for good while giving its quota back.
-    let dir = tempfile::tempdir().unwrap();
-    let faults = "faults: [ { lba: [64, 128], action: { delay_us: 3000000 } } ], ";
-    let d = Daemon::start(dir.path(), &mediated_yaml_timed(dir.path(), "", faults));
-    let c = Client::connect(&d.socket).unwrap();
-    let mut qp = queue_pair(&c);
+    let h = HeldRead::start(3_000_000);
+    let (d, c, mut qp, id) = (&h.daemon, &h.client, h.qp, h.id);
     let regs = || Client::connect(&d.socket).unwrap().status().unwrap().drives[0].registrations;
-    let before = regs();
-    let shm = SharedMemory::new(PAGE).unwrap();
-    let (id, iova, _) = c.register_memory("d0", shm.fd(), 0, PAGE as u64).unwrap();
-    qp.submit(rw(READ, 64, 1, iova, 0), None, 0).unwrap();
-    qp.ring();
-    std::thread::sleep(Duration::from_millis(50));
+    let before = h.registrations_before;
     let t = Instant::now();
     c.unregister_memory(id).unwrap();
     let took = t.elapsed();
@@ -538,11 +558,7 @@ fn an_unregistration_past_its_drain_bound_returns_and_is_finished_once_the_comma
         "unregistered after {took:?}"
     );
     assert_eq!(regs(), before + 1, "still mapped while the Read may write it");
-    let mut status = None;
-    let deadline = Instant::now() + Duration::from_secs(8);
-    while status.is_none() && Instant::now() < deadline {
-        qp.poll(|c| status = Some(c.status));
-    }
+    let status = first_status(&mut qp, Duration::from_secs(8));
     assert_eq!(status, Some(Status::SUCCESS));
     // The connection's next request finishes the deferred unregistration.
     let shm2 = SharedMemory::new(PAGE).unwrap();
