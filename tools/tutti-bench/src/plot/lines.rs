@@ -91,12 +91,5 @@ pub fn draw(area: &Area<'_>, c: &LineChart<'_>) -> Result<(), PlotError> {
         };
         drawn.map_err(draw_err)?.label(l.name.as_str()).legend(legend);
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .draw()
-        .map_err(draw_err)
+    super::draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)
 }

@@ -63,6 +63,26 @@ pub fn draw_err(e: impl std::fmt::Display) -> PlotError {
     PlotError::Draw(e.to_string())
 }
 
+/// Draws `chart`'s legend box at `at` (the series' names and swatches,
+/// on a white box with a black border), the same on every chart.
+pub fn draw_legend<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    at: SeriesLabelPosition,
+) -> Result<(), PlotError>
+where
+    DB: DrawingBackend + 'a,
+    CT: CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .position(at)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()
+        .map_err(draw_err)
+}
+
 /// The drawing area `svg` is rendered into.
 pub type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 

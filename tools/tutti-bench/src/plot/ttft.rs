@@ -86,12 +86,5 @@ fn draw(area: &Area<'_>, cols: &[Column], title: &str) -> Result<(), PlotError> 
         let legend = move |(x, y): (i32, i32)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], fill);
         chart.draw_series(rects).map_err(draw_err)?.label(name).legend(legend);
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .draw()
-        .map_err(draw_err)
+    super::draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)
 }
