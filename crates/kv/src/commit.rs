@@ -76,6 +76,14 @@ impl KvStore {
                     .into(),
             });
         }
+        if self.lease_lost() {
+            lock(&self.index).end_round(&puts, &[], false);
+            return Err(ItemStatus::Device {
+                status: None,
+                drive: None,
+                message: "the store's lease was taken by another writer: it commits nothing more; reopen it".into(),
+            });
+        }
         let rt = &self.targets.rt;
         let flush = [Request::flush(self.targets.slot(0).map_err(runtime_status)?)];
         // Without a volatile write cache on any drive a completed write is

@@ -93,12 +93,69 @@ pub enum KvError {
     /// The store is already open on this runtime.
     #[error("store {0:?} is already open on this runtime: one KvStore per store")]
     AlreadyOpen(String),
+    /// Another open of the store holds its lease (the lease block on the
+    /// media, docs/kv-store.md "One writer per store"): one writer per
+    /// store, across processes. Nothing was written. Open it read-only
+    /// ([`crate::Access::ReadOnly`]) to read beside that writer.
+    #[error("store {store:?} is open for writing elsewhere ({holder}); one writer per store")]
+    Leased {
+        /// Store name.
+        store: String,
+        /// Who holds it.
+        holder: LeaseHolder,
+    },
+    /// This store's lease was taken by another writer (found at a
+    /// renewal: this process was thought gone): it writes nothing more.
+    /// Reopen it.
+    #[error("store {0:?} lost its lease to another writer; it writes nothing more (reopen it)")]
+    LeaseLost(String),
+    /// The lease block was freed or damaged between this opener's write
+    /// and its read-back (another writer came and went at that moment).
+    /// Opening again may succeed.
+    #[error("store {0:?}: the lease changed under this open; try again")]
+    LeaseContended(String),
+    /// The store was opened read-only: puts and syncs are refused.
+    #[error("store {0:?} was opened read-only")]
+    ReadOnly(String),
     /// The checksum kernel failed on GPU-resident objects.
     #[error("checksumming GPU memory failed")]
     Gpu(#[source] gpu_io::GpuError),
     /// Checksums of GPU-resident objects need the runtime's GPU.
     #[error("GPU memory needs a runtime with a GPU (a datapath with execution: gpu)")]
     NoGpu,
+}
+
+/// The writer that holds a store's lease, as the lease block names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseHolder {
+    /// Its process id, in its own PID namespace.
+    pub pid: u32,
+    /// Where it runs, as far as this process can tell.
+    pub place: HolderPlace,
+}
+
+/// Where a lease holder runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HolderPlace {
+    /// This process (another runtime over the same drives).
+    ThisProcess,
+    /// Another running process of this host and PID namespace.
+    ThisHost,
+    /// Another PID namespace or host, seen renewing its lease.
+    Elsewhere,
+}
+
+impl std::fmt::Display for LeaseHolder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.place {
+            HolderPlace::ThisProcess => write!(f, "by this process, pid {}, through another runtime", self.pid),
+            HolderPlace::ThisHost => write!(f, "by running process {}", self.pid),
+            HolderPlace::Elsewhere => {
+                write!(f, "by process {} of another PID namespace or host, which renews its lease", self.pid)
+            }
+        }
+    }
 }
 
 /// The outcome of one item of a batch.

@@ -86,17 +86,22 @@ impl Targets {
 
 /// Submits `reqs` and waits for all of them; the first failure, if any.
 pub(crate) fn run(rt: &Runtime, reqs: &[Request]) -> Result<(), ItemStatus> {
+    run_within(rt, reqs, META_TIMEOUT)
+}
+
+/// [`run`], waiting at most `timeout` for each submission.
+pub(crate) fn run_within(rt: &Runtime, reqs: &[Request], timeout: Duration) -> Result<(), ItemStatus> {
     for chunk in reqs.chunks(tutti::MAX_BATCH.min(1 << 16)) {
         let sub = rt.submit(chunk);
         if let Some(Err(e)) = sub.states().iter().find(|s| s.is_err()) {
             let e = e.clone();
             if let Some(op) = sub.op() {
-                let _ = rt.wait(op, META_TIMEOUT);
+                let _ = rt.wait(op, timeout);
             }
             return Err(ItemStatus::Device { status: None, drive: None, message: e.to_string() });
         }
         let Some(op) = sub.op() else { continue };
-        let st = rt.wait(op, META_TIMEOUT).map_err(|e| ItemStatus::Device {
+        let st = rt.wait(op, timeout).map_err(|e| ItemStatus::Device {
             status: None,
             drive: None,
             message: e.to_string(),

@@ -59,6 +59,7 @@ mod index;
 mod inflight;
 mod io;
 mod key;
+mod lease;
 mod memory;
 mod ops;
 mod put;
@@ -66,13 +67,14 @@ mod staging;
 mod stats;
 mod store;
 
-pub use error::{ItemStatus, KvError};
+pub use error::{HolderPlace, ItemStatus, KvError, LeaseHolder};
 pub use get::{Get, PendingGets};
 pub use key::{ChunkKeys, Key, KeyLengthError, KeySize};
 pub use memory::{KvMemory, MemoryKind, Value};
 pub use put::{PendingPuts, Put};
 pub use stats::KvStats;
-pub use store::{Create, KvStore, OpenOptions};
+pub use lease::LeaseOptions;
+pub use store::{Access, Create, KvStore, OpenOptions};
 
 /// The README's Rust examples, compiled (and the store's run) as doctests.
 #[cfg(doctest)]

@@ -47,8 +47,10 @@ impl KvStore {
     ///
     /// # Errors
     ///
-    /// [`KvError::Io`] when writing the records or flushing failed.
+    /// [`KvError::Io`] when writing the records or flushing failed;
+    /// [`KvError::ReadOnly`]; [`KvError::LeaseLost`].
     pub fn sync(&self) -> Result<(), KvError> {
+        self.writable()?;
         self.reap_orphans();
         // Every slot made stale before this call is cleared by the first
         // round that starts after it (N), which `commit` waits for, except

@@ -68,7 +68,9 @@ impl KvStore {
     ///
     /// # Errors
     ///
-    /// [`KvError::BatchTooLarge`] past 65,536 items. Per-item problems are
+    /// [`KvError::BatchTooLarge`] past 65,536 items; [`KvError::ReadOnly`]
+    /// on a store opened read-only; [`KvError::LeaseLost`] once another
+    /// writer took the store's lease. Per-item problems are
     /// item statuses: [`ItemStatus::TooLarge`], [`ItemStatus::BadValue`]
     /// (memory range, zero length, key size), [`ItemStatus::Full`] (no
     /// slot free and nothing to evict); [`ItemStatus::Device`] or
@@ -80,6 +82,7 @@ impl KvStore {
         if items.len() > MAX {
             return Err(KvError::BatchTooLarge { items: items.len(), max: MAX });
         }
+        self.writable()?;
         self.reap_orphans();
         let mut out: Vec<Result<(u32, Record, usize), ItemStatus>> = items
             .iter()

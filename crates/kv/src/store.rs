@@ -14,6 +14,7 @@ use crate::format::{Layout, Record, RecordDecode, Superblock, SuperblockError, R
 use crate::index::Index;
 use crate::inflight::{Held, Inflight};
 use crate::io::{run, Targets};
+use crate::lease::{acquire, Lease, LeaseIo, LeaseOptions};
 use crate::key::KeySize;
 use crate::staging::Staging;
 use crate::stats::{Counters, KvStats};
@@ -35,6 +36,22 @@ pub enum Create {
     Always,
 }
 
+/// Whether an open may write the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Access {
+    /// Puts, removes and syncs: takes the store's lease (one writer per
+    /// store, across processes; [`KvError::Leased`] when held).
+    #[default]
+    ReadWrite,
+    /// Lookups and gets only, beside a writer of another process: takes no
+    /// lease and writes nothing (never formats: a blank store is
+    /// [`KvError::Superblock`]); [`KvStore::put`] and [`KvStore::sync`]
+    /// return [`KvError::ReadOnly`]. Its index is the media's at open: a
+    /// writer's later puts are misses and its later evictions are
+    /// `ChecksumMismatch` or `Miss`, never wrong bytes; reopen to refresh.
+    ReadOnly,
+}
+
 /// How to open a store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenOptions {
@@ -46,12 +63,22 @@ pub struct OpenOptions {
     pub key_size: Option<KeySize>,
     /// Formatting policy.
     pub create: Create,
+    /// Writer or reader.
+    pub access: Access,
+    /// Timing of the lease a writer takes.
+    pub lease: LeaseOptions,
 }
 
 impl OpenOptions {
     /// Opens runtime store `store`, formatting it if blank.
     pub fn new(store: &str) -> Self {
-        Self { store: store.to_owned(), key_size: None, create: Create::IfBlank }
+        Self {
+            store: store.to_owned(),
+            key_size: None,
+            create: Create::IfBlank,
+            access: Access::ReadWrite,
+            lease: LeaseOptions::default(),
+        }
     }
 }
 
@@ -106,6 +133,8 @@ pub struct KvStore {
     /// A record-block write timed out: no more commit rounds (`commit.rs`).
     pub(crate) stuck: std::sync::atomic::AtomicBool,
     recovered: (u64, u64, u64),
+    /// The store's lease (`None`: opened read-only).
+    lease: Option<Lease>,
 }
 
 impl KvStore {
@@ -115,7 +144,9 @@ impl KvStore {
     /// # Errors
     ///
     /// [`KvError::UnknownStore`], [`KvError::AlreadyOpen`] (one `KvStore`
-    /// per runtime store in a process), [`KvError::NotASlab`],
+    /// per runtime store in a process), [`KvError::Leased`] (a writer of
+    /// another runtime or process holds the store: nothing written),
+    /// [`KvError::LeaseContended`], [`KvError::NotASlab`],
     /// [`KvError::Geometry`]; [`KvError::Superblock`] when block 0 is not a
     /// usable superblock (another format version, another geometry, not
     /// ours, corrupt; nothing is written then); [`KvError::KeySize`];
@@ -150,7 +181,13 @@ impl KvStore {
             volatile_write_cache: info.volatile_write_cache,
             stuck: std::sync::atomic::AtomicBool::new(false),
             recovered: (0, 0, 0),
+            lease: None,
         };
+        if opts.access == Access::ReadWrite {
+            let mut io = LeaseIo::new(&store.targets.rt, &name, &layout, slots)?;
+            let record = acquire(&mut io, &opts.lease, &name)?;
+            store.lease = Some(Lease::hold(&store.targets.rt, io, record, &opts.lease, &name));
+        }
         store.load_superblock(opts)?;
         store.recover()?;
         Ok(store)
@@ -172,7 +209,9 @@ impl KvStore {
             Superblock::decode(&st.bytes()[..bs as usize], &self.layout)
         };
         let store = opts.store.clone();
-        match (decoded, opts.create) {
+        // A reader never writes: it formats nothing.
+        let create = if opts.access == Access::ReadOnly { Create::Never } else { opts.create };
+        match (decoded, create) {
             (Ok(sb), Create::IfBlank | Create::Never) => {
                 if let Some(k) = opts.key_size.filter(|k| *k != sb.key_size) {
                     return Err(KvError::KeySize { store, found: sb.key_size.bytes(), asked: k.bytes() });
@@ -271,6 +310,34 @@ impl KvStore {
 
     fn name(&self) -> String {
         self.targets.store_name().to_owned()
+    }
+
+    /// Whether this open may write: `Ok` for a writer still holding its
+    /// lease.
+    ///
+    /// # Errors
+    ///
+    /// [`KvError::ReadOnly`], [`KvError::LeaseLost`].
+    pub(crate) fn writable(&self) -> Result<(), KvError> {
+        match &self.lease {
+            None => Err(KvError::ReadOnly(self.name())),
+            Some(l) if l.lost() => Err(KvError::LeaseLost(self.name())),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Whether another writer took this store's lease.
+    pub(crate) fn lease_lost(&self) -> bool {
+        self.lease.as_ref().is_some_and(Lease::lost)
+    }
+
+    /// How it was opened.
+    pub fn access(&self) -> Access {
+        if self.lease.is_some() {
+            Access::ReadWrite
+        } else {
+            Access::ReadOnly
+        }
     }
 
     /// Counters and occupancy (after releasing what dropped batches held,

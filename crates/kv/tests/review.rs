@@ -145,7 +145,7 @@ fn the_on_media_format_is_at_the_documented_byte_offsets() {
     assert_eq!(bs, 4096);
     let sb = read(0, bs);
     assert_eq!(&sb[0..8], b"TUTTIKV\0");
-    assert_eq!(u32_at(&sb, 8), 1, "format version");
+    assert_eq!(u32_at(&sb, 8), 2, "format version");
     assert_eq!(u32_at(&sb, 12), 16, "key size");
     assert_eq!(&sb[16..32], &uuid);
     assert_eq!(u32_at(&sb, 32), 4096, "block size");
@@ -154,23 +154,24 @@ fn the_on_media_format_is_at_the_documented_byte_offsets() {
     assert_eq!(u64_at(&sb, 48), 4 << 20, "store size");
     let slots = (4u64 << 20) / (64 << 10);
     let capacity = u64_at(&sb, 56);
-    assert_eq!(u64_at(&sb, 64), 4096, "record table offset = bs");
+    assert_eq!(u64_at(&sb, 64), 8192, "record table offset = 2 * bs (after the lease block)");
+    assert_eq!(&read(4096, 8)[..], b"TUTTILSE", "the lease block is block 1");
     let data_offset = u64_at(&sb, 72);
     assert_eq!(data_offset % (64 << 10), 0);
     let m = data_offset / (64 << 10);
     assert!(m >= 1);
     assert_eq!(capacity, slots - m);
-    // M is the smallest that holds the superblock and the records.
-    assert!(m * (64 << 10) >= 4096 + capacity * 64);
-    assert!((m - 1) * (64 << 10) < 4096 + (capacity + 1) * 64);
+    // M is the smallest that holds the superblock, the lease and the records.
+    assert!(m * (64 << 10) >= 8192 + capacity * 64);
+    assert!((m - 1) * (64 << 10) < 8192 + (capacity + 1) * 64);
     assert_eq!(u32_at(&sb, 80), crc32c::crc32c(&sb[..80]));
     assert!(sb[84..].iter().all(|&b| b == 0));
 
     // Slot 0: the first version, superseded and cleared by the sync.
-    let rec0 = read(4096, 64);
+    let rec0 = read(8192, 64);
     assert!(rec0.iter().all(|&b| b == 0), "slot 0's record was cleared: {rec0:?}");
     // Slot 1: the second version.
-    let rec = read(4096 + 64, 64);
+    let rec = read(8192 + 64, 64);
     assert_eq!(&rec[0..4], b"TKVR");
     assert_eq!(u32_at(&rec, 4), crc32c::crc32c(&src_bytes[..5000]), "payload CRC");
     assert!(u64_at(&rec, 8) >= 2, "generation of the second put");
@@ -190,15 +191,16 @@ fn the_on_media_format_is_at_the_documented_byte_offsets() {
 /// docs/kv-store.md said: "With 1 MiB slots and 4 KiB blocks one metadata
 /// slot holds 16,320 records, so a 16 GiB store of 1 MiB objects loses one
 /// slot to metadata." A 16 GiB store has 16,384 slots; 16,383 records do
-/// not fit in one slot (16,320 do), so it loses two. Fixed in the docs
-/// (up to 16,321 slots lose one; 16 GiB loses two), which this checks.
+/// not fit in one slot, so it loses two. Fixed in the docs, which this
+/// checks; since format version 2 (the lease block) one slot holds 16,256
+/// records: up to 16,257 slots lose one, 16 GiB loses two.
 #[test]
 fn doc_metadata_slots_of_1_mib_objects() {
-    assert_eq!(((1u64 << 20) - 4096) / 64, 16_320);
-    let l = Layout::new(4096, 1 << 20, 16_321 << 20).unwrap();
-    assert_eq!(l.capacity, 16_320, "{l:?}");
-    let l = Layout::new(4096, 1 << 20, 16_322 << 20).unwrap();
-    assert_eq!(l.capacity, 16_320, "{l:?}");
+    assert_eq!(((1u64 << 20) - 2 * 4096) / 64, 16_256);
+    let l = Layout::new(4096, 1 << 20, 16_257 << 20).unwrap();
+    assert_eq!(l.capacity, 16_256, "{l:?}");
+    let l = Layout::new(4096, 1 << 20, 16_258 << 20).unwrap();
+    assert_eq!(l.capacity, 16_256, "{l:?}");
     let l = Layout::new(4096, 1 << 20, 16 << 30).unwrap();
     assert_eq!(l.capacity, 16_382, "{l:?}");
 }
@@ -331,7 +333,7 @@ fn power_loss_while_evicting_an_overwritten_key_brings_back_its_older_version() 
             let rt = runtime(&y);
             let kv = open(&rt);
             let l = kv.layout();
-            assert_eq!((l.capacity, l.records_per_block(), l.record_offset), (15, 8, 512));
+            assert_eq!((l.capacity, l.records_per_block(), l.record_offset), (15, 8, 1024));
             let mut src = Buf::new(&kv, 4096);
             let mut dst = Buf::new(&kv, 4096);
             // Slot i holds key 100 + i, slot 8 key 1 (K) version 1.
@@ -346,8 +348,9 @@ fn power_loss_while_evicting_an_overwritten_key_brings_back_its_older_version() 
             for s in (0..15).filter(|&s| s != 3 && s != 8) {
                 assert_eq!(get1(&kv, &mut dst, 100 + s), Ok(Some(1)));
             }
-            // The power fails on the write of record block 1 (LBA 2).
-            rt.emulator("d0").unwrap().add_fault(rule(WRITE, Some(2..3), FaultAction::PowerFail, Some(1)));
+            // The power fails on the write of record block 1 (LBA 3: the
+            // superblock is LBA 0, the lease LBA 1, record block 0 LBA 2).
+            rt.emulator("d0").unwrap().add_fault(rule(WRITE, Some(3..4), FaultAction::PowerFail, Some(1)));
             let st = put1(&kv, &mut src, 200, 1, 4096);
             assert_ne!(st, ItemStatus::Ok, "the power failed");
         }

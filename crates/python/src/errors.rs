@@ -73,6 +73,12 @@ pyo3::create_exception!(
     TuttiError,
     "A tutti-kv store could not be opened or a call could not run."
 );
+pyo3::create_exception!(
+    tutti,
+    StoreLeasedError,
+    KvError,
+    "Another writer (another runtime of this process, another process, or a process elsewhere that renews its lease) holds the store's lease on the media: one writer per store. Open it with read_only=True to read beside it."
+);
 
 static TIMEOUT_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
@@ -127,6 +133,7 @@ pub fn kv_error(e: &RsKvError) -> PyErr {
         RsKvError::Runtime(r) => runtime_error(r),
         RsKvError::MemoryInUse | RsKvError::ForeignMemory => MemoryRegistrationError::new_err(error_chain(e)),
         RsKvError::Gpu(_) | RsKvError::NoGpu => GpuError::new_err(error_chain(e)),
+        RsKvError::Leased { .. } => StoreLeasedError::new_err(error_chain(e)),
         _ => KvError::new_err(error_chain(e)),
     }
 }
@@ -162,6 +169,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RequestError", py.get_type::<RequestError>())?;
     m.add("ShutdownError", py.get_type::<ShutdownError>())?;
     m.add("KvError", py.get_type::<KvError>())?;
+    m.add("StoreLeasedError", py.get_type::<StoreLeasedError>())?;
     m.add("TimeoutError", timeout_error_type(py)?)?;
     Ok(())
 }

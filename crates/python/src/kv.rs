@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use tutti::error_chain;
 use tutti_kv::{
-    ChunkKeys as RsChunkKeys, Create, Get, Key, KeySize, KvMemory as RsKvMemory, KvStore as RsKvStore,
+    Access, ChunkKeys as RsChunkKeys, Create, Get, Key, KeySize, KvMemory as RsKvMemory, KvStore as RsKvStore,
     OpenOptions, PendingGets, PendingPuts, Put, Value,
 };
 
@@ -350,17 +350,24 @@ impl KvStore {
     /// says: "if_blank" formats a blank store, "never" refuses one,
     /// "always" erases whatever it holds) and rebuilds its index from the
     /// media. `key_size` (16 or 32) is checked against the store, or used
-    /// when formatting (32 when None). Raises `tutti.KvError`.
+    /// when formatting (32 when None). A writer (the default) takes the
+    /// store's lease on the media; `read_only=True` takes none, never
+    /// formats, and refuses puts and syncs. Raises `tutti.KvError`,
+    /// `tutti.StoreLeasedError` when another writer holds the store.
     #[staticmethod]
-    #[pyo3(signature = (runtime, store = "kv", key_size = None, create = "if_blank"))]
+    #[pyo3(signature = (runtime, store = "kv", key_size = None, create = "if_blank", read_only = false))]
     fn open(
         py: Python<'_>,
         runtime: Bound<'_, PyRuntime>,
         store: &str,
         key_size: Option<usize>,
         create: &str,
+        read_only: bool,
     ) -> PyResult<Self> {
         let mut opts = OpenOptions::new(store);
+        if read_only {
+            opts.access = Access::ReadOnly;
+        }
         opts.key_size = key_size.map(self::key_size).transpose()?;
         opts.create = match create {
             "if_blank" => Create::IfBlank,

@@ -273,6 +273,47 @@ def test_restart_over_file_backed_drive_finds_the_prefix(tmp_path):
             tutti.KvStore.open(rt, key_size=32)
 
 
+def test_one_writer_per_store_across_runtimes_and_readers_beside_it(tmp_path):
+    ks = keys(2)
+    src = pattern(BLOCK, seed=3)
+    with tutti.Runtime.from_yaml(file_yaml(tmp_path)) as a, tutti.Runtime.from_yaml(file_yaml(tmp_path)) as b:
+        writer = tutti.KvStore.open(a)
+        m = writer.register(src)
+        assert writer.put_sync([(ks[0], m, 0, BLOCK)])[0].ok
+        # The lease on the media refuses a second writer, whatever runtime.
+        with pytest.raises(tutti.StoreLeasedError, match="open for writing elsewhere") as e:
+            tutti.KvStore.open(b)
+        assert isinstance(e.value, tutti.KvError)
+        reader = tutti.KvStore.open(b, read_only=True)
+        assert reader.lookup_prefix(ks) == 1
+        dst = poisoned(BLOCK)
+        md = reader.register(dst)
+        assert reader.get_sync([(ks[0], md, 0, BLOCK)])[0].kind == "hit"
+        assert np.array_equal(src, dst)
+        rm = reader.register(pattern(BLOCK, seed=4))
+        with pytest.raises(tutti.KvError, match="read-only"):
+            reader.put([(ks[1], rm, 0, BLOCK)])
+        with pytest.raises(tutti.KvError, match="read-only"):
+            reader.sync()
+        for mem, store in ((md, reader), (rm, reader), (m, writer)):
+            store.unregister(mem)
+        del reader, writer, md, rm, m, e, mem, store
+        import gc
+
+        gc.collect()
+        # The writer is gone: its lease was freed, a new writer opens.
+        again = tutti.KvStore.open(b)
+        assert again.lookup_prefix(ks) == 1
+        del again
+        gc.collect()
+        # A writer kept alive past its runtime's shutdown frees its lease
+        # at the shutdown.
+        kept = tutti.KvStore.open(b)
+    with tutti.Runtime.from_yaml(file_yaml(tmp_path)) as c:
+        assert tutti.KvStore.open(c).lookup_prefix(ks) == 1
+    del kept
+
+
 def test_checksum_mismatch_on_corrupted_payload(tmp_path):
     src = pattern(BLOCK, seed=14)
     k = keys(1, b"crc")[0]

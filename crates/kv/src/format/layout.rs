@@ -15,7 +15,8 @@ pub struct Layout {
     pub store_bytes: u64,
     /// Object slots (the store's capacity in objects).
     pub capacity: u64,
-    /// First byte of the record table (one block after the superblock).
+    /// First byte of the record table (after the superblock's and the
+    /// lease's blocks).
     pub record_offset: u64,
     /// First byte of object slot 0 (a multiple of `object_size`).
     pub data_offset: u64,
@@ -36,18 +37,23 @@ impl Layout {
             return None;
         }
         let slots = store_bytes / object_size;
-        // The smallest number of leading slots that holds the superblock and
-        // the records of every slot after them.
+        // The smallest number of leading slots that holds the superblock,
+        // the lease block and the records of every slot after them.
         let table_bytes = |objects: u64| (objects * RECORD_BYTES as u64).div_ceil(bs) * bs;
-        let meta_slots = (1..slots).find(|&m| m * object_size >= bs + table_bytes(slots - m))?;
+        let meta_slots = (1..slots).find(|&m| m * object_size >= 2 * bs + table_bytes(slots - m))?;
         Some(Self {
             block_size,
             object_size,
             store_bytes,
             capacity: slots - meta_slots,
-            record_offset: bs,
+            record_offset: 2 * bs,
             data_offset: meta_slots * object_size,
         })
+    }
+
+    /// Byte offset of the lease block (`format/lease.rs`): logical block 1.
+    pub fn lease_offset(&self) -> u64 {
+        u64::from(self.block_size)
     }
 
     /// Records per logical block.
@@ -87,13 +93,14 @@ mod tests {
             [(4096u32, 1u64 << 20, 1u64 << 30), (512, 4096, 1 << 20), (4096, 4096, 64 << 20)]
         {
             let l = Layout::new(bs, obj, bytes).unwrap();
+            assert!(l.lease_offset() + u64::from(bs) <= l.record_offset, "{l:?}");
             assert!(l.record_offset + l.record_table_bytes() <= l.data_offset, "{l:?}");
             assert!(l.object_offset(l.capacity) <= bytes, "{l:?}");
             assert_eq!(l.data_offset % obj, 0);
             // One fewer metadata slot would not hold the table.
             let fewer = l.data_offset - obj;
             let more_objects = l.capacity + 1;
-            let need = u64::from(bs) + (more_objects * 64).div_ceil(u64::from(bs)) * u64::from(bs);
+            let need = 2 * u64::from(bs) + (more_objects * 64).div_ceil(u64::from(bs)) * u64::from(bs);
             assert!(fewer < need, "{l:?}");
         }
     }
@@ -102,9 +109,10 @@ mod tests {
     fn record_blocks_and_padding() {
         let l = Layout::new(4096, 1 << 20, 1 << 30).unwrap();
         assert_eq!(l.records_per_block(), 64);
-        assert_eq!(l.record_block_offset(0), 4096);
-        assert_eq!(l.record_block_offset(63), 4096);
-        assert_eq!(l.record_block_offset(64), 8192);
+        assert_eq!(l.lease_offset(), 4096);
+        assert_eq!(l.record_block_offset(0), 8192);
+        assert_eq!(l.record_block_offset(63), 8192);
+        assert_eq!(l.record_block_offset(64), 12288);
         assert_eq!(l.padded(1), 4096);
         assert_eq!(l.padded(4096), 4096);
         assert_eq!(l.padded(0), 0);

@@ -1,5 +1,7 @@
 //! The superblock: the first logical block of the store, written once
-//! when the store is formatted.
+//! when the store is formatted. Format version 2 added the lease block
+//! (logical block 1, `lease.rs`) before the record table; a version-1
+//! store is refused (`SuperblockError::Version`), not read.
 //!
 //! | bytes | field |
 //! | --- | --- |
@@ -24,7 +26,7 @@ use crate::key::KeySize;
 /// Magic at byte 0.
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TUTTIKV\0";
 /// The on-media format this code writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Bytes of the superblock that carry fields.
 const USED: usize = 84;
 
@@ -184,13 +186,16 @@ mod tests {
 
     #[test]
     fn another_version_is_refused() {
-        let mut b = sb().encode();
-        b[8..12].copy_from_slice(&2u32.to_le_bytes());
-        let crc = crc32c::crc32c(&b[..80]);
-        b[80..84].copy_from_slice(&crc.to_le_bytes());
-        assert_eq!(
-            Superblock::decode(&b, &sb().layout),
-            Err(SuperblockError::Version { found: 2, supported: FORMAT_VERSION })
-        );
+        // Version 1 (no lease block) and a later version.
+        for v in [1u32, 3] {
+            let mut b = sb().encode();
+            b[8..12].copy_from_slice(&v.to_le_bytes());
+            let crc = crc32c::crc32c(&b[..80]);
+            b[80..84].copy_from_slice(&crc.to_le_bytes());
+            assert_eq!(
+                Superblock::decode(&b, &sb().layout),
+                Err(SuperblockError::Version { found: v, supported: FORMAT_VERSION })
+            );
+        }
     }
 }

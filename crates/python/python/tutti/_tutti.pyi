@@ -45,6 +45,11 @@ class ShutdownError(TuttiError):
 class KvError(TuttiError):
     """A tutti-kv store could not be opened or a call could not run."""
 
+class StoreLeasedError(KvError):
+    """Another writer holds the store's lease on the media (one writer per
+    store, across processes); open it with ``read_only=True`` to read beside
+    it."""
+
 class TimeoutError(TuttiError, builtins.TimeoutError):
     """A wait passed its deadline. Also a builtin TimeoutError."""
 
@@ -245,7 +250,14 @@ class KvStore:
     """A persistent, crash-consistent KV-cache block store."""
 
     @staticmethod
-    def open(runtime: Runtime, store: str = "kv", key_size: Optional[int] = None, create: str = "if_blank") -> KvStore: ...
+    def open(
+        runtime: Runtime,
+        store: str = "kv",
+        key_size: Optional[int] = None,
+        create: str = "if_blank",
+        read_only: bool = False,
+    ) -> KvStore:
+        """Open a store; a writer takes its lease (StoreLeasedError when held), a reader (read_only) takes none and writes nothing."""
     def register(self, obj: Any) -> KvMemory: ...
     def unregister(self, memory: KvMemory) -> None: ...
     def put(self, items: Sequence[KvItem]) -> KvBatch: ...

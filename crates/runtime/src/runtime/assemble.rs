@@ -86,6 +86,7 @@ impl Runtime {
             ops: Mutex::new(HandleTable::new(id, HandleKind::Operation)),
             shutting_down: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
+            shutdown_hooks: super::hooks::ShutdownHooks::default(),
             queues_gone: AtomicBool::new(false),
             submitters: AtomicUsize::new(0),
             lanes,

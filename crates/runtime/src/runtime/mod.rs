@@ -25,6 +25,7 @@
 mod assemble;
 mod completion;
 mod gpu;
+mod hooks;
 mod lanes;
 mod memory;
 mod ops;
@@ -48,6 +49,7 @@ use crate::handle::HandleTable;
 use crate::region::Region;
 pub use completion::HEALTH_CHECK_INTERVAL;
 use ops::OpState;
+pub use hooks::ShutdownHookId;
 pub use shutdown::ShutdownReport;
 
 /// URI scheme of targets: `tutti://<store>/<key>`.
@@ -152,6 +154,8 @@ pub struct Runtime {
     ops: Mutex<HandleTable<OpState>>,
     shutting_down: AtomicBool,
     shut_down: AtomicBool,
+    /// Run at the start of the first shutdown ([`Runtime::on_shutdown`]).
+    shutdown_hooks: hooks::ShutdownHooks,
     /// Set when `shutdown` has deleted every queue: no completion can come
     /// any more, so a wait returns at once instead of at its deadline.
     queues_gone: AtomicBool,

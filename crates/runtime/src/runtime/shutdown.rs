@@ -50,10 +50,16 @@ impl Runtime {
     /// outstanding command gets exactly one completion (an aborted one
     /// surfaces as [`crate::RequestStatus::Nvme`] with SCT 0h / SC 08h on
     /// its request, which a later [`Runtime::wait`] returns), deletes the
-    /// CQ; finally shuts each controller down (CC.SHN). Reports what was
+    /// CQ; finally shuts each controller down (CC.SHN). Before all that it
+    /// runs the hooks given to [`Runtime::on_shutdown`]. Reports what was
     /// still in flight and how each drive's shutdown went. A second call
     /// returns an empty report.
     pub fn shutdown(&self, drain: Duration) -> ShutdownReport {
+        // Layers above finish their own work first (tutti-kv frees its
+        // stores' leases), while I/O is still accepted.
+        if !self.shut_down.load(Ordering::Acquire) {
+            self.shutdown_hooks.run_all();
+        }
         self.shutting_down.store(true, Ordering::Release);
         if self.shut_down.swap(true, Ordering::AcqRel) {
             return ShutdownReport::default();

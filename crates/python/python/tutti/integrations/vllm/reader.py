@@ -10,7 +10,7 @@ process boundary, both through the store on the drives:
    fields of its ``KeyScheme`` as JSON, under a key derived from what both
    sides know (model, rank, chunk and block size; ``manifest_key``).
 2. The index. ``StoreReader`` opens the store read-only
-   (``KvStore.open(create="never")``: a blank store stays blank, nothing is
+   (``KvStore.open(read_only=True)``: no lease, a blank store stays blank, nothing is
    written; it only calls ``lookup_prefix`` and ``get``, and tutti-kv's get
    writes nothing), which rebuilds the index from the records on the media,
    and opens it again once it is older than ``refresh_s`` seconds.
@@ -132,7 +132,7 @@ class StoreReader:
         self.close()
         self.opened_at = time.monotonic()
         try:
-            store = tutti.KvStore.open(self.shared.runtime, self.name, create="never")
+            store = tutti.KvStore.open(self.shared.runtime, self.name, create="never", read_only=True)
         except tutti.KvError as e:  # blank (no writer formatted it yet), or not a store
             log.debug("tutti: store %s not readable yet: %s", self.name, e)
             return
