@@ -4,6 +4,8 @@
 
 #[path = "fuzz_bodies.rs"]
 mod bodies;
+#[path = "fuzz_session.rs"]
+mod session;
 
 use std::path::Path;
 
@@ -73,4 +75,9 @@ fn controller_bringup_corpus() {
     for bad in ["cfs_on_enable", "all_ones_csts", "identify_fails", "raw_cqe", "no_completion", "dstrd_big"] {
         assert!(!bodies::controller_bringup(&seed(bad)), "{bad}");
     }
+}
+
+#[test]
+fn tuttid_session_corpus() {
+    replay("tuttid_session", session::tuttid_session);
 }

@@ -1,25 +1,7 @@
-//! `tuttid`: the one process that owns the drives. It brings their
-//! controllers up, keeps their admin queues, and grants I/O queue pairs
-//! (rings in shared memory, one doorbell page each) to client processes
-//! that connect to its Unix socket, checked by their peer credentials
-//! against each drive's allow list and quota. A client's connection is its
-//! lease: when it closes or goes silent, its SQs are deleted, then its CQs,
-//! and only then is its memory unmapped. docs/tuttid.md has the details.
-//!
-//! ```text
-//! tuttid serve --config tuttid.yaml
-//! tuttid status --socket /run/tutti.sock
-//! ```
+//! The `tuttid` command line: `serve`, `status`, `verify` (the daemon
+//! itself is the library, `lib.rs`).
 
-mod accounts;
-mod config;
-mod drive;
-mod error;
-mod forward;
-mod mediate;
-mod server;
-mod session;
-mod verify;
+use tuttid::{config, server, verify};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
