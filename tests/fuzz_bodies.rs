@@ -296,7 +296,7 @@ pub fn emulator_commands(data: &[u8]) {
 /// CAP.TO is cut to 0..=3 (at most 1.5 s per register wait) and at most
 /// two admin commands go unanswered per input, so that each input runs in
 /// bounded time; the CAP.TO bound itself is unit-tested in
-/// `crates/nvm-queue/src/controller.rs`. Returns whether bring-up
+/// `crates/nvm-queue/src/controller/tests.rs`. Returns whether bring-up
 /// succeeded.
 pub fn controller_bringup(data: &[u8]) -> bool {
     use nvm_queue::{Controller, ControllerOptions, NvmeDevice};
