@@ -7,18 +7,15 @@
 //! | `cq.rs` | CQ: phase-tag detection, head doorbell after consuming |
 //! | `cid.rs` | command IDs with generations |
 //! | `pair.rs` | the queue pair tying them together with PRP list pages |
-//! | `publish.rs` | in-order tail publication for several concurrent submitters |
 
 mod cid;
 mod cq;
 mod pair;
-mod publish;
 mod ring;
 mod sq;
 
 pub use cid::{CidError, CidTable};
 pub use cq::{CompletionQueue, CQE_SIZE};
 pub use pair::{Completion, DataRef, QueueError, QueuePair, QueuePairConfig, QueueStats, SubmitError};
-pub use publish::TailPublisher;
 pub use ring::Ring;
 pub use sq::{SubmissionQueue, SQE_SIZE};
