@@ -24,6 +24,7 @@ mod request;
 mod runtime;
 mod shared;
 mod status;
+mod status_kind;
 
 use pyo3::prelude::*;
 
@@ -39,6 +40,7 @@ fn _tutti(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<request::Operation>()?;
     m.add_class::<status::Status>()?;
     m.add_class::<status::ItemStatus>()?;
+    status_kind::register(m)?;
     m.add_function(wrap_pyfunction!(request::read, m)?)?;
     m.add_function(wrap_pyfunction!(request::write, m)?)?;
     m.add_function(wrap_pyfunction!(request::flush, m)?)?;

@@ -12,6 +12,7 @@ use crate::deferred;
 use crate::errors::{timeout_error_type, IntoPyResult};
 use crate::registration::Memory;
 use crate::status::Status;
+use crate::status_kind::StatusKind;
 
 /// One I/O request: `length` bytes at byte `offset` of an opened target,
 /// to (read) or from (write) byte `memory_offset` of registered memory, or a
@@ -392,7 +393,7 @@ impl Operation {
             OpState::Done(s) => {
                 format!(
                     "Operation(done, {} of {} ok)",
-                    s.iter().filter(|s| s.get().kind() == "success").count(),
+                    s.iter().filter(|s| s.get().status_kind() == StatusKind::Success).count(),
                     s.len()
                 )
             }

@@ -6,23 +6,25 @@ use pyo3::sync::PyOnceLock;
 use tutti::{error_chain, NvmeStatus, RequestStatus};
 use tutti_kv::ItemStatus as RsItemStatus;
 
+use crate::status_kind::{ItemStatusKind, StatusKind};
+
 /// The final status of one request of a batch, in the order the batch gave
 /// them.
 ///
-/// `kind` is one of "success", "not_accepted" (refused at submit; nothing
-/// was sent), "nvme" (a drive completed a command with an error status:
-/// `sct`, `sc`, `dnr` are set), "timeout" (not final by the wait's
-/// deadline), "controller_fatal" (the drive failed; `reset_drive` it),
-/// "submit_failed". `ok` is True only for "success": every byte moved and
-/// every command completed with NVMe status 0. `message` is the runtime's
-/// account of it.
+/// `kind` is a `tutti.StatusKind`: SUCCESS, NOT_ACCEPTED (refused at
+/// submit; nothing was sent), NVME (a drive completed a command with an
+/// error status: `sct`, `sc`, `dnr` are set), TIMEOUT (not final by the
+/// wait's deadline), CONTROLLER_FATAL (the drive failed; `reset_drive` it),
+/// SUBMIT_FAILED. Its members are `str` whose values are the old strings
+/// ("success", "not_accepted", ...), so `kind == "success"` still holds.
+/// `ok` is True only for SUCCESS: every byte moved and every command
+/// completed with NVMe status 0. `message` is the runtime's account of it.
 #[pyclass(frozen, module = "tutti", name = "Status")]
 #[derive(Debug, Clone)]
 pub struct Status {
-    /// "success", "not_accepted", "nvme", "timeout", "controller_fatal" or
-    /// "submit_failed".
-    #[pyo3(get)]
-    kind: &'static str,
+    /// What became of the request (Python sees the `tutti.StatusKind`
+    /// member).
+    kind: StatusKind,
     /// NVMe Status Code Type (NVMe Base 2.0 §4.2.3), for kind "nvme".
     #[pyo3(get)]
     sct: Option<u8>,
@@ -61,24 +63,24 @@ impl Status {
         let base =
             |kind, message: String| Self { kind, sct: None, sc: None, dnr: None, drive: None, message };
         match s {
-            RequestStatus::Success => base("success", "success".into()),
-            RequestStatus::NotAccepted(e) => base("not_accepted", error_chain(e)),
+            RequestStatus::Success => base(StatusKind::Success, "success".into()),
+            RequestStatus::NotAccepted(e) => base(StatusKind::NotAccepted, error_chain(e)),
             RequestStatus::Nvme { drive, status } => Self {
                 drive: Some(drive.clone()),
                 ..Self::nvme(status, format!("drive {drive:?}: {status}"))
             },
-            RequestStatus::Timeout => base("timeout", "not complete by the wait's deadline".into()),
+            RequestStatus::Timeout => base(StatusKind::Timeout, "not complete by the wait's deadline".into()),
             RequestStatus::ControllerFatal { drive } => Self {
                 drive: Some(drive.clone()),
                 ..base(
-                    "controller_fatal",
+                    StatusKind::ControllerFatal,
                     format!(
                         "drive {drive:?} failed (controller fatal status or gone); reset it with reset_drive"
                     ),
                 )
             },
-            RequestStatus::SubmitFailed { reason } => base("submit_failed", reason.to_string()),
-            other => base("submit_failed", format!("{other:?}")),
+            RequestStatus::SubmitFailed { reason } => base(StatusKind::SubmitFailed, reason.to_string()),
+            other => base(StatusKind::SubmitFailed, format!("{other:?}")),
         }
     }
 
@@ -89,11 +91,11 @@ impl Status {
 
     /// A request the binding refused before anything was submitted.
     pub fn refused(message: String) -> Self {
-        Self { kind: "not_accepted", sct: None, sc: None, dnr: None, drive: None, message }
+        Self { kind: StatusKind::NotAccepted, sct: None, sc: None, dnr: None, drive: None, message }
     }
 
-    /// The kind name.
-    pub fn kind(&self) -> &'static str {
+    /// What became of the request.
+    pub fn status_kind(&self) -> StatusKind {
         self.kind
     }
 
@@ -104,7 +106,7 @@ impl Status {
 
     fn nvme(status: &NvmeStatus, message: String) -> Self {
         Self {
-            kind: "nvme",
+            kind: StatusKind::Nvme,
             sct: Some(status.sct),
             sc: Some(status.sc),
             dnr: Some(status.dnr),
@@ -116,10 +118,17 @@ impl Status {
 
 #[pymethods]
 impl Status {
-    /// True only for kind "success".
+    /// A `tutti.StatusKind` member (a `str` enum: its value is the old
+    /// string kind).
+    #[getter]
+    fn kind<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.kind.to_py(py)
+    }
+
+    /// True only for `StatusKind.SUCCESS`.
     #[getter]
     fn ok(&self) -> bool {
-        self.kind == "success"
+        self.kind == StatusKind::Success
     }
 
     fn __bool__(&self) -> bool {
@@ -128,32 +137,32 @@ impl Status {
 
     fn __repr__(&self) -> String {
         match (self.kind, self.sct, self.sc) {
-            ("success", ..) => "Status(success)".into(),
-            ("nvme", Some(sct), Some(sc)) => format!(
+            (StatusKind::Success, ..) => "Status(success)".into(),
+            (StatusKind::Nvme, Some(sct), Some(sc)) => format!(
                 "Status(nvme, sct={sct:#x}, sc={sc:#x}, dnr={}, drive={:?}: {})",
                 self.dnr.unwrap_or(false),
                 self.drive.as_deref().unwrap_or(""),
                 self.message
             ),
-            (kind, ..) => format!("Status({kind}: {})", self.message),
+            (kind, ..) => format!("Status({}: {})", kind.as_str(), self.message),
         }
     }
 }
 
 /// The outcome of one item of a kv batch.
 ///
-/// `kind` is one of "ok" (a put is durable, a remove done), "hit" (a get
-/// loaded `length` bytes whose checksum matched), "miss", "checksum_mismatch"
-/// (the bytes read do not match the stored CRC32C: do not use them), "full",
-/// "too_large", "bad_value", "device" (a drive failed the I/O; `sct`/`sc`/
-/// `dnr` when it gave an NVMe status), "timeout". `ok` is True for "ok" and
-/// "hit".
+/// `kind` is a `tutti.ItemStatusKind`: OK (a put is durable, a remove
+/// done), HIT (a get loaded `length` bytes whose checksum matched), MISS,
+/// CHECKSUM_MISMATCH (the bytes read do not match the stored CRC32C: do not
+/// use them), FULL, TOO_LARGE, BAD_VALUE, DEVICE (a drive failed the I/O;
+/// `sct`/`sc`/`dnr` when it gave an NVMe status), TIMEOUT. Its members are
+/// `str` whose values are the old strings ("ok", "hit", ...). `ok` is True
+/// for OK and HIT.
 #[pyclass(frozen, module = "tutti", name = "ItemStatus")]
 #[derive(Debug, Clone)]
 pub struct ItemStatus {
-    /// See the class docstring.
-    #[pyo3(get)]
-    kind: &'static str,
+    /// The outcome (Python sees the `tutti.ItemStatusKind` member).
+    kind: ItemStatusKind,
     /// Payload length in bytes, for "hit".
     #[pyo3(get)]
     length: Option<u64>,
@@ -177,18 +186,20 @@ impl ItemStatus {
         let base =
             |kind, message: String| Self { kind, length: None, sct: None, sc: None, dnr: None, message };
         match s {
-            RsItemStatus::Ok => base("ok", "ok".into()),
-            RsItemStatus::Hit { len } => Self { length: Some(*len), ..base("hit", format!("hit, {len} bytes")) },
-            RsItemStatus::Miss => base("miss", "no object of this key".into()),
+            RsItemStatus::Ok => base(ItemStatusKind::Ok, "ok".into()),
+            RsItemStatus::Hit { len } => {
+                Self { length: Some(*len), ..base(ItemStatusKind::Hit, format!("hit, {len} bytes")) }
+            }
+            RsItemStatus::Miss => base(ItemStatusKind::Miss, "no object of this key".into()),
             RsItemStatus::ChecksumMismatch { stored, computed } => base(
-                "checksum_mismatch",
+                ItemStatusKind::ChecksumMismatch,
                 format!("payload CRC32C {computed:#010x} differs from the stored {stored:#010x}: do not use the bytes"),
             ),
-            RsItemStatus::Full => base("full", "no free slot and nothing evictable".into()),
+            RsItemStatus::Full => base(ItemStatusKind::Full, "no free slot and nothing evictable".into()),
             RsItemStatus::TooLarge { len, max } => {
-                base("too_large", format!("{len} bytes is larger than the store's {max}-byte objects"))
+                base(ItemStatusKind::TooLarge, format!("{len} bytes is larger than the store's {max}-byte objects"))
             }
-            RsItemStatus::BadValue { reason } => base("bad_value", reason.clone()),
+            RsItemStatus::BadValue { reason } => base(ItemStatusKind::BadValue, reason.clone()),
             RsItemStatus::Device { status, drive, message } => {
                 let msg = match drive {
                     Some(d) => format!("drive {d:?}: {message}"),
@@ -198,21 +209,28 @@ impl ItemStatus {
                     sct: status.map(|s| s.sct),
                     sc: status.map(|s| s.sc),
                     dnr: status.map(|s| s.dnr),
-                    ..base("device", msg)
+                    ..base(ItemStatusKind::Device, msg)
                 }
             }
-            RsItemStatus::Timeout => base("timeout", "not complete by the wait's deadline".into()),
-            other => base("device", format!("{other:?}")),
+            RsItemStatus::Timeout => base(ItemStatusKind::Timeout, "not complete by the wait's deadline".into()),
+            other => base(ItemStatusKind::Device, format!("{other:?}")),
         }
     }
 }
 
 #[pymethods]
 impl ItemStatus {
-    /// True for "ok" and "hit".
+    /// An `tutti.ItemStatusKind` member (a `str` enum: its value is the
+    /// old string kind).
+    #[getter]
+    fn kind<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.kind.to_py(py)
+    }
+
+    /// True for `ItemStatusKind.OK` and `ItemStatusKind.HIT`.
     #[getter]
     fn ok(&self) -> bool {
-        matches!(self.kind, "ok" | "hit")
+        matches!(self.kind, ItemStatusKind::Ok | ItemStatusKind::Hit)
     }
 
     fn __bool__(&self) -> bool {
@@ -221,9 +239,9 @@ impl ItemStatus {
 
     fn __repr__(&self) -> String {
         match (self.kind, self.length) {
-            ("ok", _) => "ItemStatus(ok)".into(),
-            ("hit", Some(n)) => format!("ItemStatus(hit, length={n})"),
-            (kind, _) => format!("ItemStatus({kind}: {})", self.message),
+            (ItemStatusKind::Ok, _) => "ItemStatus(ok)".into(),
+            (ItemStatusKind::Hit, Some(n)) => format!("ItemStatus(hit, length={n})"),
+            (kind, _) => format!("ItemStatus({}: {})", kind.as_str(), self.message),
         }
     }
 }

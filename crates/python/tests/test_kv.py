@@ -81,6 +81,30 @@ def test_miss_remove_and_sync(kv):
     assert got[0].kind == "miss" and not got[0].ok and got[0].length is None
 
 
+
+def test_item_status_kind_is_an_enum_a_caller_matches_on(kv):
+    import enum
+
+    def react(status: tutti.ItemStatus) -> str:
+        if status.kind in (tutti.ItemStatusKind.OK, tutti.ItemStatusKind.HIT):
+            return "use"
+        if status.kind is tutti.ItemStatusKind.MISS:
+            return "recompute"
+        if status.kind is tutti.ItemStatusKind.TOO_LARGE:
+            return "split"
+        return "give up"
+
+    m = kv.register(pattern(2 * SLOT, seed=11))
+    k, absent = keys(2)
+    put, too_large = kv.put_sync([(k, m, 0, BLOCK), (absent, m, 0, SLOT + 4096)])
+    assert (put.kind, too_large.kind) == (tutti.ItemStatusKind.OK, tutti.ItemStatusKind.TOO_LARGE)
+    hit, miss = kv.get_sync([(k, m, SLOT, BLOCK), (absent, m, SLOT + BLOCK, BLOCK)])
+    assert [react(s) for s in (put, too_large, hit, miss)] == ["use", "split", "use", "recompute"]
+    assert type(hit.kind) is tutti.ItemStatusKind is tutti._tutti.ItemStatusKind
+    assert isinstance(miss.kind, enum.Enum) and miss.kind is tutti.ItemStatusKind("miss")
+    # The old strings still hold.
+    assert hit.kind == "hit" and f"{miss.kind}" == "miss" and sorted([miss.kind, hit.kind]) == ["hit", "miss"]
+
 def test_keys_lists_the_objects_least_recently_used_first(kv):
     src = pattern(BLOCK, seed=12)
     m = kv.register(src)

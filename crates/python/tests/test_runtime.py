@@ -352,6 +352,47 @@ def test_nvme_error_status_surfaces_sct_sc_dnr():
         tutti.check([good])
 
 
+
+def react(status: tutti.Status) -> str:
+    """What a caller does with one request's status, dispatching on the enum."""
+    if status.kind is tutti.StatusKind.SUCCESS:
+        return "use"
+    if status.kind is tutti.StatusKind.NVME:
+        return "give up" if status.dnr else "retry"
+    if status.kind is tutti.StatusKind.NOT_ACCEPTED:
+        return "fix the request"
+    if status.kind is tutti.StatusKind.TIMEOUT:
+        return "wait again"
+    return "reset the drive"
+
+
+def test_status_kind_is_an_enum_a_caller_matches_on():
+    import enum
+    import json
+
+    yaml = one_drive_yaml(faults="- { lba: [0, 16], op: read, action: { fail: { sct: 2, sc: 0x81, dnr: true } } }")
+    with tutti.Runtime.from_yaml(yaml) as rt:
+        t0, t1 = rt.open("tutti://kv/0"), rt.open("tutti://kv/1")
+        m = rt.register(np.zeros(8192, dtype=np.uint8))
+        bad, good = rt.submit([tutti.read(t0, 0, 4096, m), tutti.read(t1, 0, 4096, m, 4096)]).wait()
+        assert [react(bad), react(good)] == ["give up", "use"]
+        assert type(bad.kind) is tutti.StatusKind is tutti._tutti.StatusKind
+        assert isinstance(good.kind, enum.Enum) and good.kind is tutti.StatusKind("success")
+        # The old strings still hold: equality, str(), format, JSON.
+        assert bad.kind == "nvme" and str(bad.kind) == "nvme" and f"{bad.kind}" == "nvme"
+        assert json.dumps([good.kind]) == '["success"]'
+        with pytest.raises(tutti.RequestError) as e:
+            rt.submit([tutti.read(t1, 1, 4096, m)])
+        assert react(e.value.statuses[0]) == "fix the request"
+    assert [k.value for k in tutti.StatusKind] == [
+        "success",
+        "not_accepted",
+        "nvme",
+        "timeout",
+        "controller_fatal",
+        "submit_failed",
+    ]
+
 def test_config_errors():
     with pytest.raises(tutti.ConfigError, match="bogus"):
         tutti.Runtime.from_yaml(one_drive_yaml() + "bogus: 1\n")

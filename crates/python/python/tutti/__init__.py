@@ -3,9 +3,11 @@
 The runtime (``tutti.Runtime``) opens targets by URI (``tutti://<store>/<key>``),
 registers memory (numpy arrays and other buffers, CUDA arrays, DLPack tensors),
 submits batches of requests (``tutti.read``, ``tutti.write``, ``tutti.flush``)
-and returns one ``tutti.Status`` per request. ``tutti.KvStore`` keeps KV-cache
-blocks under chained keys (``tutti.ChunkKeys``), crash-consistent and
-checksummed. Sizes and offsets are bytes. docs/python.md is the guide.
+and returns one ``tutti.Status`` per request (its ``kind`` a
+``tutti.StatusKind``). ``tutti.KvStore`` keeps KV-cache blocks under chained
+keys (``tutti.ChunkKeys``), crash-consistent and checksummed; each item's
+``tutti.ItemStatus`` has an ``tutti.ItemStatusKind``. Sizes and offsets are
+bytes. docs/python.md is the guide.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from tutti._tutti import (
     GpuError,
     HandleError,
     ItemStatus,
+    ItemStatusKind,
     KvBatch,
     KvError,
     KvMemory,
@@ -34,6 +37,7 @@ from tutti._tutti import (
     ShutdownError,
     ShutdownReport,
     Status,
+    StatusKind,
     TimeoutError,
     TuttiError,
     UriError,
@@ -49,6 +53,7 @@ __all__ = [
     "GpuError",
     "HandleError",
     "ItemStatus",
+    "ItemStatusKind",
     "KvBatch",
     "KvError",
     "StoreLeasedError",
@@ -64,6 +69,7 @@ __all__ = [
     "ShutdownError",
     "ShutdownReport",
     "Status",
+    "StatusKind",
     "TimeoutError",
     "TuttiError",
     "UriError",
@@ -86,7 +92,7 @@ def check(statuses: Sequence[Union[Status, ItemStatus]]) -> None:
     if not bad:
         return
     i, first = bad[0]
-    only_timeouts = all(s.kind == "timeout" for _, s in bad)
+    only_timeouts = all(s.kind in (StatusKind.TIMEOUT, ItemStatusKind.TIMEOUT) for _, s in bad)
     cls = TimeoutError if only_timeouts else DeviceError
     err = cls(f"{len(bad)} of {len(statuses)} failed; [{i}] {first.kind}: {first.message}")
     err.statuses = list(statuses)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import os
+from enum import Enum
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 class TuttiError(Exception):
@@ -35,7 +36,7 @@ class RequestError(TuttiError):
     """Requests were not accepted at submit."""
 
     statuses: List[Optional[Status]]
-    """One entry per request: a "not_accepted" Status, or None if accepted."""
+    """One entry per request: a StatusKind.NOT_ACCEPTED Status, or None if accepted."""
     operation: Optional[Operation]
     """The Operation of the accepted requests, or None."""
 
@@ -53,24 +54,70 @@ class StoreLeasedError(KvError):
 class TimeoutError(TuttiError, builtins.TimeoutError):
     """A wait passed its deadline. Also a builtin TimeoutError."""
 
+class StatusKind(str, Enum):
+    """What became of one request (``Status.kind``); defined in tutti/_status_kind.py.
+
+    Members are ``str`` whose values are the old string kinds, so
+    ``kind == "success"`` holds; ``str()`` and format give the value.
+    """
+
+    SUCCESS = "success"
+    """Every byte moved and every command completed with NVMe status 0."""
+    NOT_ACCEPTED = "not_accepted"
+    """Refused at submit; nothing was sent."""
+    NVME = "nvme"
+    """A drive completed a command with an error status (sct, sc, dnr are set)."""
+    TIMEOUT = "timeout"
+    """Not final by the wait's deadline."""
+    CONTROLLER_FATAL = "controller_fatal"
+    """The drive failed (controller fatal status or gone); reset_drive it."""
+    SUBMIT_FAILED = "submit_failed"
+    """Accepted, but the runtime could not send it."""
+
+class ItemStatusKind(str, Enum):
+    """The outcome of one kv item (``ItemStatus.kind``); defined in tutti/_status_kind.py.
+
+    Members are ``str`` whose values are the old string kinds, so
+    ``kind == "hit"`` holds; ``str()`` and format give the value.
+    """
+
+    OK = "ok"
+    """A put is durable; a remove done."""
+    HIT = "hit"
+    """A get loaded ``length`` bytes whose CRC32C matched."""
+    MISS = "miss"
+    """No object of this key."""
+    CHECKSUM_MISMATCH = "checksum_mismatch"
+    """The bytes read do not match the stored CRC32C: do not use them."""
+    FULL = "full"
+    """No free slot and nothing evictable."""
+    TOO_LARGE = "too_large"
+    """The value is larger than the store's objects."""
+    BAD_VALUE = "bad_value"
+    """The item itself is invalid (the message says why)."""
+    DEVICE = "device"
+    """A drive failed the I/O (sct/sc/dnr when it gave an NVMe status)."""
+    TIMEOUT = "timeout"
+    """Not complete by the wait's deadline."""
+
 class Status:
     """The final status of one request of a batch."""
 
     @property
-    def kind(self) -> str:
-        """"success", "not_accepted", "nvme", "timeout", "controller_fatal" or "submit_failed"."""
+    def kind(self) -> StatusKind:
+        """SUCCESS, NOT_ACCEPTED, NVME, TIMEOUT, CONTROLLER_FATAL or SUBMIT_FAILED (a str enum)."""
     @property
     def ok(self) -> bool:
-        """True only for "success"."""
+        """True only for StatusKind.SUCCESS."""
     @property
     def sct(self) -> Optional[int]:
-        """NVMe Status Code Type, for kind "nvme"."""
+        """NVMe Status Code Type, for StatusKind.NVME."""
     @property
     def sc(self) -> Optional[int]:
-        """NVMe Status Code, for kind "nvme"."""
+        """NVMe Status Code, for StatusKind.NVME."""
     @property
     def dnr(self) -> Optional[bool]:
-        """NVMe Do Not Retry bit, for kind "nvme"."""
+        """NVMe Do Not Retry bit, for StatusKind.NVME."""
     @property
     def drive(self) -> Optional[str]:
         """The drive that failed the request, when one did."""
@@ -83,14 +130,14 @@ class ItemStatus:
     """The outcome of one item of a kv batch."""
 
     @property
-    def kind(self) -> str:
-        """"ok", "hit", "miss", "checksum_mismatch", "full", "too_large", "bad_value", "device" or "timeout"."""
+    def kind(self) -> ItemStatusKind:
+        """OK, HIT, MISS, CHECKSUM_MISMATCH, FULL, TOO_LARGE, BAD_VALUE, DEVICE or TIMEOUT (a str enum)."""
     @property
     def ok(self) -> bool:
-        """True for "ok" and "hit"."""
+        """True for ItemStatusKind.OK and ItemStatusKind.HIT."""
     @property
     def length(self) -> Optional[int]:
-        """Payload length in bytes, for "hit"."""
+        """Payload length in bytes, for ItemStatusKind.HIT."""
     @property
     def sct(self) -> Optional[int]: ...
     @property
