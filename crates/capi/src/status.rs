@@ -4,6 +4,35 @@
 
 use std::ffi::{c_char, CStr};
 
+/// Generates [`tutti_status::ALL`] and the C names (`TUTTI_STATUS_` and
+/// the suffix) from one list of `Variant => "SUFFIX"`, in value order.
+macro_rules! status_names {
+    ($($variant:ident => $suffix:literal,)*) => {
+        impl tutti_status {
+            /// Every status, in value order (for tests and tables).
+            pub(crate) const ALL: &'static [tutti_status] = &[$(tutti_status::$variant),*];
+
+            /// The C name of the status, NUL-terminated.
+            fn name(self) -> &'static CStr {
+                match self {
+                    $(tutti_status::$variant => {
+                        const NAME: &CStr = c_name(concat!("TUTTI_STATUS_", $suffix, "\0"));
+                        NAME
+                    })*
+                }
+            }
+        }
+    };
+}
+
+/// `name` (which ends in its one NUL) as a C string, at compile time.
+const fn c_name(name: &'static str) -> &'static CStr {
+    match CStr::from_bytes_with_nul(name.as_bytes()) {
+        Ok(c) => c,
+        Err(_) => panic!("a status name must end in its only NUL"),
+    }
+}
+
 /// Result of every fallible `tutti_` call. `TUTTI_STATUS_OK` is 0; every
 /// other value is an error whose text `tutti_last_error_message` gives
 /// on the same thread until the next `tutti_` call.
@@ -97,62 +126,36 @@ impl tutti_status {
             _ => tutti_status::Other,
         }
     }
+}
 
-    /// The C name of the status, NUL-terminated.
-    fn name(self) -> &'static CStr {
-        match self {
-            tutti_status::Ok => c"TUTTI_STATUS_OK",
-            tutti_status::NullArgument => c"TUTTI_STATUS_NULL_ARGUMENT",
-            tutti_status::InvalidArgument => c"TUTTI_STATUS_INVALID_ARGUMENT",
-            tutti_status::BufferTooSmall => c"TUTTI_STATUS_BUFFER_TOO_SMALL",
-            tutti_status::NotReady => c"TUTTI_STATUS_NOT_READY",
-            tutti_status::Panic => c"TUTTI_STATUS_PANIC",
-            tutti_status::UnknownStore => c"TUTTI_STATUS_UNKNOWN_STORE",
-            tutti_status::Config => c"TUTTI_STATUS_CONFIG",
-            tutti_status::Handle => c"TUTTI_STATUS_HANDLE",
-            tutti_status::Uri => c"TUTTI_STATUS_URI",
-            tutti_status::UnknownDrive => c"TUTTI_STATUS_UNKNOWN_DRIVE",
-            tutti_status::BindingMismatch => c"TUTTI_STATUS_BINDING_MISMATCH",
-            tutti_status::Emulator => c"TUTTI_STATUS_EMULATOR",
-            tutti_status::Pci => c"TUTTI_STATUS_PCI",
-            tutti_status::Controller => c"TUTTI_STATUS_CONTROLLER",
-            tutti_status::Gpu => c"TUTTI_STATUS_GPU",
-            tutti_status::Memory => c"TUTTI_STATUS_MEMORY",
-            tutti_status::MemoryBusy => c"TUTTI_STATUS_MEMORY_BUSY",
-            tutti_status::DriveBusy => c"TUTTI_STATUS_DRIVE_BUSY",
-            tutti_status::ShuttingDown => c"TUTTI_STATUS_SHUTTING_DOWN",
-            tutti_status::TooManyHandles => c"TUTTI_STATUS_TOO_MANY_HANDLES",
-            tutti_status::TooManyRuntimes => c"TUTTI_STATUS_TOO_MANY_RUNTIMES",
-            tutti_status::Other => c"TUTTI_STATUS_OTHER",
-        }
-    }
-
-    /// Every status, in value order (for tests and tables).
-    pub(crate) const ALL: [tutti_status; 23] = [
-        tutti_status::Ok,
-        tutti_status::NullArgument,
-        tutti_status::InvalidArgument,
-        tutti_status::BufferTooSmall,
-        tutti_status::NotReady,
-        tutti_status::Panic,
-        tutti_status::UnknownStore,
-        tutti_status::Config,
-        tutti_status::Handle,
-        tutti_status::Uri,
-        tutti_status::UnknownDrive,
-        tutti_status::BindingMismatch,
-        tutti_status::Emulator,
-        tutti_status::Pci,
-        tutti_status::Controller,
-        tutti_status::Gpu,
-        tutti_status::Memory,
-        tutti_status::MemoryBusy,
-        tutti_status::DriveBusy,
-        tutti_status::ShuttingDown,
-        tutti_status::TooManyHandles,
-        tutti_status::TooManyRuntimes,
-        tutti_status::Other,
-    ];
+// The enum above stays written out: cbindgen reads it to make tutti.h. Its
+// C names and `ALL` come from this one list; its `match` makes a variant
+// left out a compile error, and the test below checks each name against the
+// variant's.
+status_names! {
+    Ok => "OK",
+    NullArgument => "NULL_ARGUMENT",
+    InvalidArgument => "INVALID_ARGUMENT",
+    BufferTooSmall => "BUFFER_TOO_SMALL",
+    NotReady => "NOT_READY",
+    Panic => "PANIC",
+    UnknownStore => "UNKNOWN_STORE",
+    Config => "CONFIG",
+    Handle => "HANDLE",
+    Uri => "URI",
+    UnknownDrive => "UNKNOWN_DRIVE",
+    BindingMismatch => "BINDING_MISMATCH",
+    Emulator => "EMULATOR",
+    Pci => "PCI",
+    Controller => "CONTROLLER",
+    Gpu => "GPU",
+    Memory => "MEMORY",
+    MemoryBusy => "MEMORY_BUSY",
+    DriveBusy => "DRIVE_BUSY",
+    ShuttingDown => "SHUTTING_DOWN",
+    TooManyHandles => "TOO_MANY_HANDLES",
+    TooManyRuntimes => "TOO_MANY_RUNTIMES",
+    Other => "OTHER",
 }
 
 /// The name of a status value as a static NUL-terminated string, e.g.
@@ -174,7 +177,7 @@ mod tests {
     #[test]
     fn names_match_values_and_are_distinct() {
         let mut seen = std::collections::HashSet::new();
-        for s in tutti_status::ALL {
+        for &s in tutti_status::ALL {
             // SAFETY: `tutti_status_name` returns a static NUL-terminated
             // string.
             let name = unsafe { CStr::from_ptr(tutti_status_name(s as u32)) }.to_str().unwrap();
@@ -192,6 +195,7 @@ mod tests {
         let unknown = unsafe { CStr::from_ptr(tutti_status_name(12345)) };
         assert_eq!(unknown, c"TUTTI_STATUS_UNKNOWN");
         assert_eq!(tutti_status::Ok as u32, 0);
+        assert!(tutti_status::ALL.windows(2).all(|w| (w[0] as u32) < (w[1] as u32)), "value order");
         assert_eq!(tutti_status::Handle as u32, 101);
     }
 }
