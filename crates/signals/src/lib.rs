@@ -1,5 +1,7 @@
 //! SIGINT and SIGTERM for tutti's tools: the first one asks the run to
-//! stop, the second ends the process at once.
+//! stop, the second ends the process at once. Also the tools' stderr
+//! logging ([`init_logging`]), so each tool starts the same way:
+//! [`Stop::install`], then [`init_logging`].
 //!
 //! The handlers (signal-hook's flag API) only store to atomics. A tool
 //! checks [`Stop::requested`] between batches or commands (library code
@@ -13,6 +15,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use signal_hook::consts::{SIGINT, SIGTERM};
+
+mod logging;
+
+pub use logging::init_logging;
 
 /// A signal that stops a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

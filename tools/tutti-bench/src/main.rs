@@ -147,20 +147,6 @@ pub struct ReplayArgs {
     pub list_models: bool,
 }
 
-/// Sends the libraries' warnings and errors (queue grants lowered, queue
-/// depths clamped, unconfined no-IOMMU DMA, fatal controllers) to stderr.
-/// `RUST_LOG` (e.g. `RUST_LOG=debug`) overrides the default level, `warn`.
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let color = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(color)
-        .try_init();
-}
-
 fn main() -> ExitCode {
     // Before anything else, so that no signal finds the default handler
     // once work has started.
@@ -171,7 +157,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    init_logging();
+    tutti_signals::init_logging();
     // The run's facts (command line, machine, start time) for `--json`.
     tutti_bench::schema::RunInfo::process();
     let cli = Cli::parse();

@@ -131,20 +131,6 @@ fn run(cli: Cli, stop: interrupt::Stop) -> Outcome {
     }
 }
 
-/// Sends the libraries' warnings and errors (queue grants lowered, queue
-/// depths clamped, unconfined no-IOMMU DMA, fatal controllers) to stderr.
-/// `RUST_LOG` (e.g. `RUST_LOG=debug`) overrides the default level, `warn`.
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let color = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(color)
-        .try_init();
-}
-
 fn main() -> ExitCode {
     // Before anything else, so that no signal finds the default handler
     // once a drive is touched.
@@ -155,7 +141,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    init_logging();
+    tutti_signals::init_logging();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -1,0 +1,19 @@
+//! The tools' logging: the libraries' warnings and errors (queue grants
+//! lowered, queue depths clamped, unconfined no-IOMMU DMA, fatal
+//! controllers) go to stderr, in colour only on a terminal.
+
+use tracing_subscriber::EnvFilter;
+
+/// Sends `tracing` events at `warn` and above to stderr. `RUST_LOG` (e.g.
+/// `RUST_LOG=debug`) overrides the level. Call it once, after
+/// [`crate::Stop::install`]; a second call (or a subscriber installed
+/// already) leaves the first in place.
+pub fn init_logging() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    let color = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(color)
+        .try_init();
+}
