@@ -83,9 +83,11 @@ fn os(op: &'static str) -> impl FnOnce(rustix::io::Errno) -> ShmError {
     move |e| ShmError::Os { op, source: e.into() }
 }
 
-/// A memfd and a shared read-write mapping of all of it.
+/// A descriptor and a shared read-write mapping of `len` bytes of it, unmapped
+/// on drop: the one mapping type behind [`SharedMemory`] (all of a memfd
+/// this process made) and [`MappedFd`] (part of a descriptor received).
 #[derive(Debug)]
-struct Inner {
+struct Mapping {
     fd: OwnedFd,
     ptr: NonNull<u8>,
     len: usize,
@@ -93,19 +95,37 @@ struct Inner {
 
 // SAFETY: the mapping is plain shared memory; this type only keeps it
 // alive and hands out its address, never references into it.
-unsafe impl Send for Inner {}
+unsafe impl Send for Mapping {}
 // SAFETY: as above.
-unsafe impl Sync for Inner {}
+unsafe impl Sync for Mapping {}
 
-impl Drop for Inner {
+impl Mapping {
+    /// Maps `len` bytes at `offset` of `fd`, shared and read-write. The
+    /// caller has checked that `fd` cannot shrink below `offset + len` (a
+    /// memfd sealed with F_SEAL_SHRINK, that long), so access never faults.
+    fn shared(fd: OwnedFd, offset: u64, len: usize) -> Result<Self, ShmError> {
+        // SAFETY: a fresh shared mapping inside a file that cannot shrink
+        // (the caller's check), at an address the kernel picks; nothing
+        // else is mapped there.
+        let p = unsafe {
+            mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, &fd, offset)
+        }
+        .map_err(os("mmap"))?;
+        let ptr = NonNull::new(p.cast::<u8>())
+            .ok_or(ShmError::Os { op: "mmap", source: std::io::Error::other("null mapping") })?;
+        Ok(Self { fd, ptr, len })
+    }
+}
+
+impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: `ptr..ptr + len` is the mapping made in `SharedMemory::new`,
+        // SAFETY: `ptr..ptr + len` is the mapping made in `Mapping::shared`,
         // unmapped only here; no reference into it exists.
         let _ = unsafe { munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
 
-static REGISTRY: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
+static REGISTRY: Mutex<Vec<Weak<Mapping>>> = Mutex::new(Vec::new());
 
 /// Page-aligned, zeroed memory in a memfd (sealed against shrinking and
 /// growing), mapped shared into this process, that a daemon can map too.
@@ -113,7 +133,7 @@ static REGISTRY: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
 /// goes.
 #[derive(Debug, Clone)]
 pub struct SharedMemory {
-    inner: Arc<Inner>,
+    inner: Arc<Mapping>,
 }
 
 impl SharedMemory {
@@ -133,16 +153,8 @@ impl SharedMemory {
         fallocate(&fd, FallocateFlags::empty(), 0, len as u64).map_err(os("fallocate"))?;
         fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
             .map_err(os("F_ADD_SEALS"))?;
-        // SAFETY: a fresh shared mapping of a file of exactly `len` bytes,
-        // sealed against shrinking (no SIGBUS later); nothing else is
-        // mapped at the address the kernel picks.
-        let p = unsafe {
-            mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, &fd, 0)
-        }
-        .map_err(os("mmap"))?;
-        let ptr = NonNull::new(p.cast::<u8>())
-            .ok_or(ShmError::Os { op: "mmap", source: std::io::Error::other("null mapping") })?;
-        let inner = Arc::new(Inner { fd, ptr, len });
+        // A file of exactly `len` bytes, sealed against shrinking.
+        let inner = Arc::new(Mapping::shared(fd, 0, len)?);
         let mut reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
         reg.retain(|w| w.strong_count() > 0);
         reg.push(Arc::downgrade(&inner));
@@ -223,15 +235,8 @@ pub fn lookup(host: usize, len: usize) -> Option<(SharedMemory, u64)> {
 /// A received descriptor, mapped shared read-write.
 #[derive(Debug)]
 pub struct MappedFd {
-    _fd: OwnedFd,
-    ptr: NonNull<u8>,
-    len: usize,
+    map: Mapping,
 }
-
-// SAFETY: plain shared memory, accessed only through raw pointers.
-unsafe impl Send for MappedFd {}
-// SAFETY: as above.
-unsafe impl Sync for MappedFd {}
 
 impl MappedFd {
     /// Maps `len` bytes at `offset` of `fd` after checking that it is a
@@ -257,21 +262,8 @@ impl MappedFd {
         if !ok {
             return Err(ShmError::BadRange { offset, len, size });
         }
-        // SAFETY: a fresh shared mapping inside a file that cannot shrink
-        // (checked above), at an address the kernel picks.
-        let p = unsafe {
-            mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-                &fd,
-                offset,
-            )
-        }
-        .map_err(os("mmap"))?;
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or(ShmError::NotSealed)?;
-        Ok(Self { _fd: fd, ptr, len: len as usize })
+        // Sealed against shrinking and long enough (checked above).
+        Ok(Self { map: Mapping::shared(fd, offset, len as usize)? })
     }
 
     /// Maps memory a client sent for registration, after the checks that
@@ -306,24 +298,17 @@ impl MappedFd {
 
     /// Host address of the first byte.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.map.ptr.as_ptr()
     }
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.len
+        self.map.len
     }
 
     /// Always `false`.
     pub fn is_empty(&self) -> bool {
         false
-    }
-}
-
-impl Drop for MappedFd {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, unmapped only here.
-        let _ = unsafe { munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
 
