@@ -80,6 +80,20 @@ pub(crate) struct DriveUse {
     pub execution: Execution,
 }
 
+impl DriveUse {
+    /// The I/O queue pairs to ask for: `queues`, plus one kept by CPU
+    /// threads for Flush under GPU execution.
+    fn pairs_wanted(&self) -> u16 {
+        self.queues.max(1).saturating_add(u16::from(self.execution == Execution::Gpu))
+    }
+}
+
+/// Commands outstanding on a queue pair of `depth` entries: one CQ slot
+/// always stays empty, so never more than the CQ can hold.
+fn max_outstanding(depth: u32) -> u16 {
+    (depth - 1).clamp(1, 32768) as u16
+}
+
 /// A drive's queues in GPU hands, with its register window mapped into the
 /// GPU.
 #[derive(Debug)]
@@ -252,14 +266,54 @@ fn create_queues(
         u.queues = u.queues.min(granted - cpu_pairs).max(1);
     }
     let depth = u.queue_depth;
-    // One CQ slot always stays empty: never have more commands
-    // outstanding than the CQ can hold.
-    let outstanding = (depth - 1).clamp(1, 32768) as u16;
+    let outstanding = max_outstanding(depth);
     let mut pairs = Vec::new();
     for qid in 1..=u.queues + cpu_pairs {
         pairs.push(controller.create_io_queue_pair(qid, depth, outstanding).map_err(ctrl_err)?);
     }
     hand_out(name, device, pairs, &u, gpu)
+}
+
+/// Asks `tuttid` for the queue pairs `u` asks for (lowered to the client's
+/// quota and to CAP.MQES + 1, with a warning) and hands them to CPU or GPU
+/// threads.
+fn grant_queues(
+    name: &str,
+    dev: &Arc<DaemonDevice>,
+    device: &Arc<dyn NvmeDevice>,
+    mut u: DriveUse,
+    gpu: Option<&Gpu>,
+) -> Result<Queues, Error> {
+    let derr = |source| Error::Daemon { drive: name.to_owned(), source };
+    let f = dev.facts();
+    let on_gpu = u.execution == Execution::Gpu;
+    let wanted = u.pairs_wanted();
+    let n = wanted.min(f.quota_left).max(1);
+    if n < wanted {
+        tracing::warn!(drive = name, asked = wanted, quota = f.quota_left, "tuttid quota: fewer queue pairs");
+    }
+    u.queues = if on_gpu && n >= 2 { n - 1 } else { n };
+    u.queue_depth = u.queue_depth.min(u32::from(f.mqes) + 1);
+    let outstanding = max_outstanding(u.queue_depth);
+    let mut pairs = Vec::new();
+    for _ in 0..n {
+        pairs.push(dev.grant_queue_pair(u.queue_depth, outstanding).map_err(derr)?);
+    }
+    hand_out(name, device, pairs, &u, gpu)
+}
+
+/// What starting a drive made: [`Drive::ready`] turns it into a drive that
+/// takes work. Emulated and PCI drives have a controller of this process;
+/// `tuttid` drives a daemon device instead.
+struct Started {
+    device: Arc<dyn NvmeDevice>,
+    emulator: Option<Arc<Emulator>>,
+    controller: Option<Controller>,
+    daemon: Option<Arc<DaemonDevice>>,
+    queues: Queues,
+    ns: NamespaceInfo,
+    max_transfer: usize,
+    volatile_write_cache: bool,
 }
 
 /// Hands `pairs` to CPU threads, or all but the last `pairs.len() -
@@ -312,9 +366,7 @@ impl Drive {
         };
         let ctrl_err = |source| Error::Controller { drive: name.to_owned(), source };
         // GPU execution: one more pair, kept by CPU threads for Flush.
-        let queues_wanted = usage
-            .as_ref()
-            .map_or(1, |u| u.queues.max(1).saturating_add(u16::from(u.execution == Execution::Gpu)));
+        let queues_wanted = usage.as_ref().map_or(1, DriveUse::pairs_wanted);
         let mut controller = Controller::init(
             device.clone(),
             ControllerOptions { io_queues: queues_wanted, ..ControllerOptions::default() },
@@ -330,28 +382,24 @@ impl Drive {
             // from the GPU (once, now, before any kernel runs).
             let _locked = emu.lock_media_pages(g);
         }
-        let (queues, gpu_queues) = match usage {
+        let queues = match usage {
             Some(u) => create_queues(name, &mut controller, &device, u, gpu)?,
             None => (Vec::new(), None),
         };
-        let max_transfer = controller.max_transfer();
-        let volatile_write_cache = controller.info().has_volatile_write_cache();
-        Ok(Self {
-            volatile_write_cache,
-            name: name.to_owned(),
+        Ok(Self::ready(
             index,
-            device,
-            emulator,
-            controller: Some(Mutex::new(controller)),
-            daemon: None,
-            gpu: gpu_queues,
-            queues,
-            next_queue: AtomicUsize::new(0),
-            state: AtomicU8::new(DriveState::Ready as u8),
-            health: Mutex::new(Health { state: DriveState::Ready, gpu_kernels: 0, pinned: Vec::new() }),
-            ns,
-            max_transfer,
-        })
+            name,
+            Started {
+                device,
+                emulator,
+                max_transfer: controller.max_transfer(),
+                volatile_write_cache: controller.info().has_volatile_write_cache(),
+                controller: Some(controller),
+                daemon: None,
+                queues,
+                ns,
+            },
+        ))
     }
 
     /// Connects to `tuttid` for drive `dc.drive` and builds the queue
@@ -378,46 +426,45 @@ impl Drive {
             }
         }
         let device: Arc<dyn NvmeDevice> = dev.clone();
-        let (queues, gpu_queues) = match usage {
-            Some(mut u) => {
-                let on_gpu = u.execution == Execution::Gpu;
-                let wanted = u.queues.max(1).saturating_add(u16::from(on_gpu));
-                let n = wanted.min(f.quota_left).max(1);
-                if n < wanted {
-                    tracing::warn!(
-                        drive = name,
-                        asked = wanted,
-                        quota = f.quota_left,
-                        "tuttid quota: fewer queue pairs"
-                    );
-                }
-                u.queues = if on_gpu && n >= 2 { n - 1 } else { n };
-                u.queue_depth = u.queue_depth.min(u32::from(f.mqes) + 1);
-                let outstanding = (u.queue_depth - 1).clamp(1, 32768) as u16;
-                let mut pairs = Vec::new();
-                for _ in 0..n {
-                    pairs.push(dev.grant_queue_pair(u.queue_depth, outstanding).map_err(derr)?);
-                }
-                hand_out(name, &device, pairs, &u, gpu)?
-            }
+        let queues = match usage {
+            Some(u) => grant_queues(name, &dev, &device, u, gpu)?,
             None => (Vec::new(), None),
         };
-        Ok(Self {
-            volatile_write_cache: f.volatile_write_cache,
+        Ok(Self::ready(
+            index,
+            name,
+            Started {
+                device,
+                emulator: None,
+                controller: None,
+                daemon: Some(dev),
+                queues,
+                ns,
+                max_transfer: usize::try_from(f.max_transfer).unwrap_or(usize::MAX),
+                volatile_write_cache: f.volatile_write_cache,
+            },
+        ))
+    }
+
+    /// A started drive, ready to take work.
+    fn ready(index: usize, name: &str, s: Started) -> Self {
+        let (queues, gpu) = s.queues;
+        Self {
+            volatile_write_cache: s.volatile_write_cache,
             name: name.to_owned(),
             index,
-            device,
-            emulator: None,
-            controller: None,
-            daemon: Some(dev),
-            gpu: gpu_queues,
+            device: s.device,
+            emulator: s.emulator,
+            controller: s.controller.map(Mutex::new),
+            daemon: s.daemon,
+            gpu,
             queues,
             next_queue: AtomicUsize::new(0),
             state: AtomicU8::new(DriveState::Ready as u8),
             health: Mutex::new(Health { state: DriveState::Ready, gpu_kernels: 0, pinned: Vec::new() }),
-            ns,
-            max_transfer: usize::try_from(f.max_transfer).unwrap_or(usize::MAX),
-        })
+            ns: s.ns,
+            max_transfer: s.max_transfer,
+        }
     }
 
     /// Why a `tuttid` drive is dead (the connection to the daemon was
