@@ -15,10 +15,11 @@ use tutti_kv::{
 };
 
 use crate::deferred;
-use crate::errors::{HandleError, IntoPyResult, MemoryRegistrationError, TuttiError};
-use crate::memory::{describe, Export, Location};
+use crate::errors::{IntoPyResult, MemoryRegistrationError, TuttiError};
+use crate::memory::describe;
+use crate::registrar::Held;
 use crate::request::{still_waited_on, wait_for_other};
-use crate::runtime::{runtime_gpu, seconds, PyRuntime};
+use crate::runtime::{seconds, PyRuntime};
 use crate::status::ItemStatus;
 
 /// A key from bytes (16 or 32 of them), or `ValueError`.
@@ -38,16 +39,9 @@ fn key_size(n: usize) -> PyResult<KeySize> {
 #[pyclass(frozen, module = "tutti", name = "KvMemory")]
 #[derive(Debug)]
 pub struct KvMemory {
-    kv: Arc<RsKvStore>,
+    held: Held<RsKvStore>,
+    /// The registration, at a stable address that a `GetBatch` borrows.
     mem: Arc<RsKvMemory>,
-    readonly: bool,
-    export: Mutex<Option<Export>>,
-}
-
-impl KvMemory {
-    fn export(&self) -> MutexGuard<'_, Option<Export>> {
-        self.export.lock().unwrap_or_else(|p| p.into_inner())
-    }
 }
 
 #[pymethods]
@@ -76,31 +70,13 @@ impl KvMemory {
     /// True when the exporter gave the memory read-only.
     #[getter]
     fn readonly(&self) -> bool {
-        self.readonly
+        self.held.readonly
     }
 
     fn __repr__(&self) -> String {
-        match &*self.export() {
+        match &*self.held.export() {
             Some(e) => format!("KvMemory(handle={:#x}, {})", self.handle(), describe(e)),
             None => format!("KvMemory(handle={:#x}, unregistered)", self.handle()),
-        }
-    }
-}
-
-impl Drop for KvMemory {
-    /// As `tutti.Memory`: unregistered here if still registered, or kept
-    /// alive until a later call finds the store done with it
-    /// (`deferred.rs`).
-    fn drop(&mut self) {
-        let export = self.export.get_mut().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(e) = export {
-            match self.kv.unregister(*self.mem) {
-                Ok(()) => drop(e),
-                Err(_) => {
-                    let (kv, mem) = (self.kv.clone(), *self.mem);
-                    deferred::defer(move || kv.unregister(mem).is_ok(), e);
-                }
-            }
         }
     }
 }
@@ -120,12 +96,12 @@ fn parse_items(kv: &Arc<RsKvStore>, items: &[Item<'_>], load: bool) -> PyResult<
         .enumerate()
         .map(|(i, (k, m, off, len))| {
             let m = m.get();
-            if !Arc::ptr_eq(&m.kv, kv) || m.export().is_none() {
+            if !Arc::ptr_eq(m.held.owner(), kv) || m.held.export().is_none() {
                 return Err(MemoryRegistrationError::new_err(format!(
                     "items[{i}]: memory registered with another store or already unregistered"
                 )));
             }
-            if load && m.readonly {
+            if load && m.held.readonly {
                 return Err(MemoryRegistrationError::new_err(format!(
                     "items[{i}]: a get cannot load into read-only memory; nothing was submitted"
                 )));
@@ -388,29 +364,8 @@ impl KvStore {
     /// takes); returns a `KvMemory`.
     fn register(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<KvMemory> {
         deferred::retry(py);
-        let export = Export::from_object(obj)?;
-        if export.location == Location::Gpu {
-            Export::check_gpu_device(obj, runtime_gpu(self.kv.runtime()))?;
-        }
-        let (ptr, len, location) = (export.ptr, export.len, export.location);
-        let kv = self.kv.clone();
-        let mem = py
-            .detach(move || match location {
-                // SAFETY: `export` keeps the memory allocated and in place
-                // until `unregister` succeeds (a dropped KvMemory the store
-                // refuses to let go waits in `deferred.rs`); Python code must not
-                // touch it while a put or get on it runs (documented).
-                Location::Host => unsafe { kv.register_host(ptr as usize as *mut u8, len) },
-                // SAFETY: as above, for a device pointer of the runtime's GPU.
-                Location::Gpu => unsafe { kv.register_gpu(ptr, len) },
-            })
-            .py()?;
-        Ok(KvMemory {
-            kv: self.kv.clone(),
-            mem: Arc::new(mem),
-            readonly: export.readonly,
-            export: Mutex::new(Some(export)),
-        })
+        let held = Held::register(py, &self.kv, obj)?;
+        Ok(KvMemory { mem: Arc::new(held.handle()), held })
     }
 
     /// Unregisters memory and lets go of its object. Raises
@@ -420,18 +375,10 @@ impl KvStore {
     fn unregister(&self, py: Python<'_>, memory: &Bound<'_, KvMemory>) -> PyResult<()> {
         deferred::retry(py);
         let m = memory.get();
-        if !Arc::ptr_eq(&m.kv, &self.kv) {
+        if !Arc::ptr_eq(m.held.owner(), &self.kv) {
             return Err(MemoryRegistrationError::new_err("memory registered with another store"));
         }
-        let mut export = m.export();
-        if export.is_none() {
-            return Err(HandleError::new_err("memory is already unregistered"));
-        }
-        self.kv.unregister(*m.mem).py()?;
-        if let Some(e) = export.take() {
-            e.release(py);
-        }
-        Ok(())
+        m.held.unregister(py, &self.kv)
     }
 
     /// Starts saving `items`, each `(key, memory, offset, length)`: `length`

@@ -19,6 +19,7 @@ mod errors;
 mod ffi;
 mod kv;
 mod memory;
+mod registrar;
 mod registration;
 mod request;
 mod runtime;

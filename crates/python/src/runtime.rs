@@ -13,16 +13,11 @@ use tutti::config::MAX_STRIPE_DRIVES;
 use tutti::{error_chain, Config, OpHandle, Runtime, TargetHandle};
 
 use crate::deferred;
-use crate::errors::{runtime_error_with, ConfigError, HandleError, IntoPyResult, RequestError, TuttiError};
-use crate::memory::{Export, Location};
+use crate::errors::{runtime_error_with, ConfigError, IntoPyResult, RequestError, TuttiError};
+use crate::registrar::Held;
 use crate::registration::Memory;
 use crate::request::{Operation, Request};
 use crate::status::Status;
-
-/// The CUDA ordinal of `rt`'s GPU (config `gpu.ordinal`; 0 without one).
-pub fn runtime_gpu(rt: &Runtime) -> i64 {
-    rt.gpu_ordinal().map_or(0, i64::from)
-}
 
 /// The longest shutdown drain bound (2^32 s, about 136 years).
 pub const MAX_DRAIN: Duration = Duration::from_secs(1 << 32);
@@ -239,38 +234,11 @@ impl PyRuntime {
     /// non-contiguous or unsupported object, or a GPU array on another GPU.
     fn register(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Memory> {
         deferred::retry(py);
-        let export = Export::from_object(obj)?;
-        if export.location == Location::Gpu {
-            Export::check_gpu_device(obj, runtime_gpu(&self.rt))?;
+        let held = Held::register(py, &self.rt, obj)?;
+        if held.readonly {
+            self.readonly().insert(held.handle().to_u64());
         }
-        let (ptr, len, location) = (export.ptr, export.len, export.location);
-        let rt = self.rt.clone();
-        let handle = py
-            .detach(move || match location {
-                // SAFETY: `export` keeps the memory allocated and in place
-                // (a strong reference to the exporter and its buffer view
-                // or DLPack tensor) until `unregister` succeeds; a Memory
-                // dropped while the runtime refuses to let it go hands the
-                // export to `deferred.rs`, which keeps it until a retried
-                // unregister succeeds. Python code must not touch
-                // the bytes while an operation on them runs (documented).
-                Location::Host => unsafe { rt.register_memory(ptr as usize as *mut u8, len) },
-                // SAFETY: as above, for a device pointer of the runtime's
-                // GPU (checked by `check_gpu_device` where the object says).
-                Location::Gpu => unsafe { rt.register_gpu_memory(ptr, len) },
-            })
-            .py()?;
-        if export.readonly {
-            self.readonly().insert(handle.to_u64());
-        }
-        Ok(Memory {
-            rt: self.rt.clone(),
-            handle,
-            nbytes: len,
-            location,
-            readonly: export.readonly,
-            export: Mutex::new(Some(export)),
-        })
+        Ok(Memory { held })
     }
 
     /// Unregisters memory and lets go of its object. Raises
@@ -281,18 +249,8 @@ impl PyRuntime {
     fn unregister(&self, py: Python<'_>, memory: &Bound<'_, Memory>) -> PyResult<()> {
         deferred::retry(py);
         let m = memory.get();
-        let mut export = m.export();
-        if export.is_none() {
-            return Err(HandleError::new_err(format!(
-                "memory {:#x} is already unregistered",
-                m.handle.to_u64()
-            )));
-        }
-        self.rt.unregister_memory(m.handle).py()?;
-        self.readonly().remove(&m.handle.to_u64());
-        if let Some(e) = export.take() {
-            e.release(py);
-        }
+        m.held.unregister(py, &self.rt)?;
+        self.readonly().remove(&m.handle_u64());
         Ok(())
     }
 
