@@ -201,6 +201,7 @@ fn check(order: &[String], steps: &BTreeMap<String, Step>, firmware: Option<&str
             "tuttid-serve",
             "tuttid-clients",
             "tuttid-pool",
+            "tuttid-attack",
             "tuttid-stop",
             "replay",
             "unbind",
@@ -292,6 +293,11 @@ fn check_tuttid(steps: &BTreeMap<String, Step>) -> Vec<String> {
     if let Some(s) = steps.get("tuttid-pool") {
         if !s.lines.iter().any(|l| l.trim() == "pool whole") {
             failures.push("tuttid-pool: the pool was not whole after the clients exited".into());
+        }
+    }
+    if let Some(s) = steps.get("tuttid-attack") {
+        if !s.lines.iter().any(|l| l.contains("tuttid attack: 19 attacks refused")) {
+            failures.push("tuttid-attack: not every attack through the mediated pci drive was refused".into());
         }
     }
     failures

@@ -321,6 +321,9 @@ step selftest tutti-probe selftest 0000:00:10.0 --lba-range 0..2048 --yes
 step tuttid-serve tuttid_serve
 step tuttid-clients tuttid_clients
 step tuttid-pool tuttid_pool
+# A hostile client on q0 (mediated, the pci default): attacks on another
+# client's memory through PRPs, admin opcodes, another NSID; each refused.
+step tuttid-attack tuttid attack --socket "$TUTTID_SOCK" --drive q0
 step tuttid-stop tuttid_stop
 # --format: conformance and selftest left their data on the drives; the
 # replay's tutti-kv store would refuse it as not a store of its own. Boot 2

@@ -17,6 +17,7 @@
 //! (`tests/fuzz_bodies.rs`, `tuttid_session`).
 
 mod accounts;
+pub mod attack;
 pub mod config;
 mod drive;
 mod error;

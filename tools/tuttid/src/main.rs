@@ -1,7 +1,7 @@
 //! The `tuttid` command line: `serve`, `status`, `verify` (the daemon
 //! itself is the library, `lib.rs`).
 
-use tuttid::{config, server, verify};
+use tuttid::{attack, config, server, verify};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,6 +33,10 @@ enum Cmd {
     /// A checking client: verified striped I/O on granted queues of the
     /// daemon's drives (the QEMU guest test runs it).
     Verify(verify::VerifyArgs),
+    /// A hostile client: attacks on another client's memory through a
+    /// mediated drive, each of which must be refused (exit 1 if one is
+    /// not). Writes LBA 0.. of the drive: a scratch drive only.
+    Attack(attack::AttackArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +50,16 @@ fn main() -> ExitCode {
     let r = match Cli::parse().cmd {
         Cmd::Serve { config } => serve(&config),
         Cmd::Status { socket } => status(&socket),
+        Cmd::Attack(a) => match attack::run(&a) {
+            Ok(n) => {
+                println!("tuttid attack: {n} attacks refused; the victim's bytes and the media unchanged");
+                Ok(ExitCode::SUCCESS)
+            }
+            Err((wrong_data, msg)) => {
+                eprintln!("tuttid attack: {msg}");
+                return ExitCode::from(if wrong_data { 1 } else { 3 });
+            }
+        },
         Cmd::Verify(a) => match verify::run(&a) {
             Ok(_) => Ok(ExitCode::SUCCESS),
             Err((wrong_data, msg)) => {

@@ -568,3 +568,33 @@ fn an_unregistration_past_its_drain_bound_returns_and_is_finished_once_the_comma
     let st = Client::connect(&d.socket).unwrap().status().unwrap();
     assert_eq!((st.drives[0].dma_faults, st.drives[0].registrations), (0, before));
 }
+
+/// `tuttid attack` (the hostile client the QEMU guest runs against its
+/// vfio-bound drives) passes against a mediated drive, and fails, naming
+/// the first attack that got through, against one that is not mediated
+/// (there the per-connection DMA domain stops the PRP attacks with a Data
+/// Transfer Error rather than mediation's Invalid Field).
+#[test]
+fn the_attack_command_passes_on_a_mediated_drive_and_fails_without_mediation() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &mediated_yaml(dir.path(), ""));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tuttid"))
+        .args(["attack", "--socket", d.socket.to_str().unwrap(), "--drive", "d0"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(text.matches("refused as expected").count(), 19, "{text}");
+    assert!(text.contains("19 attacks refused"), "{text}");
+    drop(d);
+
+    let plain = tempfile::tempdir().unwrap();
+    let d = Daemon::start(plain.path(), &config_yaml(&plain.path().join("tutti.sock"), 10_000, ""));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tuttid"))
+        .args(["attack", "--socket", d.socket.to_str().unwrap(), "--drive", "d0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("read into the victim (PRP1)"), "{err}");
+}
