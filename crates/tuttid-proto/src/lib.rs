@@ -35,9 +35,11 @@ pub use client::{Client, DaemonUid};
 pub use device::{DaemonDevice, DaemonDriveError};
 pub use error::{ClientError, DecodeError, Rule};
 pub use frame::{MAX_FDS, MAX_FRAME};
-pub use message::{ClientStatus, DriveFacts, DriveStatus, QueueGrant, Request, Response, StatusReport};
+pub use message::{
+    ClientStatus, DriveFacts, DriveStatus, ForwardingCounters, QueueGrant, Request, Response, StatusReport,
+};
 pub use shm::SharedMemory;
 
 /// The protocol version this crate speaks; a daemon refuses any other in
 /// the handshake (rule `protocol-version`).
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;

@@ -170,6 +170,26 @@ pub struct DriveStatus {
     /// Queue pairs whose deletion failed: their memory is kept (leaked)
     /// rather than given back while the drive might still DMA into it.
     pub quarantined: u32,
+    /// Forwarded or mediated drives: counters of the forwarding thread
+    /// (all 0 on doorbell pages).
+    pub forwarding: ForwardingCounters,
+}
+
+/// What a drive's forwarding thread did since the daemon started
+/// (docs/tuttid.md, "Forwarded doorbells", "Mediated submission").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ForwardingCounters {
+    /// Doorbell values written to the controller.
+    pub doorbells_forwarded: u64,
+    /// Shadow doorbell values refused (each ended a client's lease).
+    pub doorbells_invalid: u64,
+    /// Mediated: SQEs checked and copied into a real SQ.
+    pub sqes_mediated: u64,
+    /// Mediated: SQEs refused, completed by the daemon with their status.
+    pub sqes_refused: u64,
+    /// Mediated: controller completions naming no outstanding command
+    /// (dropped).
+    pub stray_completions: u64,
 }
 
 /// One client in a [`StatusReport`].
@@ -439,6 +459,10 @@ fn encode_status(w: &mut Writer, s: &StatusReport) {
         w.u64(d.dma_faults);
         w.u64(d.sq_deletion_aborts);
         w.u32(d.quarantined);
+        let f = &d.forwarding;
+        for v in [f.doorbells_forwarded, f.doorbells_invalid, f.sqes_mediated, f.sqes_refused, f.stray_completions] {
+            w.u64(v);
+        }
     }
     let clients = &s.clients[..s.clients.len().min(MAX_LIST)];
     w.len(clients.len());
@@ -470,6 +494,13 @@ fn decode_status(r: &mut Reader<'_>) -> Result<StatusReport, DecodeError> {
             dma_faults: r.u64("drive.dma_faults")?,
             sq_deletion_aborts: r.u64("drive.sq_deletion_aborts")?,
             quarantined: r.u32("drive.quarantined")?,
+            forwarding: ForwardingCounters {
+                doorbells_forwarded: r.u64("drive.doorbells_forwarded")?,
+                doorbells_invalid: r.u64("drive.doorbells_invalid")?,
+                sqes_mediated: r.u64("drive.sqes_mediated")?,
+                sqes_refused: r.u64("drive.sqes_refused")?,
+                stray_completions: r.u64("drive.stray_completions")?,
+            },
         });
     }
     for _ in 0..r.len("clients")? {

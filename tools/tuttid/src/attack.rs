@@ -54,7 +54,7 @@ impl Side {
         let client = Client::connect(&a.socket).map_err(fail)?;
         let dev = DaemonDevice::open(client.clone(), &a.drive).map_err(fail)?;
         let bs = dev.facts().block_size;
-        if bs == 0 || bs as usize > PAGE || PAGE % bs as usize != 0 {
+        if bs == 0 || bs as usize > PAGE || !PAGE.is_multiple_of(bs as usize) {
             return Err(fail(format!("block size {bs}: this check needs blocks of at most 4 KiB")));
         }
         let qp = dev.grant_queue_pair(16, 8).map_err(fail)?;

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use nvm_queue::{Controller, ControllerOptions, DmaMapping, NvmeDevice};
 use nvme_emu::{Emulator, SHARED_DOORBELL_DSTRD};
 use tutti::config::{DriveConfig, PciDriveConfig};
-use tuttid_proto::message::{DriveFacts, DriveStatus, QueueGrant};
+use tuttid_proto::message::{DriveFacts, DriveStatus, ForwardingCounters, QueueGrant};
 use tuttid_proto::shm::{sealed_memfd, MappedFd, PAGE};
 
 use crate::config::{Allow, DriveEntry, PartitionEntry};
@@ -533,6 +533,20 @@ impl Drive {
             dma_faults,
             sq_deletion_aborts,
             quarantined: self.quarantined.load(Ordering::Relaxed),
+            forwarding: match &self.doorbells {
+                Doorbells::Pages(_) => ForwardingCounters::default(),
+                Doorbells::Forwarded(f) => {
+                    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+                    let st = &f.stats;
+                    ForwardingCounters {
+                        doorbells_forwarded: n(&st.forwarded),
+                        doorbells_invalid: n(&st.invalid),
+                        sqes_mediated: n(&st.mediated),
+                        sqes_refused: n(&st.refused),
+                        stray_completions: n(&st.stray),
+                    }
+                }
+            },
         }
     }
 

@@ -127,5 +127,13 @@ fn status(socket: &std::path::Path) -> Result<ExitCode, Box<dyn std::error::Erro
             qs.join(", ")
         );
     }
+    println!("forwarding       doorbells forwarded  invalid  SQEs mediated  refused  stray completions");
+    for d in &s.drives {
+        let f = &d.forwarding;
+        println!(
+            "  {:<13} {:>20}  {:>7}  {:>13}  {:>7}  {:>17}",
+            d.name, f.doorbells_forwarded, f.doorbells_invalid, f.sqes_mediated, f.sqes_refused, f.stray_completions
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

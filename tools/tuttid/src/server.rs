@@ -278,6 +278,30 @@ fn reply(sock: &UnixStream, (resp, fds): Reply) -> Result<(), FrameError> {
     send_frame(sock, &resp.encode(), &borrow_all(&fds))
 }
 
+/// Makes the socket's directory (mode 0755, owned by the daemon) when it
+/// is missing, and refuses one that another user could use to swap the
+/// socket after it is bound: a directory not owned by the daemon's uid or
+/// root, or writable by group or others without the sticky bit (`/tmp`
+/// is fine: there only the owner may rename or remove the socket).
+fn socket_directory(dir: &Path) -> Result<(), (&'static str, std::io::Error)> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .map_err(|e| ("making the socket's directory for", e))?;
+    }
+    let meta = std::fs::metadata(dir).map_err(|e| ("reading the socket's directory of", e))?;
+    let me = rustix::process::geteuid().as_raw();
+    let unsafe_mode = meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0;
+    if (meta.uid() != me && meta.uid() != 0) || unsafe_mode {
+        let why = "the socket's directory is writable by other users (group/other write without the sticky bit, or another owner) for";
+        return Err((why, std::io::ErrorKind::PermissionDenied.into()));
+    }
+    Ok(())
+}
+
 /// Binds the socket at `path` with `mode` (and group `gid`): a stale
 /// socket file is replaced, a live one (a daemon answers) or any other
 /// file is refused. The socket is bound, chown-ed and chmod-ed inside a
@@ -286,6 +310,9 @@ fn reply(sock: &UnixStream, (resp, fds): Reply) -> Result<(), FrameError> {
 /// then renamed to `path` (rename replaces a name, never follows a link);
 /// so it is never more open than configured, and nothing is done by a
 /// path someone else could redirect.
+///
+/// Its directory is made (0755) when missing, and refused when another
+/// user could write it (`socket_directory`).
 ///
 /// # Errors
 ///
@@ -307,6 +334,7 @@ pub fn bind(path: &Path, mode: u32, gid: Option<u32>) -> Result<UnixListener, Da
     let name =
         path.file_name().ok_or_else(|| err("no file name in", std::io::ErrorKind::InvalidInput.into()))?;
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    socket_directory(parent).map_err(|(op, e)| err(op, e))?;
     let private = parent.join(format!(".{}.{}.bind", name.to_string_lossy(), std::process::id()));
     // Fails if the name exists: the directory is always one made here.
     std::fs::DirBuilder::new()
@@ -383,6 +411,26 @@ mod tests {
         std::os::unix::fs::symlink(&path, &link).unwrap();
         assert!(bind(&link, 0o666, None).is_err());
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn the_socket_directory_is_made_safe_or_an_unsafe_one_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        // Missing: made by the daemon, 0755.
+        let made = dir.path().join("run/tutti");
+        let _l = bind(&made.join("s.sock"), 0o600, None).unwrap();
+        assert_eq!(std::fs::metadata(&made).unwrap().permissions().mode() & 0o7777, 0o755);
+        // Writable by others without the sticky bit: refused, nothing bound.
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = bind(&open.join("s.sock"), 0o600, None).unwrap_err();
+        assert!(e.to_string().contains("writable by other users"), "{e}");
+        assert!(!open.join("s.sock").exists());
+        // World-writable with the sticky bit (as /tmp): fine.
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(bind(&open.join("s.sock"), 0o600, None).is_ok());
     }
 
     #[test]

@@ -586,6 +586,12 @@ fn the_attack_command_passes_on_a_mediated_drive_and_fails_without_mediation() {
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(text.matches("refused as expected").count(), 19, "{text}");
     assert!(text.contains("19 attacks refused"), "{text}");
+    // The operator view counts them (the forwarding thread's counters).
+    let st = Client::connect(&d.socket).unwrap().status().unwrap();
+    let f = st.drives.iter().find(|r| r.name == "d0").unwrap().forwarding;
+    assert_eq!(f.sqes_refused, 19, "{f:?}");
+    assert!(f.sqes_mediated >= 3 && f.doorbells_forwarded > 0, "the honest write and reads: {f:?}");
+    assert_eq!((f.doorbells_invalid, f.stray_completions), (0, 0), "{f:?}");
     drop(d);
 
     let plain = tempfile::tempdir().unwrap();

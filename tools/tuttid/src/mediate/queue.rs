@@ -94,6 +94,14 @@ struct Slot {
     epoch: u64,
 }
 
+/// Shadow SQ entries one pass takes from one queue at most. The forwarding
+/// thread visits every tenant's queues in turn, so a tenant with a full
+/// 1024-entry SQ of maximum-length PRP lists holds the others back by at
+/// most this many entries' checks per pass (each walks at most one
+/// MDTS-long list), not by its whole ring. The rest waits for the next
+/// pass, which follows at once while there is work.
+pub const SQES_PER_PASS: u32 = 32;
+
 /// One mediated queue pair's rings and indices (module docs).
 pub struct MediatedQueue {
     qid: u16,
@@ -123,6 +131,8 @@ pub struct MediatedQueue {
     /// command completes.
     gens: Vec<u16>,
     free: Vec<u16>,
+    /// Shadow SQ entries taken per pass at most ([`SQES_PER_PASS`]).
+    per_pass: u32,
 }
 
 impl std::fmt::Debug for MediatedQueue {
@@ -196,6 +206,7 @@ impl MediatedQueue {
             slots: vec![None; slots],
             gens: vec![0; slots],
             free: (0..slots as u16).rev().collect(),
+            per_pass: SQES_PER_PASS,
         })
     }
 
@@ -283,11 +294,14 @@ impl MediatedQueue {
         Some((index, self.slots[i].take()?))
     }
 
-    /// Takes shadow SQ entries up to `tail`: each checked, then copied to
-    /// the real SQ or completed with its refusal's status.
+    /// Takes shadow SQ entries up to `tail`, at most `per_pass` of them:
+    /// each checked, then copied to the real SQ or completed with its
+    /// refusal's status.
     fn consume(&mut self, tail: u32, p: &mut Progress) {
         let start = self.real_tail;
-        while self.sq_head != tail {
+        let mut taken = 0;
+        while self.sq_head != tail && taken < self.per_pass {
+            taken += 1;
             let in_flight = (self.slots.len() - self.free.len()) as u32;
             let real_used = self.dist(self.real_head, self.real_tail);
             if in_flight + self.unconsumed() >= self.entries - 1 || real_used >= self.entries - 1 {
@@ -521,6 +535,22 @@ mod tests {
         assert_eq!(cqe_at(&ccq, 2).cid, 7);
         complete(&rcq, 2, 999, 3, true);
         assert_eq!(q.pass(0, 2).unwrap().stray, 1, "a CID of no command is dropped");
+    }
+
+    #[test]
+    fn a_pass_takes_at_most_its_budget_of_entries_and_the_next_the_rest() {
+        let (mut q, [csq, _, rsq, _]) = queue();
+        q.per_pass = 2;
+        for i in 0..3 {
+            put_sqe(&csq, i, &read(i as u16, DATA));
+        }
+        let p = q.pass(3, 0).unwrap();
+        assert_eq!((p.forwarded, p.sq_tail), (2, Some(2)), "two of three this pass");
+        assert!(p.moved(), "the forwarder comes back at once");
+        let p = q.pass(3, 0).unwrap();
+        assert_eq!((p.forwarded, p.sq_tail), (1, Some(3)), "the third on the next");
+        assert_eq!(sqe_at(&rsq, 2).prp1, DATA);
+        assert_eq!(q.pass(3, 0).unwrap().forwarded, 0);
     }
 
     #[test]
