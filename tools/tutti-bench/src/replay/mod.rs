@@ -171,7 +171,7 @@ fn open_store(rt: &Arc<Runtime>, a: &ReplayArgs, block_bytes: u64) -> Result<(Kv
         return Err(format!("slot size {slot_size} is smaller than a block ({block_bytes} bytes)"));
     }
     let create = if a.format { Create::Always } else { Create::IfBlank };
-    let opts = OpenOptions { store: name.clone(), key_size: Some(KeySize::B32), create };
+    let opts = OpenOptions { key_size: Some(KeySize::B32), create, ..OpenOptions::new(name) };
     let kv = KvStore::open(rt.clone(), &opts).map_err(|e| {
         let place = a.persist.as_deref().map_or_else(String::new, |d: &Path| format!(" in {}", d.display()));
         format!("cannot open the tutti-kv store{place}: {}", tutti::error_chain(&e))
