@@ -15,6 +15,10 @@
   ``load`` / ``start_load`` with per-layer ``start_layer`` / ``wait_layer``
   so that loading layer ``l + 1`` overlaps computing layer ``l``; a failed
   item of chunk ``c`` makes the usable prefix the chunks before ``c``.
+- ``StagingStore`` (staging.py): a store seen through a shared-memory
+  staging buffer, for memory the store's drives cannot reach (an engine's
+  own tensors on ``daemon`` drives); ``KvCacheClient`` uses one when the
+  store refuses the tensors, or when given ``staging_bytes``.
 
 docs/engines.md is the guide.
 """
@@ -34,6 +38,7 @@ from tutti.engine.cache import (
 )
 from tutti.engine.chunks import Chunking
 from tutti.engine.keys import LAYER_TAG, KeyScheme
+from tutti.engine.staging import DEFAULT_STAGING_BYTES, StagedStatus, StagingStore
 from tutti.engine.layouts import (
     BlockMajorPagedKV,
     ContiguousChunks,
@@ -46,6 +51,7 @@ from tutti.engine.layouts import (
 )
 
 __all__ = [
+    "DEFAULT_STAGING_BYTES",
     "DEFAULT_TIMEOUT",
     "LAYER_TAG",
     "AttentionInfo",
@@ -64,6 +70,8 @@ __all__ = [
     "Range",
     "SaveResult",
     "StackedPagedKV",
+    "StagedStatus",
+    "StagingStore",
     "TensorInfo",
     "UnsupportedModel",
     "check_attention",

@@ -24,6 +24,7 @@ every layer of it and of every chunk before it was a hit.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -31,6 +32,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from tutti.engine.chunks import Chunking
 from tutti.engine.keys import KeyScheme
 from tutti.engine.layouts import Layout, Range
+from tutti.engine.staging import DEFAULT_STAGING_BYTES, StagingStore, is_shared_memory_refusal
+
+log = logging.getLogger("tutti.engine")
 
 DEFAULT_TIMEOUT = 5.0
 """Seconds a wait of one layer's batches (or of a save) may take."""
@@ -128,6 +132,16 @@ class KvCacheClient:
     ``ContiguousChunks`` is 1 MiB: it fits a 1 MiB slot exactly; a 512-token
     chunk needs 2 MiB slots; in vLLM's paged layouts with 16-token blocks a
     segment is one 32 KiB block (K or V) or 64 KiB (K and V, FlashInfer).
+
+    ``staging_bytes``: memory the store cannot reach itself (the engine's
+    own tensors on ``daemon`` drives, which reach only shared memory) moves
+    through a shared-memory staging buffer of that many bytes
+    (``tutti.engine.StagingStore``: a copy per item each way, every object
+    still checked by its CRC32C, only hits copied out). None (default):
+    the tensors are registered directly, and if the store refuses them as
+    not shared memory, staged through ``DEFAULT_STAGING_BYTES`` (64 MiB);
+    0: never staged (the refusal is raised); > 0: always staged. ``staging``
+    is the ``StagingStore`` in use, or None.
     """
 
     def __init__(
@@ -138,8 +152,10 @@ class KvCacheClient:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         block_size: int = 4096,
+        staging_bytes: Optional[int] = None,
     ) -> None:
         self.store = store
+        self.staging: Optional[StagingStore] = None
         self.layout = layout
         self.timeout = timeout
         self.chunking = Chunking(layout.chunk_tokens)
@@ -176,8 +192,32 @@ class KvCacheClient:
                 f"{layout.name}: one object is {seg} bytes, not a multiple of the store's "
                 f"{block_size}-byte logical block (gets move whole blocks)"
             )
-        self._memories = [store.register(t) for t in layout.tensors]
+        self._memories = self._register(layout, staging_bytes, seg)
         self._object_keys: Dict[bytes, List[bytes]] = {}
+
+    def _register(self, layout: Layout, staging_bytes: Optional[int], seg: int) -> List[Any]:
+        """Register the layout's tensors with the store, or with a staging
+        buffer (staging.py): always when ``staging_bytes`` > 0, never when
+        0, and when None only if the store refuses them as not shared
+        memory (``daemon`` drives)."""
+        if staging_bytes is None or staging_bytes == 0:
+            mems: List[Any] = []
+            try:
+                for t in layout.tensors:
+                    mems.append(self.store.register(t))
+                return mems
+            except Exception as e:
+                for m in mems:
+                    self.store.unregister(m)
+                if staging_bytes == 0 or not is_shared_memory_refusal(e):
+                    raise
+                log.info("tutti: the store refused the KV memory (%s); staging through %d B of shared memory", e, DEFAULT_STAGING_BYTES)
+                staging_bytes = DEFAULT_STAGING_BYTES
+        if staging_bytes < -(-seg // 4096) * 4096:
+            raise ValueError(f"staging_bytes ({staging_bytes}) is less than one object ({seg} bytes)")
+        self.staging = StagingStore(self.store, staging_bytes)
+        self.store = self.staging
+        return [self.store.register(t) for t in layout.tensors]
 
     # Keys -----------------------------------------------------------------
 
@@ -298,6 +338,8 @@ class KvCacheClient:
         for m in self._memories:
             self.store.unregister(m)
         self._memories = []
+        if self.staging is not None:
+            self.staging.close()
 
     def __enter__(self) -> "KvCacheClient":
         return self
