@@ -633,6 +633,7 @@ PINNED: Dict[str, Tuple[List[str], Optional[str]]] = {
     "update_state_after_alloc": (["self", "request", "blocks", "num_external_tokens"], None),
     "build_connector_meta": (["self", "scheduler_output"], "KVConnectorMetadata"),
     "request_finished": (["self", "request", "block_ids"], "tuple[bool, dict[str, Any] | None]"),
+    "update_connector_output": (["self", "connector_output"], None),
     "requires_piecewise_for_cudagraph": (["cls", "extra_config"], "bool"),
     "bind_connector_metadata": (["self", "connector_metadata"], "None"),
     "clear_connector_metadata": (["self"], "None"),

@@ -434,8 +434,16 @@ class LayerLoad:
                     corrupt.append(self.client._layer_keys(self._cks[c], layer)[s])
         if corrupt:
             # Bytes that failed their checksum are never loaded again: the
-            # next save of the chunk writes it anew.
+            # next save of the chunk writes it anew. ``sync`` makes the
+            # removal durable, so that another process opening the store
+            # (a reader rebuilding its index from the media) misses too.
             self.client.store.remove(corrupt)
+            sync = getattr(self.client.store, "sync", None)
+            if sync is not None:
+                try:
+                    sync()
+                except Exception as e:  # the removal stands in this process
+                    log.warning("tutti: sync after removing %d corrupt objects failed: %s", len(corrupt), e)
         self._layer_ok[layer] = ok
         return ok
 

@@ -27,6 +27,13 @@ Keys (all optional; docs/vllm.md has the table):
   counters (``TuttiConnector.stats``) as JSON to
   ``<stats_file>.<scheduler|worker><rank>.json`` whenever they change (for
   tests and debugging; default: not written).
+- ``staging_bytes``: the worker's shared-memory staging buffer, for drives
+  that reach only shared memory (``daemon`` drives of a ``tuttid``, which
+  cannot reach vLLM's own KV tensors): blocks are copied between vLLM's
+  tensors and the buffer (``tutti.engine.StagingStore``). Absent (None):
+  staged through 64 MiB only when the store refuses vLLM's tensors; 0:
+  never (the refusal is raised); a positive size: always staged through
+  that many bytes (at least one store object).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ KEYS = (
     "save_decode_tokens",
     "lookup_refresh_s",
     "stats_file",
+    "staging_bytes",
 )
 
 
@@ -68,6 +76,7 @@ class TuttiVllmConfig:
     save_decode_tokens: bool = False
     lookup_refresh_s: float = 1.0
     stats_file: Optional[str] = None
+    staging_bytes: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -84,6 +93,8 @@ class TuttiVllmConfig:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.lookup_refresh_s < 0:
             raise ValueError(f"lookup_refresh_s must be >= 0, got {self.lookup_refresh_s}")
+        if self.staging_bytes is not None and self.staging_bytes < 0:
+            raise ValueError(f"staging_bytes must be >= 0, got {self.staging_bytes}")
 
     @classmethod
     def from_extra_config(cls, extra: Optional[Mapping[str, Any]], *, block_size: int, model: str) -> "TuttiVllmConfig":
@@ -98,6 +109,8 @@ class TuttiVllmConfig:
         for k in ("chunk_tokens", "emulated_drives", "emulated_drive_bytes", "emulated_slot_bytes"):
             if k in extra:
                 kw[k] = int(extra.pop(k))
+        if extra.get("staging_bytes") is not None:
+            kw["staging_bytes"] = int(extra.pop("staging_bytes"))
         for k in ("timeout_s", "lookup_refresh_s"):
             if k in extra:
                 kw[k] = float(extra.pop(k))

@@ -105,7 +105,9 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
     multiprocess executor): each worker is the one writer of its rank's
     store, the scheduler reads the stores from the drives (state.py,
     reader.py), so the drives must be reachable from both (file-backed
-    emulated drives or ``daemon`` drives, not RAM drives). Tensor-parallel
+    emulated drives or ``daemon`` drives of one ``tuttid``, not RAM drives;
+    on daemon drives the worker stages its blocks through shared memory,
+    ``staging_bytes``). Tensor-parallel
     ranks write their own stores (``store`` containing ``{rank}``) under
     rank-qualified keys; pipeline-parallel size 1 only. Models whose
     attention layers share one KV cache shape. Raises
@@ -176,19 +178,26 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
         layer name (``VllmPagedKV`` reads their form and memory order);
         layer ``l`` of the keys is the ``l``-th name in ``layer_order``.
         Then put the manifest (reader.py) through which a scheduler in
-        another process finds this worker's keys."""
+        another process finds this worker's keys. On drives that reach only
+        shared memory (``daemon`` drives) the tensors are not registered:
+        blocks are copied through a shared-memory staging buffer
+        (``staging_bytes``, ``tutti.engine.StagingStore``)."""
         if self._worker is not None or self._writer is None:
             raise RuntimeError("register_kv_caches called twice, or on the scheduler-side connector")
         names = layer_order(kv_caches)
         c = self.tutti_config
         layout = VllmPagedKV([kv_caches[n] for n in names], c.block_size, c.chunk_tokens, num_blocks=self._num_blocks)
         model = f"{namespace_model(c.model, names)}|tp={self._rank}/{self._world}"
-        client = KvCacheClient(self._writer.store, layout, model, timeout=c.timeout_s)
+        client = KvCacheClient(self._writer.store, layout, model, timeout=c.timeout_s, staging_bytes=c.staging_bytes)
         self._writer.client = client
         self._worker = WorkerLogic(client, names, timeout=c.timeout_s)
         key = manifest_key(c.model, self._rank, self._world, c.chunk_tokens, c.block_size, client.keys.key_size)
         put_manifest(self._writer.store, key, client.keys, c.timeout_s)
-        log.info("tutti: rank %d registered %d layers (%s), %d B objects, store %s", self._rank, len(names), layout.name, layout.segment_bytes, c.store_name(self._rank))
+        log.info(
+            "tutti: rank %d registered %d layers (%s), %d B objects, store %s%s", self._rank, len(names), layout.name,
+            layout.segment_bytes, c.store_name(self._rank),
+            f", staged through {client.staging.nbytes} B of shared memory" if client.staging is not None else "",
+        )
 
     def stats(self) -> Dict[str, int]:
         """This instance's counters (``COUNTERS``), updated as it runs."""
@@ -324,6 +333,13 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
         meta = self._sched().build_connector_meta(scheduler_output)
         self._dump_stats()
         return meta
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        """vLLM's ``KVConnectorOutput`` of the workers: the blocks whose load
+        failed (``invalid_block_ids``) are saved again once vLLM has
+        recomputed them (``SchedulerLogic.note_load_errors``)."""
+        if self._scheduler is not None:
+            self._scheduler.note_load_errors(getattr(connector_output, "invalid_block_ids", None))
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """Forget the request; blocks may be freed now: ``(False, None)``."""

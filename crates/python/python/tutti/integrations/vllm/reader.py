@@ -28,7 +28,7 @@ import json
 import logging
 import time
 from dataclasses import fields
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -68,21 +68,28 @@ def decode_manifest(buf: np.ndarray) -> KeyScheme:
         raise ValueError(f"malformed tutti vLLM manifest: {e}") from e
 
 
+def _shared_page() -> Tuple[Any, np.ndarray]:
+    """A ``MANIFEST_BYTES`` ``tutti.SharedBuffer`` and a numpy view of it:
+    shared memory, which every drive kind reaches (``daemon`` drives reach
+    nothing else)."""
+    import tutti
+
+    sb = tutti.SharedBuffer(MANIFEST_BYTES)
+    return sb, np.frombuffer(sb.buffer, dtype=np.uint8)
+
+
 def put_manifest(store: Any, key: bytes, scheme: KeyScheme, timeout: float) -> bool:
     """Put ``scheme``'s manifest under ``key`` unless the store holds it
     already (a restart with the same layout writes nothing); True when it
     is stored."""
     buf = encode_manifest(scheme)
-    old = np.zeros(MANIFEST_BYTES, dtype=np.uint8)
-    mem = store.register(old)
+    sb, old = _shared_page()
+    mem = store.register(sb)
     try:
         st = store.get_sync([(key, mem, 0, MANIFEST_BYTES)], timeout)
-    finally:
-        store.unregister(mem)
-    if st[0].kind == "hit" and np.array_equal(old, buf):
-        return True
-    mem = store.register(buf)
-    try:
+        if st[0].kind == "hit" and np.array_equal(old, buf):
+            return True
+        old[:] = buf
         st = store.put_sync([(key, mem, 0, MANIFEST_BYTES)], timeout)
     finally:
         store.unregister(mem)
@@ -137,8 +144,8 @@ class StoreReader:
             log.debug("tutti: store %s not readable yet: %s", self.name, e)
             return
         self.refreshes += 1
-        buf = np.zeros(MANIFEST_BYTES, dtype=np.uint8)
-        mem = store.register(buf)
+        sb, buf = _shared_page()
+        mem = store.register(sb)
         try:
             st = store.get_sync([(manifest(int(store.key_size)), mem, 0, MANIFEST_BYTES)], 5.0)
         finally:

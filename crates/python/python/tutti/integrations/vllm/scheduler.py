@@ -186,6 +186,23 @@ class SchedulerLogic:
         self._forget(request.request_id)
         return False, None
 
+    def note_load_errors(self, block_ids: Any) -> None:
+        """Blocks the workers failed to load (vLLM's
+        ``KVConnectorOutput.invalid_block_ids``; vLLM recomputes them): a
+        running request holding one no longer counts the chunks from the
+        first failed one on as stored, so once vLLM has recomputed them
+        they are saved again (before, a loaded chunk that failed was never
+        saved by the request that recomputed it)."""
+        bad = {int(b) for b in block_ids or ()}
+        if not bad:
+            return
+        bpc = self.chunk_tokens // self.block_size
+        for tr in self._trackers.values():
+            for j, b in enumerate(tr.block_ids[: tr.stored_chunks * bpc]):
+                if b in bad:
+                    tr.stored_chunks = min(tr.stored_chunks, j // bpc)
+                    break
+
     # Helpers ----------------------------------------------------------------
 
     def _forget(self, rid: str) -> None:
