@@ -19,9 +19,17 @@ own process (``python e2e.py phase ...``), as a restarted server would be;
 6. ``tensor_parallel_size`` 2: each rank's worker (a process each) saves
    its shard to its own store (``kv{rank}``, two drives each) and a new
    engine loads both shards; outputs equal the (single-worker) baseline.
+7. ``daemon``: ``tensor_parallel_size`` 2 on ``daemon`` drives: one
+   ``tuttid`` owns four file-backed emulated drives, the scheduler and both
+   workers reach them through it (stores ``kv0`` on d0+d1, ``kv1`` on
+   d2+d3), the workers staging vLLM's KV through shared memory; save, then
+   load in a new engine; then a byte of a KV object flipped on a drive
+   image (while the daemon runs) makes a third engine recompute, outputs
+   still equal. Needs ``target/debug/tuttid`` (run.sh builds it) or
+   ``TUTTID_BIN``.
 
-``python e2e.py [basic|faults|variants|tp2|all]`` (default all; every
-choice runs the baseline, tp2 alone skips the rest).
+``python e2e.py [basic|faults|variants|tp2|daemon|all]`` (default all;
+every choice runs the baseline; tp2 or daemon alone skip the rest).
 
 vLLM runs its scheduler (EngineCore) and its worker in separate processes
 here (its default on CPU): the scheduler's lookups read the store the
@@ -215,6 +223,7 @@ def check(name: str, res: Dict[str, Any], base: Dict[str, Any], *, loaded: Optio
     row = {
         "scenario": name, "outputs_equal": same, "tokens_loaded": w.get("tokens_loaded", 0),
         "load_error_blocks": w.get("load_error_blocks", 0), "objects_saved": w.get("objects_saved", 0),
+        "staged_bytes": w.get("staged_bytes", 0),
         "lookup_tokens": res.get("scheduler0", {}).get("lookup_tokens", 0),
         "external_hits": m.get("vllm:external_prefix_cache_hits"), "num_cached_tokens": res["num_cached_tokens"],
         "seconds": res["seconds"],
@@ -235,8 +244,8 @@ def main(only: List[str]) -> None:
     make_model(os.path.join(work, "model"))
     rows, t0 = [], time.monotonic()
     base = phase(work, "baseline", connector=False)
-    if only == ["tp2"]:
-        rows = tp_scenarios(work, base)
+    if only in (["tp2"], ["daemon"]):
+        rows = tp_scenarios(work, base) if only == ["tp2"] else daemon_scenarios(work, base)
         print(f"{len(rows)} passed, 0 failed in {time.monotonic() - t0:.0f} s", flush=True)
         return
     cfg = write_config(work, "store", os.path.join(work, "store"))
@@ -248,6 +257,8 @@ def main(only: List[str]) -> None:
         rows += variant_scenarios(work, base)
     if "tp2" in only or "all" in only:
         rows += tp_scenarios(work, base)
+    if "daemon" in only or "all" in only:
+        rows += daemon_scenarios(work, base)
     print(f"{len(rows)} passed, 0 failed in {time.monotonic() - t0:.0f} s", flush=True)
 
 
@@ -328,6 +339,63 @@ def tp_scenarios(work: str, base: Dict[str, Any]) -> List[Dict[str, Any]]:
     if res["worker1"].get("tokens_loaded") != res["worker0"].get("tokens_loaded"):
         raise SystemExit(f"FAILED: the ranks loaded different token counts: {res['worker0']} {res['worker1']}")
     return rows
+
+
+def daemon_scenarios(work: str, base: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """tensor_parallel_size 2 on daemon drives of one tuttid (scenario 7)."""
+    import shutil
+    import subprocess as sp
+
+    repo = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
+    binary = os.environ.get("TUTTID_BIN") or os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(repo, "target")), "debug", "tuttid")
+    d = os.path.join(work, "daemon")
+    os.makedirs(d, exist_ok=True)
+    sock = os.path.join(d, "tutti.sock")
+    lines = [f"socket: {sock}", 'socket_mode: "0660"', "lease_ms: 10000", "drives:"]
+    for i in range(4):
+        lines += [
+            f"  d{i}:",
+            f"    device: {{ emulated: {{ namespaces: [ {{ capacity: 64MiB, block_size: 4096 }} ], io_queues: 64, backing: {{ file: {d}/d{i}.img }} }} }}",
+            f"    allow: {{ uids: [0, {os.getuid()}] }}",
+            "    queues_per_client: 16",
+        ]
+    with open(os.path.join(d, "tuttid.yaml"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    daemon = sp.Popen([binary, "serve", "--config", os.path.join(d, "tuttid.yaml")], stdout=sp.PIPE, stderr=open(os.path.join(d, "tuttid.log"), "w"), text=True)
+    try:
+        assert daemon.stdout is not None and "listening" in daemon.stdout.readline(), "tuttid did not start"
+        y = ["drives:"] + [f"  d{i}: {{ daemon: {{ socket: {sock}, drive: d{i} }} }}" for i in range(4)]
+        y += ["resolvers:", "  kv0: { slab: { slot_size: 64KiB } }", "  kv1: { slab: { slot_size: 64KiB } }", "datapaths:"]
+        y += [f"  p{r}: {{ striped_local_nvme: {{ drives: [d{2 * r}, d{2 * r + 1}], nsid: 1, stripe_unit: 16KiB, queues_per_drive: 1, queue_depth: 64, execution: cpu }} }}" for r in range(2)]
+        y += ["stores:", "  kv0: { resolver: kv0, datapath: p0 }", "  kv1: { resolver: kv1, datapath: p1 }"]
+        cfg = os.path.join(work, "daemon.yaml")
+        with open(cfg, "w") as f:
+            f.write("\n".join(y) + "\n")
+        rows = []
+        res = phase(work, "daemon_save", connector=True, runtime_config=cfg, tp=2)
+        rows.append(check("daemon, tp 2: save", res, base, loaded=None))
+        for r in ("worker0", "worker1"):
+            if not res[r].get("staged_bytes") or not res[r].get("objects_saved"):
+                raise SystemExit(f"FAILED: {r} saved nothing through the staging buffer: {res[r]}")
+        res = phase(work, "daemon_load", connector=True, runtime_config=cfg, tp=2)
+        rows.append(check("daemon, tp 2: load", res, base, loaded=True))
+        if res["worker1"].get("tokens_loaded") != res["worker0"].get("tokens_loaded"):
+            raise SystemExit(f"FAILED: the ranks loaded different token counts: {res['worker0']} {res['worker1']}")
+        # A byte of the last KV object on d0 (rank 0's store), flipped in place.
+        img = os.path.join(d, "d0.img")
+        lba = last_data_block(img)
+        with open(img, "r+b") as f:
+            f.seek(lba * 4096 + 100)
+            byte = f.read(1)
+            f.seek(lba * 4096 + 100)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        res = phase(work, "daemon_corrupt", connector=True, runtime_config=cfg, tp=2)
+        rows.append(check("daemon, tp 2: corrupted object", res, base, loaded=True, errors=True))
+        return rows
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
+        shutil.rmtree(os.path.join(d, "tutti.sock"), ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 # what each scenario checks). Makes its own virtual environment, installs
 # what it needs from the package index, builds tutti into it, runs.
 #
-#   crates/python/tests/vllm_e2e/run.sh [basic|faults|variants|tp2|all]   (default all)
+#   crates/python/tests/vllm_e2e/run.sh [basic|faults|variants|tp2|daemon|all]   (default all)
 #
 # TUTTI_VLLM_VENV: the virtual environment (default <repo>/target/vllm-e2e/venv),
 #   created when missing; PYTHON: the interpreter that creates it (python3,
@@ -50,6 +50,11 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$repo/target}"
     cd "$repo/crates/python"
     VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" "$venv/bin/maturin" develop --quiet
 )
+
+# The daemon scenario's tuttid (debug profile).
+if [[ " ${*:-all} " == *" daemon "* || " ${*:-all} " == *" all "* ]]; then
+    (cd "$repo" && cargo build --quiet -p tuttid)
+fi
 
 "$venv/bin/python" -c 'import torch, vllm, transformers, tutti; print("torch", torch.__version__, "| vllm", vllm.__version__, "| transformers", transformers.__version__)'
 cd "$repo"

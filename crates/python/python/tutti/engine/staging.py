@@ -212,6 +212,8 @@ class StagedBatch:
         st = self.stage
         while self.rounds or self.pending:
             left = max(0.0, deadline - time.monotonic())
+            if not self.rounds and left > 0:
+                self._issue()  # slots other batches freed since
             if self.rounds:
                 st._finish(self.rounds[0], left)
             elif st.inflight:

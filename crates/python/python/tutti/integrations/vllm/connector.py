@@ -82,13 +82,16 @@ COUNTERS = (
     "tokens_loaded",
     "load_error_blocks",
     "objects_saved",
+    "staged_bytes",
 )
 """The connector's counters (``TuttiConnector.stats``): scheduler side,
 ``lookups`` (calls of ``get_num_new_matched_tokens``) and
 ``lookup_tokens`` (tokens offered to vLLM, summed); worker side, ``loads``
 (requests loaded), ``tokens_loaded`` (tokens whose KV was loaded in every
-layer), ``load_error_blocks`` (blocks reported to vLLM to recompute) and
-``objects_saved`` (store objects put)."""
+layer), ``load_error_blocks`` (blocks reported to vLLM to recompute),
+``objects_saved`` (store objects put) and ``staged_bytes`` (bytes copied
+between vLLM's KV tensors and the shared-memory staging buffer, both
+ways; 0 when the tensors are registered directly)."""
 
 
 class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
@@ -204,6 +207,9 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
         if self._worker is not None:
             for k, v in self._worker.counters.items():
                 self.counters[k] = v
+            staging = self._worker.client.staging
+            if staging is not None:
+                self.counters["staged_bytes"] = int(staging.copied_bytes)
         return dict(self.counters)
 
     def _dump_stats(self) -> None:
