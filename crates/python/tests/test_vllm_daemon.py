@@ -362,3 +362,41 @@ def test_tensor_parallel_workers_share_one_daemon(daemon, tmp_path):
                 w.quit()
     finally:
         sched.shutdown()
+
+
+def test_transformers_prefix_cache_on_a_daemon_drive(daemon):
+    """transformers' PrefixCache (tiny random-weight Llama on CPU) over a
+    daemon drive: its staging buffers are refused by the store and staged
+    through shared memory; the restored K and V equal the saved ones in
+    every layer and greedy generation with the restored prefix equals
+    generation from scratch."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tutti.integrations.transformers import PrefixCache, cache_of
+
+    torch.manual_seed(1234)
+    cfg = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512
+    )
+    model = transformers.LlamaForCausalLM(cfg).to(dtype=torch.float32).eval()
+    ids = torch.randint(0, 128, (1, 3 * CT + 5), generator=torch.Generator().manual_seed(1))
+    rt = tutti.Runtime.from_yaml(daemon.client_yaml([["d0", "d1"]]))
+    try:
+        kv = tutti.KvStore.open(rt, "kv0")
+        pc = PrefixCache(model, kv, model_id="tiny-llama-seed1234", chunk_tokens=CT, max_tokens=8 * CT, timeout=10.0)
+        assert pc.client.staging is not None
+        with torch.no_grad():
+            saved = cache_of(model(ids, use_cache=True))
+            assert pc.save(ids, saved).stored_chunks == 3
+            cache, info = pc.restore(ids)
+            assert info.cached_tokens == 3 * CT
+            for layer in range(cfg.num_hidden_layers):
+                assert torch.equal(cache.layers[layer].keys, saved.layers[layer].keys[:, :, : 3 * CT, :])
+                assert torch.equal(cache.layers[layer].values, saved.layers[layer].values[:, :, : 3 * CT, :])
+            scratch = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
+            out, info = pc.generate(ids, max_new_tokens=8, do_sample=False)
+        assert info.cached_tokens == 3 * CT and torch.equal(out.sequences, scratch)
+        pc.close()
+        del kv
+    finally:
+        rt.shutdown()

@@ -20,7 +20,10 @@ save copies the cache into it (one device copy per layer and K or V) and
 puts one store object per (chunk, layer); a restore gets the objects into
 it layer by layer and copies them out into the new cache. A CUDA model
 needs a runtime whose datapath has ``execution: gpu`` (docs/gpu.md); a CPU
-model works with any runtime (host memory).
+model works with any runtime (host memory). On ``daemon`` drives (a
+``tuttid`` owns the drives; they reach only shared memory) the staging
+buffers' bytes are copied once more, through a shared-memory buffer
+(``staging_bytes``), every object still checked by its CRC32C.
 
 Which models: ``PrefixCache`` checks the model when it is built and raises
 ``UnsupportedModel`` (a ``ValueError``, from ``tutti.engine``) for what it
@@ -191,7 +194,12 @@ class PrefixCache:
     * head_dim * dtype bytes`` when K and V share a shape; it must fit the
     store's slot size). ``max_tokens``: longest prefix kept in the staging
     buffers (device memory: ``num_layers * max_tokens`` times the bytes per
-    token above). ``timeout``: seconds per wait.
+    token above). ``timeout``: seconds per wait. ``staging_bytes``: on a
+    store whose drives reach only shared memory (``daemon`` drives of a
+    ``tuttid``) the staging buffers above are not registered; their bytes
+    move through a shared-memory buffer of this size
+    (``tutti.engine.StagingStore``; default None: 64 MiB, used only when
+    the store refuses the buffers; 0: never, the refusal is raised).
 
     Construction runs the model once on one token (no gradients) to read
     the shapes and dtype its cache holds (``kv_shape``).
@@ -206,6 +214,7 @@ class PrefixCache:
         chunk_tokens: int = 256,
         max_tokens: int = 8192,
         timeout: float = 5.0,
+        staging_bytes: Optional[int] = None,
     ) -> None:
         self.model = model
         self.store = store
@@ -216,6 +225,7 @@ class PrefixCache:
         self.model_id = model_id
         self.chunk_tokens = chunk_tokens
         self.timeout = timeout
+        self.staging_bytes = staging_bytes
         self.max_chunks = max_tokens // chunk_tokens
         if self.max_chunks < 1:
             raise ValueError(f"max_tokens ({max_tokens}) is less than one chunk ({chunk_tokens} tokens)")
@@ -237,7 +247,7 @@ class PrefixCache:
             self.staging, kv_heads=self.kv_heads, chunk_tokens=c, head_dim=self.head_dim, v_heads=self.v_heads, v_head_dim=self.v_head_dim
         )
         self._views = [(self.layout.key_view(i), self.layout.value_view(i)) for i in range(self.num_layers)]
-        self.client = KvCacheClient(self.store, self.layout, self.model_id, timeout=self.timeout)
+        self.client = KvCacheClient(self.store, self.layout, self.model_id, timeout=self.timeout, staging_bytes=self.staging_bytes)
 
     def _retire_staging(self) -> None:
         """A get timed out: the drive may still write the staging buffers,
