@@ -507,6 +507,44 @@ def test_object_removed_after_lookup_reports_failed_and_later_chunks(what):
         eng.close()
 
 
+def test_chunks_that_failed_to_load_are_saved_again_after_recompute():
+    """A load whose chunk 2 fails (one layer's object removed after the
+    lookup) reports chunks 2 and 3's blocks; vLLM passes them back to the
+    scheduler side (update_connector_output, invalid_block_ids) and
+    recomputes from chunk 2: that step's SaveSpec starts at chunk 2, the
+    worker puts the removed object (the others are present), and the
+    prompt is found whole again. Without the report the scheduler would
+    count the loaded chunks as stored and save nothing."""
+    from types import SimpleNamespace
+
+    form = "flash_attn"
+    caches = make_caches(form, rand_fill(16))
+    ta, tb = tables(17)
+    eng, a = saved_engine(form, caches, ta)
+    try:
+        cks = eng.client.chunk_keys(a.prompt_token_ids)
+        b = Request("B", a.prompt_token_ids[: 4 * CT] + [7, 7, 7])
+        ext, _ = eng.sched.get_num_new_matched_tokens(b, 0)
+        eng.sched.update_state_after_alloc(b, KVCacheBlocks(tb), ext)
+        assert all(st.ok for st in eng.worker._writer.store.remove(eng.client.keys.layer_keys(cks[2], 1)))
+        _, errors = eng.step(SchedulerOutput([NewRequestData("B", b.prompt_token_ids, (tb,), ext)], num_scheduled_tokens={"B": 3}))
+        assert errors == set(tb[2 * BPC : 4 * BPC])
+        assert eng.client.lookup(b.prompt_token_ids) == 2 * CT
+        eng.sched.update_connector_output(SimpleNamespace(invalid_block_ids=errors))
+        # vLLM recomputes tokens [2 * CT, end) into the same blocks (A's bytes).
+        for layer in range(LAYERS):
+            for j in range(2 * BPC, 4 * BPC):
+                block(form, caches[layer], tb[j])[...] = block(form, caches[layer], ta[j])
+        before = eng.worker.stats()["objects_saved"]
+        out = SchedulerOutput(scheduled_cached_reqs=CachedRequestData(["B"], set(), [None], [2 * CT]), num_scheduled_tokens={"B": b.num_tokens - 2 * CT})
+        meta, errors = eng.step(out)
+        assert errors == set() and [(sv.first_chunk, len(sv.token_ids) // CT) for sv in meta.saves] == [(2, 4)]
+        assert eng.worker.stats()["objects_saved"] - before == BPC * 2  # layer 1 of chunk 2: K and V of each block
+        assert eng.client.lookup(b.prompt_token_ids) == 4 * CT
+    finally:
+        eng.close()
+
+
 def test_device_error_on_restart_reports_failed_and_later_chunks(tmp_path):
     """Restart: a new process-like runtime over the same file-backed drive
     finds A's prefix; a read fault on one object (the K block of chunk 1,
