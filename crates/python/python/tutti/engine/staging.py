@@ -62,7 +62,7 @@ def is_shared_memory_refusal(err: BaseException) -> bool:
     if not isinstance(err, tutti.TuttiError):
         return False
     msg = str(err)
-    return "shared (memfd) memory" in msg or "tuttid" in msg or "daemon" in msg
+    return "shared (memfd) memory" in msg or "is owned by tuttid" in msg
 
 
 @dataclass
