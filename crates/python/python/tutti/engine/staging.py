@@ -262,6 +262,8 @@ class StagingStore:
     # The store's other methods ------------------------------------------------
 
     def __getattr__(self, name: str) -> Any:
+        if name == "store":  # not set yet (or gone): no recursion
+            raise AttributeError(name)
         return getattr(self.store, name)
 
     # Memory -----------------------------------------------------------------
