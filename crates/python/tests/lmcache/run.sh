@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# tutti as LMCache's GDS backend: the contract tests (test_lmcache_gds.py on
-# CPU; test_lmcache_gds_cuda.py, which skips without a CUDA GPU) and the
+# tutti under LMCache: the GDS backend's contract tests
+# (test_lmcache_gds.py on CPU; test_lmcache_gds_cuda.py, which skips
+# without a CUDA GPU), the L2 adapter's (test_lmcache_l2.py) and the
 # benchmark's smoke test (test_lmcache_bench.py), against LMCache 0.5.6
 # from the package index. Makes its own virtual environment, installs what
 # it needs, builds tutti into it, runs pytest (extra arguments go to it).
@@ -10,7 +11,11 @@
 # TUTTI_LMCACHE_VENV: the virtual environment (default
 #   <repo>/target/lmcache-venv), created when missing; PYTHON: the
 #   interpreter that creates it (python3, 3.10 to 3.13: LMCache's wheels).
-#   Needs about 4 GiB of disk (torch with its CUDA libraries).
+#   Needs about 5.3 GiB of disk (torch with its CUDA libraries).
+#
+# Measured on the 2-core CPU machine (shared, under load), 2026-12-04: a
+# cold run (new environment) 349 s to install, then about 2 min to build
+# tutti and run the tests; a warm run (environment in place) about 2 min.
 #
 # What is installed, and why this way: LMCache 0.5.6 (the newest on PyPI)
 # is built against torch 2.13 (its lmcache.cuda_ops loads with
@@ -62,4 +67,6 @@ cd "$repo"
 exec "$venv/bin/python" -m pytest -q \
     crates/python/tests/test_lmcache_gds.py \
     crates/python/tests/test_lmcache_gds_cuda.py \
+    crates/python/tests/test_lmcache_l2.py \
+    crates/python/tests/test_lmcache_bench.py \
     "$@"
