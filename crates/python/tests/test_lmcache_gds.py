@@ -328,3 +328,33 @@ def test_lmcache_gds_context_moves_chunks_through_the_backend(rt, monkeypatch):
     ctx.deregister_gpu_buffer(staging)
     ctx.close()
     assert not ctx.initialized
+
+
+def test_lmcache_arguments_offer_tutti_as_a_gds_backend():
+    import argparse
+
+    from lmcache.v1.distributed.config import add_storage_manager_args, parse_args_to_config
+
+    parser = add_storage_manager_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--gds-l1-path", "tutti://kv", "--gds-l1-backend", "tutti", "--l1-size-gb", "1",
+                              "--eviction-policy", "LRU"])
+    cfg = parse_args_to_config(args)
+    found = [m.gds_l1_config for m in getattr(cfg, "l1_manager_configs", [])] or [cfg.l1_manager_config.gds_l1_config]
+    assert [(g.file_location, g.backend) for g in found] == [("tutti://kv", "tutti")]
+
+
+def test_module_runner_installs_before_running_the_module(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "show_backends.py").write_text(
+        "import os\n"
+        "from lmcache.v1.gpu_connector._gds_backends import available_backends\n"
+        "print(','.join(available_backends()), os.environ.get('TUTTI_CONFIG'))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "tutti.lmcache", "--runtime", "/x.yaml", "show_backends"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    names, config = p.stdout.split()[-2:]
+    assert "tutti" in names.split(",") and config == "/x.yaml"
