@@ -69,8 +69,12 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import torch
-import transformers
+# A copy queued behind a running I/O kernel must not share the hardware
+# queue of the emulator's copies (docs/gpu.md); set before CUDA starts.
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -459,7 +463,7 @@ def measure(a, model, device, n, layout, variants, tiers, atol, rtol, report, em
         res[v]["save_s"] = round(time.perf_counter() - t, 4)
         if status != "ok":
             res[v].update(status=f"save_{status}", error=value)
-    del packed
+    packed = None  # the saves are done: free it before the repetitions
 
     def restore(v: str) -> Optional[Any]:
         if v == "recompute":

@@ -47,8 +47,9 @@ import errno
 import math
 import queue
 import threading
+from collections import deque
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Deque, Dict, List, Optional, Sequence
 
 import torch
 from lmcache.v1.gpu_connector.gds_backends._driver import SharedDriver
@@ -69,7 +70,13 @@ PRP_ALIGN = 4
 class SlabError(tutti.RequestError, ValueError):
     """A slab or a request on it was refused: bad location, size or range.
 
-    Also a ``ValueError``, which LMCache's GDS context documents for these."""
+    Also a ``ValueError``, which LMCache's GDS context documents for these.
+    Nothing was submitted: ``statuses`` is empty and ``operation`` None."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.statuses: List[Optional[tutti.Status]] = []
+        self.operation: Optional[tutti.Operation] = None
 
 
 def status_errno(status: tutti.Status) -> int:
@@ -219,6 +226,7 @@ class TuttiGDSBackend(GDSBackend):
         self._bounce: Dict[int, _Registered] = {}  # raw stream -> GPU bounce buffer
         self._host_bounce: "queue.SimpleQueue[_Registered]" = queue.SimpleQueue()
         self._all_bounce: List[_Registered] = []
+        self._handles: List["TuttiGDSHandle"] = []
 
     @classmethod
     def is_default(cls) -> bool:
@@ -258,7 +266,10 @@ class TuttiGDSBackend(GDSBackend):
         slot = int(info["slot_size"])
         targets = rt.open_batch([f"tutti://{store}/{i}" for i in range(math.ceil(size / slot))])
         self._ensure_driver_open()
-        return TuttiGDSHandle(self, location, targets, slot, int(info["block_size"]), size)
+        handle = TuttiGDSHandle(self, location, targets, slot, int(info["block_size"]), size)
+        with self._lock:
+            self._handles.append(handle)
+        return handle
 
     def register_buffer(self, buf: torch.Tensor) -> None:
         """Register a contiguous tensor (GPU, or host on ``execution: cpu``)
@@ -273,11 +284,17 @@ class TuttiGDSBackend(GDSBackend):
             self._buffers[base] = _Registered(buf, self.runtime.register(buf))
 
     def deregister_buffer(self, buf: torch.Tensor) -> None:
-        """Unregister the buffer at ``buf``'s base address (the tensor is not freed)."""
+        """Unregister the buffer at ``buf``'s base address (the tensor is not
+        freed), once every transfer still pending on this backend's slabs is
+        final (LMCache has synchronised the stream; tutti still has to see
+        the operations end before the memory is free)."""
         with self._lock:
             reg = self._buffers.pop(buf.data_ptr(), None)
+            handles = list(self._handles)
         if reg is None:
             raise tutti.MemoryRegistrationError(f"deregister_buffer: no buffer at 0x{buf.data_ptr():x} is registered")
+        for h in handles:
+            h.reap(wait=True)
         self.runtime.unregister(reg.memory)
 
     def register_stream(self, raw_stream: int) -> None:
@@ -293,12 +310,17 @@ class TuttiGDSBackend(GDSBackend):
         if reg is not None:
             self._drop_bounce(reg)
 
-    def _close_driver(self) -> None:
+    def close_driver(self) -> None:
+        """Free this backend's bounce buffers, then release its driver share
+        (LMCache calls it after closing the slab; repeated calls do nothing)."""
         with self._lock:
             regs = list(self._all_bounce)
             self._bounce.clear()
+            self._host_bounce = queue.SimpleQueue()
+            self._handles = [h for h in self._handles if h.is_open]
         for reg in regs:
             self._drop_bounce(reg)
+        super().close_driver()
 
     def lookup(self, buf_base: int) -> _Registered:
         """The registration whose tensor starts at ``buf_base``."""
@@ -362,8 +384,22 @@ class TuttiGDSHandle(GDSHandle):
         self.slot_size = slot
         self.block_size = block
         self.size = size
-        self._inflight: List[TuttiSubmission] = []
+        self._inflight: Deque[TuttiSubmission] = deque()
         self._lock = threading.Lock()
+
+    @property
+    def is_open(self) -> bool:
+        """Whether :meth:`close` has not run yet."""
+        return bool(self._targets)
+
+    def reap(self, wait: bool = False) -> None:
+        """Drop finished transfers from the front of the pending queue (they
+        finish in submission order on a stream); with ``wait``, wait for all."""
+        with self._lock:
+            while self._inflight and (self._inflight[0].poll() or wait):
+                sub = self._inflight.popleft()
+                if wait:
+                    sub.wait(self._backend.timeout_s)
 
     def read_async(self, buf_base: int, size: int, file_offset: int, buf_offset: int, raw_stream: int) -> Submission:
         """Enqueue a slab-to-buffer read; see the module docstring."""
@@ -377,7 +413,7 @@ class TuttiGDSHandle(GDSHandle):
         """Wait for pending transfers and close the targets; repeated calls do nothing."""
         with self._lock:
             targets, self._targets = self._targets, []
-            pending, self._inflight = self._inflight, []
+            pending, self._inflight = list(self._inflight), deque()
         for sub in pending:
             sub.wait(self._backend.timeout_s)
         rt = self._backend.runtime
@@ -430,8 +466,8 @@ class TuttiGDSHandle(GDSHandle):
         if stream is None:
             sub.wait(self._backend.timeout_s)
             return sub
+        self.reap()
         with self._lock:
-            self._inflight = [s for s in self._inflight if not s.poll()]
             self._inflight.append(sub)
         return sub
 
