@@ -506,8 +506,13 @@ class _Runner:
         return not self.failed
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Copy between the caller's buffer and the bounce buffer: on the
+        stream, or done before returning (the next step reuses the bounce
+        buffer from the runtime's own stream)."""
         if self.stream is None:
             dst.copy_(src)
+            if dst.is_cuda:
+                torch.cuda.current_stream(dst.device).synchronize()
             return
         with torch.cuda.stream(torch.cuda.ExternalStream(self.stream, device=dst.device)):
             dst.copy_(src, non_blocking=True)
