@@ -298,9 +298,20 @@ class TuttiGDSBackend(GDSBackend):
         self.runtime.unregister(reg.memory)
 
     def register_stream(self, raw_stream: int) -> None:
-        """Note a stream (a ``CUstream`` int); tutti needs no per-stream setup."""
+        """Note a stream (a ``CUstream`` int) and, on a GPU runtime, make its
+        bounce buffer now: registering GPU memory waits for running I/O
+        kernels, which LMCache's setup (before any I/O) never meets."""
+        raw = int(raw_stream)
         with self._lock:
-            self._streams.add(int(raw_stream))
+            self._streams.add(raw)
+            have = raw in self._bounce
+        if raw and not have and torch.cuda.is_available() and self.runtime.has_gpu:
+            try:
+                reg = self._new_bounce(torch.device("cuda", torch.cuda.current_device()))
+            except tutti.TuttiError:
+                return  # made on first use instead
+            with self._lock:
+                self._bounce.setdefault(raw, reg)
 
     def deregister_stream(self, raw_stream: int) -> None:
         """Forget a stream and free its bounce buffer (its I/O must be done)."""
