@@ -34,14 +34,13 @@ enum Verdict {
 /// random bytes for the owner.
 pub(crate) fn acquire(io: &mut LeaseIo, opts: &LeaseOptions, store: &str) -> Result<LeaseRecord, KvError> {
     let me = Identity::current();
-    let mut block = read(io, store)?;
+    let block = read(io, store)?;
     let mut seen_at = Instant::now();
     match judge(&me, LeaseRecord::decode(&block), opts) {
         Verdict::Take => {}
         Verdict::Refuse(holder) => return Err(KvError::Leased { store: store.to_owned(), holder }),
-        Verdict::Watch(expiry) => (block, seen_at) = watch(io, block, expiry, &me, store)?,
+        Verdict::Watch(expiry) => seen_at = watch(io, block, expiry, &me, store)?,
     }
-    let _ = block;
     let mut owner = [0u8; 16];
     getrandom::fill(&mut owner).map_err(|source| KvError::Uuid { store: store.to_owned(), source })?;
     owner[0] |= 1; // never the all-zero owner of a free lease
@@ -111,14 +110,8 @@ fn judge(me: &Identity, found: LeaseDecode, opts: &LeaseOptions) -> Verdict {
 
 /// Watches a lease this process cannot check for `expiry`: a change
 /// (a renewal, or a new holder) refuses, unless the lease became free;
-/// none means its holder is gone. The block and when it was last read.
-fn watch(
-    io: &mut LeaseIo,
-    first: Vec<u8>,
-    expiry: Duration,
-    me: &Identity,
-    store: &str,
-) -> Result<(Vec<u8>, Instant), KvError> {
+/// none means its holder is gone. When the block was last read.
+fn watch(io: &mut LeaseIo, first: Vec<u8>, expiry: Duration, me: &Identity, store: &str) -> Result<Instant, KvError> {
     let start = Instant::now();
     let poll = (expiry / 8).clamp(Duration::from_millis(10), Duration::from_millis(250));
     tracing::info!(store, ?expiry, "tutti-kv: the store's lease is held by a writer this process cannot check; watching it for renewals");
@@ -128,14 +121,14 @@ fn watch(
         let at = Instant::now();
         if now != first {
             return match LeaseRecord::decode(&now) {
-                LeaseDecode::Free => Ok((now, at)),
+                LeaseDecode::Free => Ok(at),
                 LeaseDecode::Held(r) => Err(KvError::Leased { store: store.to_owned(), holder: holder(me, &r) }),
                 LeaseDecode::Invalid => Err(KvError::LeaseContended(store.to_owned())),
             };
         }
         if start.elapsed() >= expiry {
             tracing::warn!(store, "tutti-kv: no renewal of the store's lease in {expiry:?}: taking it over");
-            return Ok((now, at));
+            return Ok(at);
         }
     }
 }

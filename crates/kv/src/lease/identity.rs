@@ -43,8 +43,8 @@ impl Identity {
         }
         if holder.boot_id != self.boot_id {
             // Same media, another boot id: the host restarted (local NVMe)
-            // or the media moved; either way that process is gone... unless
-            // two hosts share the drive, which the renewals then show.
+            // or the media moved, and that process is gone; or two hosts
+            // share the drive, which only its renewals can tell.
             return if holder.renew_ms == 0 { Liveness::Gone } else { Liveness::Unknown };
         }
         if self.pid_ns == 0 || holder.pid_ns != self.pid_ns || holder.start_time == 0 {
