@@ -245,7 +245,7 @@ fn stranger_role() {
 }
 
 /// Heartbeat-only connections of the stranger's burst (one after another).
-const STRANGER_BURST: usize = 2000;
+const STRANGER_BURST: usize = 5000;
 
 /// Threads of the daemon process now.
 fn daemon_threads(d: &Daemon) -> usize {
