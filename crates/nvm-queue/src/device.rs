@@ -5,6 +5,7 @@
 use std::fmt;
 use std::ptr::NonNull;
 
+use crate::clock::{Clock, RealClock};
 use crate::mmio::Mmio;
 
 /// Host page size assumed for DMA mappings, in bytes. DMA buffers are
@@ -181,6 +182,16 @@ pub trait NvmeDevice: Send + Sync + fmt::Debug {
     /// does nothing; an emulated controller that naps while idle wakes up
     /// and polls for a while, as a real one would be ready.
     fn expect_doorbells(&self) {}
+
+    /// The clock the driver's bounded waits on this device run on (CSTS
+    /// transitions in bring-up, reset and shutdown; admin commands). A
+    /// real controller, and the default, is on [`RealClock`]; a device
+    /// that models time on a [`crate::VirtualClock`] (an emulator started
+    /// on one) returns it, so that the waits take virtual time and step
+    /// the device.
+    fn clock(&self) -> &dyn Clock {
+        &RealClock
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! Queue memory and the CPU side of an NVMe driver.
 //!
 //! Follows the NVM Express Base Specification 2.0 (PCIe transport). Owns:
-//! DMA memory and device addresses ([`dma`], [`device`]), the one MMIO module
+//! DMA memory and device addresses ([`dma`], [`device`]), the clock bounded
+//! waits run on, real or virtual ([`clock`]), the one MMIO module
 //! ([`mmio`]), the PRP builder ([`prp`]), submission/completion rings and
 //! command-ID allocation ([`queue`]), controller bring-up and admin commands
 //! ([`controller`]), active namespaces and their LBA formats ([`namespace`]),
@@ -42,11 +43,13 @@
 //!   touches no memory).
 #![allow(unsafe_code)]
 
+pub mod clock;
 pub mod device;
 pub mod dma;
 pub mod mmio;
 pub mod prp;
 
+pub use clock::{Clock, RealClock, Ticker, TickerId, VirtualClock};
 pub use device::{DeviceError, DmaMapping, HostMemory, NvmeDevice, HOST_PAGE_SIZE};
 pub use dma::{DmaBuffer, DmaError};
 pub use mmio::{Doorbell, Mmio, MmioError};

@@ -11,11 +11,12 @@ use nvme_regs::status::{command_specific, generic};
 use nvme_regs::{NumberOfQueues, SmartLog, Sqe, Status};
 use zerocopy::IntoBytes;
 
-use crate::controller::{Controller, Outcome, Shared};
+use crate::controller::{Controller, Outcome};
 use crate::dma::DmaView;
 use crate::identify::{identify_namespace, AERL};
 use crate::media::Media;
 use crate::queues::{CompQueue, Completion, CqeQuirk, SubQueue};
+use crate::shared::Shared;
 
 /// Get Features capabilities (SEL 11b) of Volatile Write Cache: bit 2,
 /// changeable (not saveable, not namespace specific).

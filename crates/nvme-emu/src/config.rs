@@ -166,6 +166,11 @@ pub struct EmulatorConfig {
     /// stays disabled and processes nothing), so a host's enable times out
     /// after CAP.TO. Default `false`.
     pub never_ready: bool,
+    /// How long after the controller sees CC.EN = 1 it sets CSTS.RDY (a
+    /// real controller takes up to CAP.TO); the enable's checks run then.
+    /// Default zero: ready at the first poll that sees EN. On a virtual
+    /// clock ([`crate::Emulator::start_on`]) this is virtual time.
+    pub ready_delay: Duration,
     /// Fault injection: the device is gone from the start; every register
     /// (CAP and CSTS included) reads `0xFFFF_FFFF` and the controller does
     /// nothing, as [`crate::Emulator::set_gone`] at run time. Default
@@ -226,6 +231,7 @@ impl EmulatorConfig {
             model: "tutti nvme-emu".to_owned(),
             faults: Vec::new(),
             never_ready: false,
+            ready_delay: Duration::ZERO,
             registers_all_ones: false,
             shared_doorbells: false,
             write_cache: None,

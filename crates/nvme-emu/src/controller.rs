@@ -1,125 +1,32 @@
-//! The controller thread: the CC state machine (NVMe Base 2.0, 3.5
-//! "Controller Initialization" and 3.6 "Shutdown"), doorbell polling,
-//! command fetch and completion posting.
+//! The controller's state and one poll iteration: doorbell polling,
+//! command fetch and completion posting. The CC state machine is in
+//! `cc.rs`, data buffer access in `data.rs`, the loop that runs poll
+//! iterations (a thread, or the waits on a virtual clock) in `run.rs`.
 //!
 //! One poll iteration: read CC and act on EN/SHN changes; if enabled, lock
 //! the IOVA table for reading, read every CQ head doorbell and post waiting
 //! completions, post due completions of the timing model, then fetch and
 //! execute up to [`BATCH`] commands from each SQ (admin first), reading each
-//! tail doorbell once. The thread polls without pause while it finds work
-//! and backs off when idle: it spins for `EmulatorConfig::idle_spin` (30 us
-//! by default), then sleeps 50 us at a time, 200 us after 5 ms and 1 ms
-//! after 50 ms without work (no `sched_yield` phase; see [`run`]). A kick
-//! (`NvmeDevice::expect_doorbells`: a GPU kernel is about to ring) wakes it
-//! and keeps it polling for [`KICK_SPIN`], then counts as work done.
+//! tail doorbell once.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use nvme_regs::registers::offset;
-use nvme_regs::{Aqa, Cc, Csts, ShutdownNotification, ShutdownStatus, Sqe, Status};
+use nvme_regs::{Csts, Sqe, Status};
 
 use crate::config::{EmulatorConfig, NamespaceSpec};
-use crate::dma::{DmaFault, DmaView, IovaSpace};
-use crate::fault::{FaultAction, Faults};
+use crate::dma::{DmaFault, DmaView};
+use crate::fault::FaultAction;
 use crate::in_transfer::InTransfer;
 use crate::media::Media;
 use crate::prp::Segment;
 use crate::queues::{CompQueue, Completion, CqeQuirk, SqDoorbell, SubQueue};
-use crate::regs::{RegisterPage, MPSMAX, MPSMIN};
+use crate::shared::Shared;
+use crate::stats::LocalStats;
 use crate::timing::Timing;
 
 /// Most SQEs fetched from one SQ per poll iteration.
 pub(crate) const BATCH: u32 = 256;
-/// Sleep of a briefly idle controller.
-const SLEEP: Duration = Duration::from_micros(50);
-/// How early the thread wakes before a scheduled completion.
-const WAKE_MARGIN: Duration = Duration::from_micros(60);
-/// Idle time after which the controller sleeps 200 us at a time.
-const DEEP_IDLE: Duration = Duration::from_millis(5);
-/// Idle time after which the controller sleeps 1 ms at a time.
-const DEEPER_IDLE: Duration = Duration::from_millis(50);
-/// How often a gone controller restores its all-ones register page.
-const GONE_REFILL: Duration = Duration::from_millis(1);
-/// How long the thread polls without pause after a kick
-/// ([`Shared::kick`]): longer than a kernel takes to start and write its
-/// first doorbell.
-pub(crate) const KICK_SPIN: Duration = Duration::from_micros(200);
-
-/// State shared between the [`crate::Emulator`] handle and its thread.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub regs: RegisterPage,
-    pub iova: IovaSpace,
-    /// DMA domain of each qid's next I/O SQ, by qid (index 0 unused:
-    /// the admin SQ is always [`crate::SHARED_DOMAIN`]);
-    /// [`crate::Emulator::set_sq_domain`] writes, Create I/O SQ reads.
-    pub sq_domains: Box<[std::sync::atomic::AtomicU32]>,
-    pub stats: StatsAtomics,
-    pub stop: AtomicBool,
-    /// Fault-injection rules ([`crate::FaultRule`]).
-    pub faults: Faults,
-    /// The device is gone ([`crate::Emulator::set_gone`],
-    /// [`EmulatorConfig::registers_all_ones`]): the thread only keeps the
-    /// register page all ones.
-    pub gone: AtomicBool,
-    /// What the register page of a gone device reads: `u32::MAX` (gone) or
-    /// 0 (memory space disabled, [`crate::Emulator::disable_memory_space`]).
-    pub gone_fill: std::sync::atomic::AtomicU32,
-    /// Set by the thread once it has seen `gone` and stopped working.
-    pub gone_ack: AtomicBool,
-    /// Set by [`nvm_queue::NvmeDevice::expect_doorbells`]: another agent is
-    /// about to ring doorbells; the thread polls for [`KICK_SPIN`] before
-    /// it naps again.
-    pub kick: AtomicBool,
-    /// The backing store and write cache. The thread holds the lock for a
-    /// poll iteration; the handle takes it for direct media access and a
-    /// power failure.
-    pub media: Mutex<Media>,
-}
-
-impl Shared {
-    /// Locks the media (a panic while it was held leaves it usable).
-    pub(crate) fn lock_media(&self) -> MutexGuard<'_, Media> {
-        self.media.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The device stops answering: the register page reads all ones from
-    /// now on and the thread stops working (see [`run`]).
-    pub(crate) fn go_away(&self) {
-        self.gone_fill.store(u32::MAX, Ordering::SeqCst);
-        self.gone.store(true, Ordering::SeqCst);
-        self.regs.fill(u32::MAX);
-    }
-}
-
-/// Counters behind [`crate::EmuStats`].
-#[derive(Debug, Default)]
-pub(crate) struct StatsAtomics {
-    pub commands: AtomicU64,
-    pub admin_commands: AtomicU64,
-    pub media_bytes_read: AtomicU64,
-    pub media_bytes_written: AtomicU64,
-    pub doorbell_violations: AtomicU64,
-    pub dma_faults: AtomicU64,
-    pub dma_domain_faults: AtomicU64,
-    pub sq_tail_backwards: AtomicU64,
-    pub sqe_overwritten: AtomicU64,
-    pub cq_full_stalls: AtomicU64,
-    pub sq_deletion_aborts: AtomicU64,
-    pub sq_tail_updates: AtomicU64,
-}
-
-/// Hot counters, accumulated by the thread and added to [`StatsAtomics`]
-/// once per poll iteration.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct LocalStats {
-    pub media_bytes_read: u64,
-    pub media_bytes_written: u64,
-    pub host_reads: u64,
-    pub host_writes: u64,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum State {
@@ -208,6 +115,9 @@ pub(crate) struct Controller {
     /// Completions waiting for their asynchronous copies
     /// (`crate::transfer`).
     pub transfers: Vec<InTransfer>,
+    /// When CSTS.RDY goes to 1 after the CC.EN = 1 being acted on
+    /// ([`EmulatorConfig::ready_delay`]); `None` when no enable waits.
+    pub ready_at: Option<Instant>,
 }
 
 impl Controller {
@@ -235,6 +145,7 @@ impl Controller {
             local: LocalStats::default(),
             totals: LocalStats::default(),
             transfers: Vec::new(),
+            ready_at: None,
         }
     }
 
@@ -242,134 +153,6 @@ impl Controller {
     pub(crate) fn namespace(&self, nsid: u32) -> Option<(usize, NamespaceSpec)> {
         let i = usize::try_from(nsid).ok()?.checked_sub(1)?;
         self.config.namespaces.get(i).map(|ns| (i, *ns))
-    }
-
-    fn set_csts(&mut self, sh: &Shared, csts: Csts) {
-        self.csts = csts;
-        sh.regs.set_csts(csts);
-    }
-
-    /// Controller reset (CC.EN 1 -> 0): drops every queue, scheduled and
-    /// pending completion, and clears CSTS (RDY, CFS, SHST).
-    fn reset(&mut self, sh: &Shared) {
-        self.settle_transfers();
-        for q in &mut self.sqs {
-            *q = None;
-        }
-        for q in &mut self.cqs {
-            *q = None;
-        }
-        self.active_sqs.clear();
-        self.active_cqs.clear();
-        if let Some(t) = &mut self.timing {
-            t.reset();
-        }
-        self.granted_sqs = self.config.io_queues;
-        self.granted_cqs = self.config.io_queues;
-        self.io_queue_created = false;
-        self.aer_outstanding = 0;
-        sh.regs.clear_all_doorbells();
-        self.state = State::Disabled;
-        self.set_csts(sh, Csts(0));
-    }
-
-    /// CC.EN 0 -> 1: validates CC and the admin queue registers, then sets
-    /// up the admin queue pair and CSTS.RDY, or CSTS.CFS on invalid values.
-    fn enable(&mut self, sh: &Shared, cc: Cc) {
-        let aqa = Aqa(sh.regs.aqa());
-        let asq = sh.regs.read64(offset::ASQ);
-        let acq = sh.regs.read64(offset::ACQ);
-        let mps_ok = (MPSMIN..=MPSMAX).contains(&cc.mps());
-        let page = 1u64 << (12 + u32::from(cc.mps().min(MPSMAX)));
-        let valid = cc.iosqes() == 6
-            && cc.iocqes() == 4
-            && cc.css() == Cc::CSS_NVM
-            && mps_ok
-            && aqa.asqs_z() >= 1
-            && aqa.acqs_z() >= 1
-            && asq & (page - 1) == 0
-            && acq & (page - 1) == 0;
-        if !valid {
-            tracing::debug!(cc = cc.0, aqa = aqa.0, asq, acq, "nvme-emu: invalid enable, setting CSTS.CFS");
-            self.state = State::Fatal;
-            self.set_csts(sh, Csts(0).with_cfs(true));
-            return;
-        }
-        self.page = page;
-        sh.regs.clear_all_doorbells();
-        let mut cq = CompQueue::new(acq, u32::from(aqa.acqs_z()) + 1);
-        cq.sq_count = 1;
-        self.cqs[0] = Some(cq);
-        self.sqs[0] = Some(SubQueue::new(asq, u32::from(aqa.asqs_z()) + 1, 0));
-        self.state = State::Enabled;
-        self.set_csts(sh, Csts(0).with_rdy(true));
-    }
-
-    /// CC.SHN while enabled: stop fetching; for a normal shutdown post
-    /// every scheduled and waiting completion that fits in its CQ (the rest
-    /// are dropped), for an abrupt one drop them; either way the write
-    /// cache is flushed (made durable); then CSTS.SHST = 10b.
-    fn shutdown(&mut self, sh: &Shared, shn: ShutdownNotification) {
-        if let Err(e) = sh.lock_media().flush(None) {
-            tracing::warn!(error = ?e, "nvme-emu: write cache flush at shutdown failed");
-        }
-        if shn == ShutdownNotification::Normal {
-            let dma = sh.iova.view();
-            if self.finish_transfers_now(sh, &dma).is_err() {
-                self.settle_transfers();
-            }
-            if let Some(t) = &mut self.timing {
-                while let Some(s) = t.heap.pop() {
-                    if let Some(cq) = self.cqs.get_mut(usize::from(s.cqid)).and_then(Option::as_mut) {
-                        cq.in_flight = cq.in_flight.saturating_sub(1);
-                        cq.pending.push_back(s.completion);
-                    }
-                }
-            }
-            let cqids: Vec<u16> = std::iter::once(0).chain(self.active_cqs.iter().copied()).collect();
-            for cqid in cqids {
-                if self.post_pending(sh, &dma, cqid).is_err() {
-                    break;
-                }
-            }
-            drop(dma);
-            self.flush_stats(sh);
-        }
-        self.settle_transfers();
-        self.state = State::ShutDown;
-        self.set_csts(sh, self.csts.with_shst(ShutdownStatus::Complete));
-    }
-
-    /// [`FaultAction::ControllerFatal`]: CSTS.CFS = 1, nothing processed
-    /// until a reset.
-    fn injected_fatal(&mut self, sh: &Shared) {
-        tracing::debug!("nvme-emu: fault injection, setting CSTS.CFS");
-        self.state = State::Fatal;
-        self.set_csts(sh, self.csts.with_cfs(true));
-    }
-
-    /// Moves a fatal controller to CSTS.CFS = 1.
-    pub(crate) fn fatal(&mut self, sh: &Shared) {
-        tracing::warn!("nvme-emu: queue memory not accessible, setting CSTS.CFS");
-        sh.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
-        self.state = State::Fatal;
-        self.set_csts(sh, self.csts.with_cfs(true));
-    }
-
-    fn handle_cc(&mut self, sh: &Shared) {
-        let cc = sh.regs.cc();
-        match self.state {
-            // `never_ready`: CC.EN = 1 is never acted on (CSTS.RDY stays 0).
-            State::Disabled if cc.en() && !self.config.never_ready => self.enable(sh, cc),
-            State::Enabled if !cc.en() => self.reset(sh),
-            State::Enabled => {
-                if let s @ (ShutdownNotification::Normal | ShutdownNotification::Abrupt) = cc.shn() {
-                    self.shutdown(sh, s);
-                }
-            }
-            State::Fatal | State::ShutDown if !cc.en() => self.reset(sh),
-            _ => {}
-        }
     }
 
     pub(crate) fn flush_stats(&mut self, sh: &Shared) {
@@ -384,12 +167,13 @@ impl Controller {
         self.totals.host_writes += l.host_writes;
     }
 
-    /// One poll iteration. Returns whether any work was done and the next
-    /// due time of the timing model.
+    /// One poll iteration at `now`. Returns whether any work was done and
+    /// when something is due next (a completion of the timing model, the
+    /// end of an enable's ready delay).
     pub(crate) fn poll(&mut self, sh: &Shared, now: Instant) -> (bool, Option<Instant>) {
-        self.handle_cc(sh);
+        self.handle_cc(sh, now);
         if self.state != State::Enabled {
-            return (false, None);
+            return (false, self.ready_at);
         }
         let dma = sh.iova.view();
         let mut media = sh.lock_media();
@@ -773,7 +557,7 @@ impl Controller {
     }
 
     /// Posts waiting completions of CQ `cqid` while it has room.
-    fn post_pending(&mut self, sh: &Shared, dma: &DmaView<'_>, cqid: u16) -> Result<bool, Fatal> {
+    pub(crate) fn post_pending(&mut self, sh: &Shared, dma: &DmaView<'_>, cqid: u16) -> Result<bool, Fatal> {
         let mut posted = false;
         while let Some(cq) = self.cqs.get(usize::from(cqid)).and_then(Option::as_ref) {
             if cq.is_full() {
@@ -822,147 +606,6 @@ impl Controller {
             s.head as u16
         }
     }
-
-    /// Counts a DMA fault on a data transfer: a refused access to another
-    /// DMA domain's memory, or one outside every mapping.
-    pub(crate) fn data_fault(&self, sh: &Shared, dma: &DmaView<'_>) {
-        if dma.take_foreign() {
-            sh.stats.dma_domain_faults.fetch_add(1, Ordering::Relaxed);
-        } else {
-            sh.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Reads a command's data (PRP1/PRP2, `len` bytes) into `self.scratch`
-    /// (resized to `len`).
-    pub(crate) fn read_data(
-        &mut self,
-        sh: &Shared,
-        dma: &DmaView<'_>,
-        sqe: &Sqe,
-        len: usize,
-    ) -> Result<(), Status> {
-        self.walk(sh, dma, sqe, len as u64)?;
-        self.scratch.resize(len.max(4096), 0);
-        let mut off = 0usize;
-        for s in &self.segs {
-            let l = s.len as usize;
-            let Some(dst) = self.scratch.get_mut(off..off + l) else {
-                break;
-            };
-            if dma.read(s.iova, dst).is_err() {
-                self.data_fault(sh, dma);
-                return Err(crate::prp::PrpError::Fault(DmaFault { iova: s.iova, len: l }).status());
-            }
-            off += l;
-        }
-        Ok(())
-    }
-
-    /// Writes `data` followed by zeroes up to `len` bytes to the command's
-    /// data buffer (Identify, Get Log Page).
-    pub(crate) fn write_data(
-        &mut self,
-        sh: &Shared,
-        dma: &DmaView<'_>,
-        sqe: &Sqe,
-        data: &[u8],
-        len: usize,
-    ) -> Result<(), Status> {
-        self.walk(sh, dma, sqe, len as u64)?;
-        let mut off = 0usize;
-        for s in &self.segs {
-            let l = s.len as usize;
-            let from_data = data.len().saturating_sub(off).min(l);
-            let r = dma
-                .write(s.iova, data.get(off..off + from_data).unwrap_or(&[]))
-                .and_then(|()| dma.zero(s.iova + from_data as u64, l - from_data));
-            if r.is_err() {
-                self.data_fault(sh, dma);
-                return Err(crate::prp::PrpError::Fault(DmaFault { iova: s.iova, len: l }).status());
-            }
-            off += l;
-        }
-        Ok(())
-    }
-
-    /// Walks the command's PRPs for `len` bytes into `self.segs`.
-    pub(crate) fn walk(&mut self, sh: &Shared, dma: &DmaView<'_>, sqe: &Sqe, len: u64) -> Result<(), Status> {
-        crate::prp::walk(dma, sqe.prp1, sqe.prp2, len, self.page, &mut self.segs).map_err(|e| {
-            if matches!(e, crate::prp::PrpError::Fault(_)) {
-                self.data_fault(sh, dma);
-            }
-            e.status()
-        })
-    }
-}
-
-/// The controller thread's body: poll until `stop`, backing off when idle
-/// (sleeps are `park_timeout`s, so the handle can wake the thread with
-/// `unpark`), or only keep the register page all ones once `gone`.
-pub(crate) fn run(shared: Arc<Shared>, mut ctrl: Controller) {
-    let mut idle_since = Instant::now();
-    // Until when a kick keeps the thread polling without pause.
-    let mut kicked_until: Option<Instant> = None;
-    while !shared.stop.load(Ordering::Acquire) {
-        if shared.kick.load(Ordering::Relaxed) && shared.kick.swap(false, Ordering::Acquire) {
-            // Awake, as after work: short naps once the kick's spin ends.
-            idle_since = Instant::now();
-            kicked_until = Some(idle_since + KICK_SPIN);
-        }
-        if shared.gone.load(Ordering::Acquire) {
-            // The device is gone: no more work (copies in flight end first,
-            // so that the media can be released); keep the register page
-            // all ones, or all zeros (host writes land in the page, undo
-            // them).
-            ctrl.settle_transfers();
-            shared.regs.fill(shared.gone_fill.load(Ordering::Acquire));
-            shared.gone_ack.store(true, Ordering::Release);
-            std::thread::park_timeout(GONE_REFILL);
-            continue;
-        }
-        let now = Instant::now();
-        let (work, next_due) = ctrl.poll(&shared, now);
-        if work {
-            idle_since = now;
-            continue;
-        }
-        if kicked_until.is_some_and(|t| now < t) {
-            std::hint::spin_loop();
-            continue;
-        }
-        let idle = now.saturating_duration_since(idle_since);
-        let until_due = next_due.map(|d| d.saturating_duration_since(now));
-        // Completions are scheduled and the media channel is busy until
-        // then: sleep through most of the wait instead of spinning, leaving
-        // the CPU to the host and to other emulated drives (the timer
-        // oversleeps by tens of microseconds, hence the margin). At most a
-        // deep-idle nap at a time: doorbells (a Delete I/O SQ, new commands)
-        // must still be seen while a long Delay is pending.
-        if let Some(d) = until_due.filter(|d| *d > WAKE_MARGIN * 2) {
-            std::thread::park_timeout((d - WAKE_MARGIN).min(SLEEP * 20));
-            continue;
-        }
-        // No sched_yield phase: on small (virtual) machines a yield is a
-        // costly system call that mostly returns at once.
-        if idle < ctrl.config.idle_spin || until_due.is_some_and(|d| d < WAKE_MARGIN * 2) {
-            std::hint::spin_loop();
-        } else {
-            // Deeper sleeps the longer the controller has been idle, so idle
-            // emulators cost little CPU on small machines; the first command
-            // after a long idle period waits at most one such sleep.
-            let nap = if idle < DEEP_IDLE {
-                SLEEP
-            } else if idle < DEEPER_IDLE {
-                SLEEP * 4
-            } else {
-                SLEEP * 20
-            };
-            std::thread::park_timeout(until_due.map_or(nap, |d| d.min(nap)));
-        }
-    }
-    // Stopped: the media and the mapped memories may go once this returns.
-    ctrl.settle_transfers();
 }
 
 /// Counts a completion about to be posted, before its CQE is written: the

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::dma::PendingCopies;
+use crate::external::PendingCopies;
 use crate::queues::Completion;
 
 /// One command whose CQE waits for its copies.

@@ -13,7 +13,8 @@ use nvme_regs::Status;
 use crate::backing::{Backing, MediaError};
 use crate::cache::WriteCache;
 use crate::config::{EmulatorConfig, NamespaceSpec};
-use crate::dma::{DmaView, HostPin, PageLocker};
+use crate::dma::DmaView;
+use crate::external::{HostPin, PageLocker};
 use crate::prp::Segment;
 use crate::EmuError;
 

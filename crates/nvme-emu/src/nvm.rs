@@ -26,9 +26,10 @@ use nvme_regs::{Sqe, Status};
 
 use crate::backing::MediaError;
 use crate::config::NamespaceSpec;
-use crate::controller::{Controller, Outcome, Shared};
+use crate::controller::{Controller, Outcome};
 use crate::dma::DmaView;
 use crate::media::Media;
+use crate::shared::Shared;
 
 fn fail(sc: u8) -> Outcome {
     Outcome::status(Status::generic(sc).with_dnr(true))

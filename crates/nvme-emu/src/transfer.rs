@@ -25,10 +25,12 @@ use std::time::Instant;
 use nvme_regs::status::generic;
 use nvme_regs::Status;
 
-use crate::controller::{Controller, Fatal, Shared};
-use crate::dma::{DmaView, FenceState, PendingCopies};
+use crate::controller::{Controller, Fatal};
+use crate::dma::DmaView;
+use crate::external::{FenceState, PendingCopies};
 use crate::in_transfer::InTransfer;
 use crate::queues::Completion;
+use crate::shared::Shared;
 use crate::timing::Timing;
 
 impl Controller {
