@@ -226,25 +226,29 @@ mod hostile {
 /// keep running (no panic) and never touch memory outside what was mapped
 /// (a stray access would crash the process).
 pub fn emulator_commands(data: &[u8]) {
-    use nvm_queue::{Controller, ControllerOptions, DmaBuffer, NvmeDevice};
+    use nvm_queue::{Clock, Controller, ControllerOptions, DmaBuffer, NvmeDevice, VirtualClock};
     use nvme_emu::{Emulator, EmulatorConfig, NamespaceSpec};
     use nvme_regs::Sqe;
     use std::sync::Arc;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     let mut cfg =
         EmulatorConfig::new("fuzz", vec![NamespaceSpec::new(256, 4096), NamespaceSpec::new(64, 512)]);
     cfg.mqes = 15;
     cfg.io_queues = 2;
-    let emu = Emulator::start(cfg).expect("emulator starts");
+    // On virtual time: no controller thread; the driver's waits (and the
+    // sleeps below) poll the emulator, so an input runs the same way every
+    // time and no real time is waited.
+    let clock = VirtualClock::new();
+    let emu = Emulator::start_on(cfg, clock.clone()).expect("emulator starts");
     let dev: Arc<dyn NvmeDevice> = emu.clone();
-    // Bring-up with the normal bound (a busy machine may delay the
-    // emulator's thread by milliseconds), then short bounds for the fuzzed
-    // commands, some of which never complete (AER) by design.
+    // Bring-up with the normal bound, then short bounds for the fuzzed
+    // commands, some of which never complete (AER) by design: a command
+    // the emulator completes does so at the first poll.
     let mut ctrl =
         Controller::init(dev.clone(), ControllerOptions::default()).expect("fresh emulator comes up");
     let Ok(mut qp) = ctrl.create_io_queue_pair(1, 8, 7) else { return };
-    ctrl.set_admin_timeout(Duration::from_millis(20));
+    ctrl.set_admin_timeout(Duration::from_millis(1));
     let buf = DmaBuffer::new(&dev, 16 * 1024).expect("dma");
     let _ = buf.mapping();
     for (k, op) in data.chunks(65).take(32).enumerate() {
@@ -265,8 +269,8 @@ pub fn emulator_commands(data: &[u8]) {
                 if qp.submit(sqe, None, k as u64).is_ok() {
                     qp.ring();
                 }
-                let t = Instant::now();
-                while t.elapsed() < Duration::from_micros(200) {
+                for _ in 0..4 {
+                    clock.sleep(Duration::from_micros(50));
                     qp.poll(|_| {});
                 }
             }
@@ -281,8 +285,8 @@ pub fn emulator_commands(data: &[u8]) {
             }
         }
     }
-    std::thread::sleep(Duration::from_millis(1));
-    assert!(emu.is_running(), "the emulator's controller thread died");
+    clock.sleep(Duration::from_millis(1));
+    assert!(emu.is_running(), "the emulator's controller died");
 }
 
 /// Controller bring-up ([`nvm_queue::Controller::init`]) facing a device
@@ -296,26 +300,33 @@ pub fn emulator_commands(data: &[u8]) {
 /// CAP.TO is cut to 0..=3 (at most 1.5 s per register wait) and at most
 /// two admin commands go unanswered per input, so that each input runs in
 /// bounded time; the CAP.TO bound itself is unit-tested in
-/// `crates/nvm-queue/src/controller/tests.rs`. Returns whether bring-up
-/// succeeded.
+/// `crates/nvm-queue/src/controller/tests.rs`. The device runs on a virtual
+/// clock (`nvm_queue::VirtualClock`): the driver's waits step it and take
+/// no real time, and the time bound is checked in virtual time, exactly.
+/// Returns whether bring-up succeeded.
 pub fn controller_bringup(data: &[u8]) -> bool {
     use nvm_queue::{Controller, ControllerOptions, NvmeDevice};
     use nvme_regs::{Cap, IdentifyController, IdentifyNamespace};
     use std::sync::Arc;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     let dev = scripted::Device::start(data);
     let nvme: Arc<dyn NvmeDevice> = dev.clone();
     let opts = ControllerOptions { admin_timeout: Duration::from_millis(20), ..Default::default() };
-    let t = Instant::now();
     let r = Controller::init(nvme, opts);
-    let took = t.elapsed();
+    let took = dev.virtual_clock().elapsed();
     // Once init has returned, answer register writes plainly (the
     // controller's Drop disables it and waits for CSTS.RDY = 0).
     dev.go_plain();
-    // Three register waits of at most 1.5 s and two 20 ms admin timeouts;
-    // generous for a loaded machine.
-    assert!(took < Duration::from_secs(15), "bring-up took {took:?}");
+    // At most four register waits of at most 1.5 s (the disable of a
+    // controller caught mid-enable, the reset, the enable, and the drop of
+    // a controller whose Identify failed), one admin timeout (any admin
+    // failure ends init) and one 20 us poll for each answered admin
+    // command (Identify Controller, the active list, up to 1024 Identify
+    // Namespace, Set Features).
+    let bound =
+        4 * Duration::from_millis(1500) + Duration::from_millis(20) + 1030 * Duration::from_micros(20);
+    assert!(took <= bound, "bring-up took {took:?} of virtual time");
     let served = dev.served();
     let up = r.is_ok();
     match r {
@@ -358,17 +369,17 @@ pub fn controller_bringup(data: &[u8]) -> bool {
 }
 
 mod scripted {
-    //! A device played by a thread that answers register writes and admin
-    //! commands from a byte script (the fuzz input).
+    //! A device played from a byte script (the fuzz input): it answers
+    //! register writes and admin commands whenever the driver waits on its
+    //! virtual clock (a ticker on the clock, no thread of its own).
     #![allow(unsafe_code)]
 
-    use nvm_queue::{DeviceError, DmaMapping, Mmio, NvmeDevice};
+    use nvm_queue::{Clock, DeviceError, DmaMapping, Mmio, NvmeDevice, TickerId, VirtualClock};
     use nvme_regs::registers::{doorbell_offset, offset};
     use nvme_regs::{Aqa, Cap, Cc};
     use std::ptr::NonNull;
     use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex};
-    use std::thread::JoinHandle;
+    use std::sync::{Arc, Mutex, Weak};
 
     const PAGE_BYTES: usize = 0x2000;
 
@@ -398,18 +409,20 @@ mod scripted {
         /// that was freed.
         maps: Mutex<Vec<(u64, usize, usize)>>,
         plain: AtomicBool,
-        stop: AtomicBool,
         log: Mutex<Log>,
-        thread: Mutex<Option<JoinHandle<()>>>,
+        clock: Arc<VirtualClock>,
+        ticker: Mutex<Option<TickerId>>,
+        player: Mutex<Player>,
     }
 
-    struct Script<'a> {
-        data: &'a [u8],
+    #[derive(Debug)]
+    struct Script {
+        data: Vec<u8>,
         pos: usize,
         unanswered: u32,
     }
 
-    impl Script<'_> {
+    impl Script {
         fn byte(&mut self) -> Option<u8> {
             let b = self.data.get(self.pos).copied();
             self.pos += usize::from(b.is_some());
@@ -420,9 +433,24 @@ mod scripted {
         }
     }
 
+    /// The player's state between turns.
+    #[derive(Debug)]
+    struct Player {
+        s: Script,
+        /// The CC value last acted on (the page starts with the script's).
+        last_cc: u32,
+        sq_db: usize,
+        cq_db: usize,
+        /// Admin queues while "enabled": (ASQ, ACQ, entries SQ, CQ).
+        admin: Option<(u64, u64, u32, u32)>,
+        head: u32,
+        cq_tail: u32,
+        phase: bool,
+    }
+
     impl Device {
         pub fn start(data: &[u8]) -> Arc<Self> {
-            let mut s = Script { data, pos: 0, unanswered: 0 };
+            let mut s = Script { data: data.to_vec(), pos: 0, unanswered: 0 };
             let lo = s.u32();
             let hi = s.u32();
             // CAP.TO cut to 0..=3 (bounded time per input).
@@ -439,23 +467,44 @@ mod scripted {
             page[offset::CC / 4].store(cc, Ordering::Relaxed);
             // SAFETY: the boxed page lives as long as the device (its heap
             // memory does not move); it is only accessed atomically, through
-            // `mmio` and by the player thread.
+            // `mmio` and by the player.
             let mmio = unsafe { Mmio::new(page.as_ptr() as *mut u8, PAGE_BYTES) }.expect("aligned");
+            let rest = data.get(s.pos..).unwrap_or(&[]).to_vec();
+            let dstrd = cap.dstrd();
+            let player = Player {
+                s: Script { data: rest, pos: 0, unanswered: 0 },
+                last_cc: cc,
+                sq_db: doorbell_offset(0, false, dstrd),
+                cq_db: doorbell_offset(0, true, dstrd),
+                admin: None,
+                head: 0,
+                cq_tail: 0,
+                phase: true,
+            };
             let dev = Arc::new(Self {
                 page,
                 mmio,
                 next: AtomicU64::new(0x1_0000_0000),
                 maps: Mutex::new(Vec::new()),
                 plain: AtomicBool::new(false),
-                stop: AtomicBool::new(false),
                 log: Mutex::new(Log { cap: cap.0, pages: Vec::new() }),
-                thread: Mutex::new(None),
+                clock: VirtualClock::new(),
+                ticker: Mutex::new(None),
+                player: Mutex::new(player),
             });
-            let rest = data.get(s.pos..).unwrap_or(&[]).to_vec();
-            let d = dev.clone();
-            let h = std::thread::spawn(move || d.play(&rest, cap, cc));
-            *dev.thread.lock().unwrap() = Some(h);
+            let weak: Weak<Self> = Arc::downgrade(&dev);
+            let id = dev.clock.add_ticker(Arc::new(move |_| {
+                if let Some(d) = weak.upgrade() {
+                    d.play();
+                }
+            }));
+            *dev.ticker.lock().unwrap() = Some(id);
             dev
+        }
+
+        /// The device's virtual clock.
+        pub fn virtual_clock(&self) -> &VirtualClock {
+            &self.clock
         }
 
         pub fn go_plain(&self) {
@@ -466,10 +515,10 @@ mod scripted {
             self.log.lock().unwrap().clone()
         }
 
+        /// Leaves the clock: the device plays no more.
         pub fn stop(&self) {
-            self.stop.store(true, Ordering::SeqCst);
-            if let Some(h) = self.thread.lock().unwrap().take() {
-                h.join().expect("the device thread");
+            if let Some(id) = self.ticker.lock().unwrap().take() {
+                self.clock.remove_ticker(id);
             }
         }
 
@@ -519,77 +568,76 @@ mod scripted {
             }
         }
 
-        /// The player: CSTS after each CC change, admin commands after each
-        /// SQ tail doorbell, from the script.
-        fn play(&self, data: &[u8], cap: Cap, initial_cc: u32) {
-            let mut s = Script { data, pos: 0, unanswered: 0 };
-            // The CC value the page started with (the host may have written
-            // it before this thread ran).
-            let mut last_cc = initial_cc;
-            let dstrd = cap.dstrd();
-            let sq_db = doorbell_offset(0, false, dstrd);
-            let cq_db = doorbell_offset(0, true, dstrd);
-            // Admin queues while "enabled": (ASQ, ACQ, entries SQ, CQ).
-            let mut admin: Option<(u64, u64, u32, u32)> = None;
-            let (mut head, mut cq_tail, mut phase) = (0u32, 0u32, true);
-            while !self.stop.load(Ordering::Acquire) {
-                let cc = Cc(self.reg(offset::CC));
-                if cc.0 != last_cc {
-                    last_cc = cc.0;
-                    let plain = self.plain.load(Ordering::Acquire) || s.byte().is_none_or(|m| m % 4 != 0);
-                    let csts = if plain {
-                        let shst = if cc.0 & (3 << 14) != 0 { 0b10 << 2 } else { 0 };
-                        u32::from(cc.en()) | shst
-                    } else {
-                        s.u32()
-                    };
-                    self.set_reg(offset::CSTS, csts);
-                    admin = None;
-                    if cc.en() && csts & 1 == 1 {
-                        let aqa = Aqa(self.reg(offset::AQA));
-                        let asq =
-                            u64::from(self.reg(offset::ASQ)) | u64::from(self.reg(offset::ASQ + 4)) << 32;
-                        let acq =
-                            u64::from(self.reg(offset::ACQ)) | u64::from(self.reg(offset::ACQ + 4)) << 32;
-                        admin = Some((asq, acq, u32::from(aqa.asqs_z()) + 1, u32::from(aqa.acqs_z()) + 1));
-                        (head, cq_tail, phase) = (0, 0, true);
-                        self.set_reg(sq_db, 0);
-                        self.set_reg(cq_db, 0);
-                    }
-                }
-                if let Some((asq, acq, sqn, cqn)) = admin {
-                    let tail = self.reg(sq_db);
-                    if tail < sqn && head != tail && (cq_tail + 1) % cqn != self.reg(cq_db) {
-                        let mut dw = [0u32; 16];
-                        for (i, d) in dw.iter_mut().enumerate() {
-                            *d = self.load32(asq + u64::from(head) * 64 + 4 * i as u64).unwrap_or(0);
-                        }
-                        head = (head + 1) % sqn;
-                        if let Some((cqe, raw)) = self.answer(&mut s, &dw, head) {
-                            let at = acq + u64::from(cq_tail) * 16;
-                            for (i, d) in cqe.iter().enumerate().take(3) {
-                                self.store32(at + 4 * i as u64, *d);
-                            }
-                            // A raw CQE keeps its own phase tag.
-                            let dw3 =
-                                if raw { cqe[3] } else { (cqe[3] & !(1 << 16)) | u32::from(phase) << 16 };
-                            self.store32(at + 12, dw3);
-                            cq_tail = (cq_tail + 1) % cqn;
-                            if cq_tail == 0 {
-                                phase = !phase;
-                            }
-                        }
-                        continue;
-                    }
-                }
-                std::thread::yield_now();
+        /// One turn of the player (each time the driver waits on the
+        /// clock): CSTS after a CC change, then every admin command the SQ
+        /// tail doorbell offers, from the script.
+        fn play(&self) {
+            let mut guard = self.player.lock().unwrap();
+            let p = &mut *guard;
+            let cc = Cc(self.reg(offset::CC));
+            if cc.0 != p.last_cc {
+                p.last_cc = cc.0;
+                self.change_csts(p, cc);
             }
+            while self.fetch_one(p) {}
+        }
+
+        /// CSTS after CC became `cc`: plain (RDY follows EN, SHST follows
+        /// SHN) or from the script; the admin queues (re)start on RDY.
+        fn change_csts(&self, p: &mut Player, cc: Cc) {
+            let plain = self.plain.load(Ordering::Acquire) || p.s.byte().is_none_or(|m| m % 4 != 0);
+            let csts = if plain {
+                let shst = if cc.0 & (3 << 14) != 0 { 0b10 << 2 } else { 0 };
+                u32::from(cc.en()) | shst
+            } else {
+                p.s.u32()
+            };
+            self.set_reg(offset::CSTS, csts);
+            p.admin = None;
+            if cc.en() && csts & 1 == 1 {
+                let aqa = Aqa(self.reg(offset::AQA));
+                let asq = u64::from(self.reg(offset::ASQ)) | u64::from(self.reg(offset::ASQ + 4)) << 32;
+                let acq = u64::from(self.reg(offset::ACQ)) | u64::from(self.reg(offset::ACQ + 4)) << 32;
+                p.admin = Some((asq, acq, u32::from(aqa.asqs_z()) + 1, u32::from(aqa.acqs_z()) + 1));
+                (p.head, p.cq_tail, p.phase) = (0, 0, true);
+                self.set_reg(p.sq_db, 0);
+                self.set_reg(p.cq_db, 0);
+            }
+        }
+
+        /// Fetches and answers one admin command if the doorbell offers one
+        /// and the CQ has room; `false` when there was none.
+        fn fetch_one(&self, p: &mut Player) -> bool {
+            let Some((asq, acq, sqn, cqn)) = p.admin else { return false };
+            let tail = self.reg(p.sq_db);
+            if tail >= sqn || p.head == tail || (p.cq_tail + 1) % cqn == self.reg(p.cq_db) {
+                return false;
+            }
+            let mut dw = [0u32; 16];
+            for (i, d) in dw.iter_mut().enumerate() {
+                *d = self.load32(asq + u64::from(p.head) * 64 + 4 * i as u64).unwrap_or(0);
+            }
+            p.head = (p.head + 1) % sqn;
+            if let Some((cqe, raw)) = self.answer(&mut p.s, &dw, p.head) {
+                let at = acq + u64::from(p.cq_tail) * 16;
+                for (i, d) in cqe.iter().enumerate().take(3) {
+                    self.store32(at + 4 * i as u64, *d);
+                }
+                // A raw CQE keeps its own phase tag.
+                let dw3 = if raw { cqe[3] } else { (cqe[3] & !(1 << 16)) | u32::from(p.phase) << 16 };
+                self.store32(at + 12, dw3);
+                p.cq_tail = (p.cq_tail + 1) % cqn;
+                if p.cq_tail == 0 {
+                    p.phase = !p.phase;
+                }
+            }
+            true
         }
 
         /// The CQE (DW0..DW3, phase filled in by the caller unless it is a
         /// raw one, `true`) for admin command `dw`, or none; writes its
         /// Identify data first.
-        fn answer(&self, s: &mut Script<'_>, dw: &[u32; 16], sqhd: u32) -> Option<([u32; 4], bool)> {
+        fn answer(&self, s: &mut Script, dw: &[u32; 16], sqhd: u32) -> Option<([u32; 4], bool)> {
             let (opcode, cid) = (dw[0] as u8, (dw[0] >> 16) as u16);
             let mode = if self.plain.load(Ordering::Acquire) { 0 } else { s.byte().unwrap_or(0) % 8 };
             if mode == 7 && s.unanswered < 2 {
@@ -624,6 +672,9 @@ mod scripted {
     impl NvmeDevice for Device {
         fn name(&self) -> &str {
             "scripted"
+        }
+        fn clock(&self) -> &dyn Clock {
+            &*self.clock
         }
         fn bar0(&self) -> &Mmio {
             &self.mmio
