@@ -180,16 +180,20 @@ pub fn hostile_completions(data: &[u8]) {
 
 mod hostile {
     //! A device whose registers are plain memory and whose DMA mappings
-    //! hand out fake bus addresses: the test plays the controller.
-    use nvm_queue::{DeviceError, DmaMapping, Mmio, NvmeDevice};
+    //! hand out fake bus addresses: the test plays the controller. It runs
+    //! on a virtual clock, so the driver's re-reads of a CQE body naming
+    //! another SQ (and the grace it gives such an entry) take virtual time.
+    use nvm_queue::{Clock, DeviceError, DmaMapping, Mmio, NvmeDevice, VirtualClock};
     use std::ptr::NonNull;
     use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
 
     #[derive(Debug)]
     pub struct Device {
         _page: Box<[u32]>,
         mmio: Mmio,
         next: AtomicU64,
+        clock: Arc<VirtualClock>,
     }
 
     impl Device {
@@ -199,13 +203,16 @@ mod hostile {
             // memory does not move) and is only accessed through `mmio`.
             #[allow(unsafe_code)]
             let mmio = unsafe { Mmio::new(page.as_mut_ptr().cast(), 0x2000) }.expect("aligned");
-            Self { _page: page, mmio, next: AtomicU64::new(0x1_0000_0000) }
+            Self { _page: page, mmio, next: AtomicU64::new(0x1_0000_0000), clock: VirtualClock::new() }
         }
     }
 
     impl NvmeDevice for Device {
         fn name(&self) -> &str {
             "hostile"
+        }
+        fn clock(&self) -> &dyn Clock {
+            &*self.clock
         }
         fn bar0(&self) -> &Mmio {
             &self.mmio

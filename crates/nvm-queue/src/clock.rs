@@ -23,7 +23,14 @@ pub trait Clock: Send + Sync + fmt::Debug {
     fn now(&self) -> Instant;
     /// Waits `d` (at least; a real sleep may overshoot).
     fn sleep(&self, d: Duration);
+    /// One turn of a busy-wait loop that re-reads memory a device writes:
+    /// a CPU hint on the real clock; on a virtual clock a sleep of
+    /// [`SPIN_TIME`], so that such a loop bounded by [`Clock::now`] ends.
+    fn spin(&self);
 }
+
+/// The virtual time one [`Clock::spin`] takes on a [`VirtualClock`].
+pub const SPIN_TIME: Duration = Duration::from_micros(1);
 
 /// The real monotonic clock: [`Instant::now`] and [`std::thread::sleep`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -36,6 +43,10 @@ impl Clock for RealClock {
 
     fn sleep(&self, d: Duration) {
         std::thread::sleep(d);
+    }
+
+    fn spin(&self) {
+        std::hint::spin_loop();
     }
 }
 
@@ -121,6 +132,10 @@ impl Clock for VirtualClock {
         let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         self.elapsed_ns.fetch_add(ns, Ordering::AcqRel);
         self.tick();
+    }
+
+    fn spin(&self) {
+        self.sleep(SPIN_TIME);
     }
 }
 

@@ -49,7 +49,7 @@ pub mod dma;
 pub mod mmio;
 pub mod prp;
 
-pub use clock::{Clock, RealClock, Ticker, TickerId, VirtualClock};
+pub use clock::{Clock, RealClock, Ticker, TickerId, VirtualClock, SPIN_TIME};
 pub use device::{DeviceError, DmaMapping, HostMemory, NvmeDevice, HOST_PAGE_SIZE};
 pub use dma::{DmaBuffer, DmaError};
 pub use mmio::{Doorbell, Mmio, MmioError};

@@ -133,11 +133,7 @@ impl Backing {
             return Ok(());
         }
         let Backing::File { file, base, size, .. } = self else { return Ok(()) };
-        let b = file_range(base, size, ns, offset, dst.len())?;
-        file.read_exact_at(dst, b).map_err(|e| {
-            tracing::warn!(error = %e, "nvme-emu: backing file read failed");
-            read_error()
-        })
+        file_read(file, dst, file_range(base, size, ns, offset, dst.len())?)
     }
 
     /// `src` to namespace `ns`'s bytes `offset..offset + src.len()` (the
@@ -145,18 +141,11 @@ impl Backing {
     pub(crate) fn write_at(&mut self, ns: usize, offset: u64, src: &[u8]) -> Result<(), MediaError> {
         if let Some(images) = self.ram() {
             let data = images.get_mut(ns).ok_or_else(internal)?;
-            let off = usize::try_from(offset).map_err(|_| internal())?;
-            let dst =
-                off.checked_add(src.len()).and_then(|end| data.get_mut(off..end)).ok_or_else(internal)?;
-            dst.copy_from_slice(src);
+            ram_range_mut(data, offset, src.len())?.copy_from_slice(src);
             return Ok(());
         }
         let Backing::File { file, base, size, .. } = self else { return Ok(()) };
-        let b = file_range(base, size, ns, offset, src.len())?;
-        file.write_all_at(src, b).map_err(|e| {
-            tracing::warn!(error = %e, "nvme-emu: backing file write failed");
-            write_fault()
-        })
+        file_write(file, src, file_range(base, size, ns, offset, src.len())?)
     }
 
     /// Makes the file store's data durable on the host (`sync_data`); a
@@ -180,43 +169,22 @@ impl Backing {
     ) -> Result<(), MediaError> {
         if let Some(images) = self.ram() {
             let data = images.get(ns).ok_or_else(internal)?;
-            let mut off = usize::try_from(offset).map_err(|_| internal())?;
-            for s in segs {
-                let len = s.len as usize;
-                let src = off.checked_add(len).and_then(|end| data.get(off..end)).ok_or_else(internal)?;
+            for (iova, at, len) in pieces(segs, offset, usize::MAX) {
+                let src = ram_range(data, at, len)?;
                 // SAFETY: `src` is this store's RAM image, which the
                 // controller frees or writes only after waiting for the
                 // copies in flight (see `DmaView::write_from_media`).
-                unsafe { dma.write_from_media(s.iova, src) }.map_err(|_| MediaError::Dma)?;
-                off += len;
+                unsafe { dma.write_from_media(iova, src) }.map_err(|_| MediaError::Dma)?;
             }
             return Ok(());
         }
-        match self {
-            Backing::Null | Backing::Ram(_) | Backing::RamDisk(_) => Ok(()),
-            Backing::File { file, base, size, bounce } => {
-                let (b, sz) = (*base.get(ns).ok_or_else(internal)?, *size.get(ns).ok_or_else(internal)?);
-                let mut off = offset;
-                for s in segs {
-                    let mut done = 0u64;
-                    while done < u64::from(s.len) {
-                        let n = (u64::from(s.len) - done).min(CHUNK as u64) as usize;
-                        if off + n as u64 > sz {
-                            return Err(internal());
-                        }
-                        let buf = &mut bounce[..n];
-                        file.read_exact_at(buf, b + off).map_err(|e| {
-                            tracing::warn!(error = %e, "nvme-emu: backing file read failed");
-                            read_error()
-                        })?;
-                        dma.write(s.iova + done, buf).map_err(|_| MediaError::Dma)?;
-                        done += n as u64;
-                        off += n as u64;
-                    }
-                }
-                Ok(())
-            }
+        let Backing::File { file, base, size, bounce } = self else { return Ok(()) };
+        for (iova, at, len) in pieces(segs, offset, CHUNK) {
+            let buf = &mut bounce[..len];
+            file_read(file, buf, file_range(base, size, ns, at, len)?)?;
+            dma.write(iova, buf).map_err(|_| MediaError::Dma)?;
         }
+        Ok(())
     }
 
     /// Host -> media: copies the host segments into namespace `ns` at
@@ -233,48 +201,27 @@ impl Backing {
     ) -> Result<(), MediaError> {
         if let Some(images) = self.ram() {
             let data = images.get_mut(ns).ok_or_else(internal)?;
-            let mut off = usize::try_from(offset).map_err(|_| internal())?;
-            for s in segs {
-                let len = s.len as usize;
-                let dst = off.checked_add(len).and_then(|end| data.get_mut(off..end)).ok_or_else(internal)?;
+            for (iova, at, len) in pieces(segs, offset, usize::MAX) {
+                let dst = ram_range_mut(data, at, len)?;
                 let r = if deferred {
                     // SAFETY: as in `read`: the RAM image outlives the
                     // copies in flight, and the caller reads nothing of
                     // this range before they end.
-                    unsafe { dma.read_into_media(s.iova, dst) }
+                    unsafe { dma.read_into_media(iova, dst) }
                 } else {
-                    dma.read(s.iova, dst)
+                    dma.read(iova, dst)
                 };
                 r.map_err(|_| MediaError::Dma)?;
-                off += len;
             }
             return Ok(());
         }
-        match self {
-            Backing::Null | Backing::Ram(_) | Backing::RamDisk(_) => Ok(()),
-            Backing::File { file, base, size, bounce } => {
-                let (b, sz) = (*base.get(ns).ok_or_else(internal)?, *size.get(ns).ok_or_else(internal)?);
-                let mut off = offset;
-                for s in segs {
-                    let mut done = 0u64;
-                    while done < u64::from(s.len) {
-                        let n = (u64::from(s.len) - done).min(CHUNK as u64) as usize;
-                        if off + n as u64 > sz {
-                            return Err(internal());
-                        }
-                        let buf = &mut bounce[..n];
-                        dma.read(s.iova + done, buf).map_err(|_| MediaError::Dma)?;
-                        file.write_all_at(buf, b + off).map_err(|e| {
-                            tracing::warn!(error = %e, "nvme-emu: backing file write failed");
-                            write_fault()
-                        })?;
-                        done += n as u64;
-                        off += n as u64;
-                    }
-                }
-                Ok(())
-            }
+        let Backing::File { file, base, size, bounce } = self else { return Ok(()) };
+        for (iova, at, len) in pieces(segs, offset, CHUNK) {
+            let buf = &mut bounce[..len];
+            dma.read(iova, buf).map_err(|_| MediaError::Dma)?;
+            file_write(file, buf, file_range(base, size, ns, at, len)?)?;
         }
+        Ok(())
     }
 
     /// Sets `len` bytes of namespace `ns` at `offset` to zero (Write Zeroes,
@@ -282,32 +229,58 @@ impl Backing {
     pub(crate) fn zero(&mut self, ns: usize, offset: u64, len: u64) -> Result<(), MediaError> {
         if let Some(images) = self.ram() {
             let data = images.get_mut(ns).ok_or_else(internal)?;
-            let off = usize::try_from(offset).map_err(|_| internal())?;
             let len = usize::try_from(len).map_err(|_| internal())?;
-            off.checked_add(len).and_then(|end| data.get_mut(off..end)).ok_or_else(internal)?.fill(0);
+            ram_range_mut(data, offset, len)?.fill(0);
             return Ok(());
         }
-        match self {
-            Backing::Null | Backing::Ram(_) | Backing::RamDisk(_) => Ok(()),
-            Backing::File { file, base, size, bounce } => {
-                let (b, sz) = (*base.get(ns).ok_or_else(internal)?, *size.get(ns).ok_or_else(internal)?);
-                if offset.checked_add(len).is_none_or(|end| end > sz) {
-                    return Err(internal());
-                }
-                bounce.fill(0);
-                let mut done = 0u64;
-                while done < len {
-                    let n = (len - done).min(CHUNK as u64) as usize;
-                    file.write_all_at(&bounce[..n], b + offset + done).map_err(|e| {
-                        tracing::warn!(error = %e, "nvme-emu: backing file write failed");
-                        write_fault()
-                    })?;
-                    done += n as u64;
-                }
-                Ok(())
-            }
+        let Backing::File { file, base, size, bounce } = self else { return Ok(()) };
+        // The whole range first: nothing is written when it is not inside
+        // the namespace.
+        file_range(base, size, ns, offset, usize::try_from(len).map_err(|_| internal())?)?;
+        bounce.fill(0);
+        for (at, n) in spans(offset, len, CHUNK) {
+            file_write(file, &bounce[..n], file_range(base, size, ns, at, n)?)?;
         }
+        Ok(())
     }
+}
+
+/// The pieces of at most `max` bytes of a transfer between namespace
+/// bytes from `offset` and the host segments `segs`, in order: (device
+/// address, namespace byte offset, length). The one walk behind every
+/// chunked copy of this store.
+fn pieces(segs: &[Segment], offset: u64, max: usize) -> impl Iterator<Item = (u64, u64, usize)> + '_ {
+    let mut next = offset;
+    segs.iter().flat_map(move |s| {
+        let (iova, start, len) = (s.iova, next, u64::from(s.len));
+        next = next.saturating_add(len);
+        spans(start, len, max).map(move |(at, n)| (iova + (at - start), at, n))
+    })
+}
+
+/// `offset..offset + len` in pieces of at most `max` bytes: (offset,
+/// length).
+fn spans(offset: u64, len: u64, max: usize) -> impl Iterator<Item = (u64, usize)> {
+    let max64 = u64::try_from(max).unwrap_or(u64::MAX);
+    (0..len).step_by(max).map(move |d| (offset.saturating_add(d), (len - d).min(max64) as usize))
+}
+
+/// Reads `buf` from the backing file at byte `at`; a failure is an
+/// Unrecovered Read Error.
+fn file_read(file: &File, buf: &mut [u8], at: u64) -> Result<(), MediaError> {
+    file.read_exact_at(buf, at).map_err(|e| {
+        tracing::warn!(error = %e, "nvme-emu: backing file read failed");
+        read_error()
+    })
+}
+
+/// Writes `buf` to the backing file at byte `at`; a failure is a Write
+/// Fault.
+fn file_write(file: &File, buf: &[u8], at: u64) -> Result<(), MediaError> {
+    file.write_all_at(buf, at).map_err(|e| {
+        tracing::warn!(error = %e, "nvme-emu: backing file write failed");
+        write_fault()
+    })
 }
 
 /// `len` bytes of a RAM image at `offset`, or an Internal Error when out
@@ -315,6 +288,12 @@ impl Backing {
 fn ram_range(data: &[u8], offset: u64, len: usize) -> Result<&[u8], MediaError> {
     let off = usize::try_from(offset).map_err(|_| internal())?;
     off.checked_add(len).and_then(|end| data.get(off..end)).ok_or_else(internal)
+}
+
+/// As [`ram_range`], writable.
+fn ram_range_mut(data: &mut [u8], offset: u64, len: usize) -> Result<&mut [u8], MediaError> {
+    let off = usize::try_from(offset).map_err(|_| internal())?;
+    off.checked_add(len).and_then(|end| data.get_mut(off..end)).ok_or_else(internal)
 }
 
 /// File offset of namespace `ns`'s bytes `offset..offset + len`, or an

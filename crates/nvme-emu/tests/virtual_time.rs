@@ -44,7 +44,9 @@ fn a_10_s_ready_delay_is_waited_out_in_virtual_time() {
     // The rest of bring-up (Identify, Set Features) took one 20 us admin
     // poll per command: 10 s of virtual time in all, plus those.
     let elapsed = clock.elapsed();
-    assert!(elapsed >= Duration::from_secs(10) && elapsed < Duration::from_secs(10) + Duration::from_millis(1));
+    assert!(
+        elapsed >= Duration::from_secs(10) && elapsed < Duration::from_secs(10) + Duration::from_millis(1)
+    );
     assert_eq!(ctrl.namespaces().len(), 1);
     assert_eq!(ctrl.namespaces()[0].blocks, 64);
     assert!(emu.is_running());

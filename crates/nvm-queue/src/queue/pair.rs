@@ -20,6 +20,7 @@ use crate::prp::{DmaListPages, NoListPages, PrpBuilder, PrpError};
 /// SQ is left in place (re-read at each poll) before it is consumed as a
 /// protocol error: long enough for a device that writes DW3 before the body
 /// to finish, short enough that a truly foreign entry cannot stall the queue.
+/// Measured on the device's clock ([`NvmeDevice::clock`]).
 pub const UNSETTLED_GRACE: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Shape of a queue pair.
@@ -155,7 +156,7 @@ pub struct QueuePair {
     sq_deleted: bool,
     /// Keeps the device, and so the BAR0 window the doorbells point into,
     /// alive as long as the pair.
-    _device: Arc<dyn NvmeDevice>,
+    device: Arc<dyn NvmeDevice>,
 }
 
 impl QueuePair {
@@ -206,7 +207,7 @@ impl QueuePair {
         let bar = device.bar0();
         let db = |is_cq| {
             // SAFETY: the doorbells live in `self.sq`/`self.cq`, and `self`
-            // holds `device` (field `_device`), which keeps its BAR0 window
+            // holds `device` (field `device`), which keeps its BAR0 window
             // mapped for as long as the pair exists.
             unsafe { bar.doorbell(doorbell_offset(cfg.qid, is_cq, cfg.dstrd)) }
                 .map_err(|source| QueueError::Doorbell { qid: cfg.qid, source })
@@ -248,7 +249,7 @@ impl QueuePair {
             stats: QueueStats::default(),
             unsettled_since: None,
             sq_deleted: false,
-            _device: device.clone(),
+            device: device.clone(),
         })
     }
 
@@ -378,9 +379,9 @@ impl QueuePair {
                 // poll, up to UNSETTLED_GRACE, before calling it foreign.
                 cqe = self.settle_body(index, cqe);
                 if cqe.sqid != self.sq.qid() {
-                    let now = std::time::Instant::now();
+                    let now = self.device.clock().now();
                     let since = *self.unsettled_since.get_or_insert(now);
-                    if now.duration_since(since) < UNSETTLED_GRACE {
+                    if now.saturating_duration_since(since) < UNSETTLED_GRACE {
                         break;
                     }
                 }
@@ -413,12 +414,14 @@ impl QueuePair {
         n
     }
 
-    /// Re-reads the body of CQ entry `index` for up to 50 µs until it
-    /// names this SQ; returns the last version read.
+    /// Re-reads the body of CQ entry `index` for up to 50 µs of the
+    /// device's clock until it names this SQ; returns the last version
+    /// read.
     fn settle_body(&self, index: u32, mut cqe: nvme_regs::Cqe) -> nvme_regs::Cqe {
-        let start = std::time::Instant::now();
-        while start.elapsed() < std::time::Duration::from_micros(50) {
-            std::hint::spin_loop();
+        let clock = self.device.clock();
+        let start = clock.now();
+        while clock.now().saturating_duration_since(start) < std::time::Duration::from_micros(50) {
+            clock.spin();
             if let Some([dw0, dw1, dw2]) = self.cq.reread_body(index) {
                 cqe = nvme_regs::Cqe::from_dwords([dw0, dw1, dw2, cqe.dw3()]);
                 if cqe.sqid == self.sq.qid() {
