@@ -305,3 +305,34 @@ fn file_range(base: &[u64], size: &[u64], ns: usize, offset: u64, len: usize) ->
         _ => Err(internal()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_follow_the_segments_and_split_them_at_the_chunk_size() {
+        let segs = [
+            Segment { iova: 0x1_0000_0000, len: 4096 },
+            Segment { iova: 0x2_0000_0000, len: 100_000 },
+            Segment { iova: 0x3_0000_0000, len: 10 },
+        ];
+        let got: Vec<_> = pieces(&segs, 512, CHUNK).collect();
+        assert_eq!(
+            got,
+            [
+                (0x1_0000_0000, 512, 4096),
+                (0x2_0000_0000, 4608, CHUNK),
+                (0x2_0000_0000 + CHUNK as u64, 4608 + CHUNK as u64, 100_000 - CHUNK),
+                (0x3_0000_0000, 104_608, 10),
+            ]
+        );
+        // Unbounded: one piece per segment.
+        assert_eq!(pieces(&segs, 0, usize::MAX).count(), 3);
+        assert_eq!(spans(10, 0, CHUNK).count(), 0);
+        assert_eq!(
+            spans(0, 2 * CHUNK as u64 + 1, CHUNK).map(|(_, n)| n).collect::<Vec<_>>(),
+            [CHUNK, CHUNK, 1]
+        );
+    }
+}
