@@ -500,10 +500,13 @@ mod scripted {
                 player: Mutex::new(player),
             });
             let weak: Weak<Self> = Arc::downgrade(&dev);
-            let id = dev.clock.add_ticker(Arc::new(move |_| {
-                if let Some(d) = weak.upgrade() {
-                    d.play();
-                }
+            // It acts only on what the driver wrote: after a turn that
+            // changed nothing it has nothing of its own to do (`None`), so a
+            // polling wait moves on to its deadline when the script gives
+            // no answer.
+            let id = dev.clock.add_ticker(Arc::new(move |now| {
+                let d = weak.upgrade()?;
+                d.play().then_some(now)
             }));
             *dev.ticker.lock().unwrap() = Some(id);
             dev
@@ -577,16 +580,20 @@ mod scripted {
 
         /// One turn of the player (each time the driver waits on the
         /// clock): CSTS after a CC change, then every admin command the SQ
-        /// tail doorbell offers, from the script.
-        fn play(&self) {
+        /// tail doorbell offers, from the script. Whether it did anything.
+        fn play(&self) -> bool {
             let mut guard = self.player.lock().unwrap();
             let p = &mut *guard;
             let cc = Cc(self.reg(offset::CC));
-            if cc.0 != p.last_cc {
+            let mut acted = cc.0 != p.last_cc;
+            if acted {
                 p.last_cc = cc.0;
                 self.change_csts(p, cc);
             }
-            while self.fetch_one(p) {}
+            while self.fetch_one(p) {
+                acted = true;
+            }
+            acted
         }
 
         /// CSTS after CC became `cc`: plain (RDY follows EN, SHST follows

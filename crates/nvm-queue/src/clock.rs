@@ -8,9 +8,11 @@
 //! on the clock act ([`VirtualClock::add_ticker`]) at the instant the wait
 //! starts, moves virtual time on by the wait, and lets them act again at
 //! the new instant. A device on a virtual clock is therefore played by the
-//! threads that wait on it, one step per wait, with no thread of its own:
-//! a bring-up that waits 10 s for CSTS.RDY takes 10 s of virtual time and
-//! a few milliseconds of real time.
+//! threads that wait on it, one step per wait, with no thread of its own.
+//! A polling wait ([`Clock::poll_sleep`]) moves on at once to the next
+//! instant at which a device has something of its own to do, or to the
+//! wait's deadline: a bring-up that waits 10 s for CSTS.RDY takes 10 s of
+//! virtual time, a handful of polls and microseconds of real time.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +25,15 @@ pub trait Clock: Send + Sync + fmt::Debug {
     fn now(&self) -> Instant;
     /// Waits `d` (at least; a real sleep may overshoot).
     fn sleep(&self, d: Duration);
+    /// The sleep between two looks of a polling loop at what a device
+    /// changes (a register, a completion queue), in a wait that gives up
+    /// at `deadline`: [`Clock::sleep`] of `d` on the real clock. A virtual
+    /// clock moves on to the later of `now + d` and the earlier of
+    /// `deadline` and the next instant a device on it has something of its
+    /// own to do (what its ticker returned): nothing the waiter looks at
+    /// can change before then, as long as the waiting thread is the only
+    /// one acting on those devices.
+    fn poll_sleep(&self, d: Duration, deadline: Instant);
     /// One turn of a busy-wait loop that re-reads memory a device writes:
     /// a CPU hint on the real clock; on a virtual clock a sleep of
     /// [`SPIN_TIME`], so that such a loop bounded by [`Clock::now`] ends.
@@ -45,6 +56,10 @@ impl Clock for RealClock {
         std::thread::sleep(d);
     }
 
+    fn poll_sleep(&self, d: Duration, _deadline: Instant) {
+        std::thread::sleep(d);
+    }
+
     fn spin(&self) {
         std::hint::spin_loop();
     }
@@ -52,8 +67,10 @@ impl Clock for RealClock {
 
 /// What a device does when virtual time passes: it is given the current
 /// virtual instant and acts on it (polls its registers and queues, posts
-/// what is due).
-pub type Ticker = Arc<dyn Fn(Instant) + Send + Sync>;
+/// what is due), and returns the next instant at which it has something of
+/// its own to do (a modelled delay ending, a scheduled completion); `None`
+/// when it only reacts to the host.
+pub type Ticker = Arc<dyn Fn(Instant) -> Option<Instant> + Send + Sync>;
 
 /// Names a ticker for [`VirtualClock::remove_ticker`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,14 +122,19 @@ impl VirtualClock {
         self.lock().retain(|(i, _)| *i != id);
     }
 
-    /// Runs every ticker once at the current virtual instant. The list is
-    /// locked meanwhile, so a ticker being removed finishes its run first;
-    /// a ticker must not sleep on this clock.
-    pub fn tick(&self) {
+    /// Runs every ticker once at the current virtual instant and returns
+    /// the earliest next instant they asked for. The list is locked
+    /// meanwhile, so a ticker being removed finishes its run first; a
+    /// ticker must not sleep on this clock.
+    pub fn tick(&self) -> Option<Instant> {
         let now = self.now();
-        for (_, t) in self.lock().iter() {
-            t(now);
-        }
+        self.lock().iter().filter_map(|(_, t)| t(now)).min()
+    }
+
+    /// Moves virtual time on to `to` (never back).
+    fn advance_to(&self, to: Instant) {
+        let ns = u64::try_from(to.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX);
+        self.elapsed_ns.fetch_max(ns, Ordering::AcqRel);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(TickerId, Ticker)>> {
@@ -131,6 +153,12 @@ impl Clock for VirtualClock {
         self.tick();
         let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         self.elapsed_ns.fetch_add(ns, Ordering::AcqRel);
+        self.tick();
+    }
+
+    fn poll_sleep(&self, d: Duration, deadline: Instant) {
+        let next = self.tick().map_or(deadline, |n| n.min(deadline));
+        self.advance_to(next.max(self.now() + d));
         self.tick();
     }
 
@@ -160,7 +188,10 @@ mod tests {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s = seen.clone();
         let epoch = clock.now();
-        let id = clock.add_ticker(Arc::new(move |now| s.lock().unwrap().push(now - epoch)));
+        let id = clock.add_ticker(Arc::new(move |now| {
+            s.lock().unwrap().push(now - epoch);
+            None
+        }));
         clock.sleep(Duration::from_millis(3));
         assert_eq!(*seen.lock().unwrap(), [Duration::ZERO, Duration::from_millis(3)]);
         clock.remove_ticker(id);
@@ -170,8 +201,27 @@ mod tests {
         let m = n.clone();
         clock.add_ticker(Arc::new(move |_| {
             m.fetch_add(1, Ordering::Relaxed);
+            None
         }));
-        clock.tick();
+        assert_eq!(clock.tick(), None);
         assert_eq!(n.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_polling_sleep_moves_on_to_the_next_event_or_the_deadline() {
+        let clock = VirtualClock::new();
+        let t0 = clock.now();
+        let event = t0 + Duration::from_secs(3);
+        let id = clock.add_ticker(Arc::new(move |now| (now < event).then_some(event)));
+        // The device's next event comes first.
+        clock.poll_sleep(Duration::from_micros(50), t0 + Duration::from_secs(5));
+        assert_eq!(clock.elapsed(), Duration::from_secs(3));
+        // Nothing more due: on to the deadline.
+        clock.poll_sleep(Duration::from_micros(50), t0 + Duration::from_secs(5));
+        assert_eq!(clock.elapsed(), Duration::from_secs(5));
+        // Never less than the sleep asked for, also past the deadline.
+        clock.poll_sleep(Duration::from_micros(50), t0);
+        assert_eq!(clock.elapsed(), Duration::from_secs(5) + Duration::from_micros(50));
+        clock.remove_ticker(id);
     }
 }

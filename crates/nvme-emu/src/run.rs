@@ -154,19 +154,31 @@ impl Clocked {
 /// One step at virtual instant `now`: nothing once stopped or after a
 /// panic (the mutex is poisoned: the controller is dead, as a thread that
 /// panicked), the gone device's chores, or poll iterations while they find
-/// work.
-fn step(shared: &Shared, ctrl: &Mutex<Controller>, now: Instant) {
-    let Ok(mut ctrl) = ctrl.lock() else { return };
+/// work. Returns `now` when the step changed what the host sees (CSTS, a
+/// completion posted) or did work, so that a polling waiter looks before
+/// time moves on; otherwise when the controller next has something of its
+/// own to do (the end of a ready delay, a scheduled completion), if ever.
+fn step(shared: &Shared, ctrl: &Mutex<Controller>, now: Instant) -> Option<Instant> {
+    let Ok(mut ctrl) = ctrl.lock() else { return None };
     if shared.stop.load(Ordering::Acquire) {
-        return;
+        return None;
     }
     if shared.gone.load(Ordering::Acquire) {
         stay_gone(shared, &mut ctrl);
-        return;
+        return None;
     }
+    let before = (ctrl.csts, shared.stats.commands.load(Ordering::Relaxed));
+    let mut next = Some(now);
     for _ in 0..STEP_POLLS {
-        if !ctrl.poll(shared, now).0 {
+        let (work, next_due) = ctrl.poll(shared, now);
+        if !work {
+            next = next_due;
             break;
         }
     }
+    let after = (ctrl.csts, shared.stats.commands.load(Ordering::Relaxed));
+    if after != before {
+        return Some(now);
+    }
+    next
 }
