@@ -42,8 +42,9 @@ fn a_10_s_ready_delay_is_waited_out_in_virtual_time() {
     // before it found RDY = 0 without sleeping): RDY came exactly the
     // modelled delay later, and the driver saw it then.
     assert_eq!(*ready_at.lock().unwrap(), Some(Duration::from_secs(10)));
-    // The rest of bring-up (Identify, Set Features) took one 20 us admin
-    // poll per command: 10 s of virtual time in all, plus those.
+    // The rest of bring-up (Identify, Set Features) took a spin of the
+    // admin wait (1 us) per command: 10 s of virtual time in all, plus
+    // those.
     // (The polls in between were few: the emulator told the clock when
     // RDY was due, and the wait moved straight on to it.)
     let elapsed = clock.elapsed();
