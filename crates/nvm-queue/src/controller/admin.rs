@@ -1,7 +1,7 @@
 //! Admin commands on the admin queue pair, each waited for with a bound
 //! (NVMe Base 2.0, 5).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nvme_regs::Sqe;
 
@@ -40,7 +40,9 @@ impl Controller {
     ) -> Result<Completion, ControllerError> {
         let cid = self.admin.submit(sqe, data, 0)?;
         self.admin.ring();
-        let deadline = Instant::now() + self.opts.admin_timeout;
+        let device = self.device.clone();
+        let clock = device.clock();
+        let deadline = clock.now() + self.opts.admin_timeout;
         let mut done = None;
         let mut spins = 0u32;
         loop {
@@ -61,7 +63,7 @@ impl Controller {
                 if csts.cfs() {
                     return Err(ControllerError::Fatal { during: name });
                 }
-                if Instant::now() >= deadline {
+                if clock.now() >= deadline {
                     // The controller may still write this command's data:
                     // never hand the scratch page to another command.
                     if data.is_some() {
@@ -75,9 +77,9 @@ impl Controller {
                         state: self.admin.dump(),
                     });
                 }
-                std::thread::sleep(Duration::from_micros(20));
+                clock.poll_sleep(Duration::from_micros(20), deadline);
             } else {
-                std::hint::spin_loop();
+                clock.spin();
             }
         }
     }

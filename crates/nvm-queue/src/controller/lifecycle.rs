@@ -1,7 +1,7 @@
 //! Enabling, resetting and shutting the controller down, and the bounded
 //! CSTS waits they share (NVMe Base 2.0, 3.5.1, 3.6, 3.7.2).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nvme_regs::opcode::DeleteIoCq;
 use nvme_regs::registers::offset;
@@ -132,8 +132,12 @@ pub(super) fn enable(
     wait_csts(device, ready_timeout, "CSTS.RDY = 1 after CC.EN = 1", true, |c| c.rdy())
 }
 
+/// How often a register wait reads CSTS.
+const CSTS_POLL: Duration = Duration::from_micros(50);
+
 /// Polls CSTS until `done` holds, `timeout` passes, CSTS reads all ones, or
-/// (when `fail_on_cfs`) CSTS.CFS is set.
+/// (when `fail_on_cfs`) CSTS.CFS is set; on the device's clock
+/// ([`NvmeDevice::clock`]).
 pub(super) fn wait_csts(
     device: &dyn NvmeDevice,
     timeout: Duration,
@@ -141,7 +145,8 @@ pub(super) fn wait_csts(
     fail_on_cfs: bool,
     mut done: impl FnMut(Csts) -> bool,
 ) -> Result<(), ControllerError> {
-    let start = Instant::now();
+    let clock = device.clock();
+    let start = clock.now();
     loop {
         let csts = Csts(device.bar0().read32(offset::CSTS)?);
         if csts.is_all_ones() {
@@ -153,13 +158,13 @@ pub(super) fn wait_csts(
         if done(csts) {
             return Ok(());
         }
-        if start.elapsed() >= timeout {
+        if clock.now().saturating_duration_since(start) >= timeout {
             return Err(ControllerError::Timeout {
                 what,
                 waited: timeout,
                 state: format!("CSTS = {:#010x}", csts.0),
             });
         }
-        std::thread::sleep(Duration::from_micros(50));
+        clock.poll_sleep(CSTS_POLL, start + timeout);
     }
 }
