@@ -18,7 +18,7 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 
 mod logging;
 
-pub use logging::init_logging;
+pub use logging::{init_logging, init_logging_from};
 
 /// A signal that stops a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -40,13 +40,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TUTTID_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
+    tutti_signals::init_logging_from("TUTTID_LOG");
     let r = match Cli::parse().cmd {
         Cmd::Serve { config } => serve(&config),
         Cmd::Status { socket } => status(&socket),
