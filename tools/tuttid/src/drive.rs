@@ -535,17 +535,7 @@ impl Drive {
             quarantined: self.quarantined.load(Ordering::Relaxed),
             forwarding: match &self.doorbells {
                 Doorbells::Pages(_) => ForwardingCounters::default(),
-                Doorbells::Forwarded(f) => {
-                    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-                    let st = &f.stats;
-                    ForwardingCounters {
-                        doorbells_forwarded: n(&st.forwarded),
-                        doorbells_invalid: n(&st.invalid),
-                        sqes_mediated: n(&st.mediated),
-                        sqes_refused: n(&st.refused),
-                        stray_completions: n(&st.stray),
-                    }
-                }
+                Doorbells::Forwarded(f) => f.stats.snapshot(),
             },
         }
     }
@@ -554,14 +544,14 @@ impl Drive {
     pub fn shutdown(&self) {
         if let Doorbells::Forwarded(f) = &self.doorbells {
             f.stop();
-            let st = &f.stats;
+            let st = f.stats.snapshot();
             tracing::info!(
                 drive = %self.name,
-                forwarded = st.forwarded.load(Ordering::Relaxed),
-                invalid = st.invalid.load(Ordering::Relaxed),
-                mediated = st.mediated.load(Ordering::Relaxed),
-                refused = st.refused.load(Ordering::Relaxed),
-                stray = st.stray.load(Ordering::Relaxed),
+                forwarded = st.doorbells_forwarded,
+                invalid = st.doorbells_invalid,
+                mediated = st.sqes_mediated,
+                refused = st.sqes_refused,
+                stray = st.stray_completions,
                 "doorbell forwarding stopped"
             );
         }

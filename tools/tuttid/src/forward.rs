@@ -52,6 +52,7 @@ use std::time::{Duration, Instant};
 use nvm_queue::{Mmio, NvmeDevice};
 use nvme_regs::registers::doorbell_offset;
 use tuttid_proto::shm::{sealed_memfd, MappedFd, PAGE};
+use tuttid_proto::ForwardingCounters;
 
 use crate::mediate::{MediatedQueue, Violation};
 
@@ -210,6 +211,20 @@ pub struct ForwardStats {
     /// Mediated: controller completions with a CID of no outstanding
     /// command (dropped).
     pub stray: AtomicU64,
+}
+
+impl ForwardStats {
+    /// The counters now, as the status report carries them.
+    pub fn snapshot(&self) -> ForwardingCounters {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ForwardingCounters {
+            doorbells_forwarded: n(&self.forwarded),
+            doorbells_invalid: n(&self.invalid),
+            sqes_mediated: n(&self.mediated),
+            sqes_refused: n(&self.refused),
+            stray_completions: n(&self.stray),
+        }
+    }
 }
 
 /// The forwarding thread of one drive and the shadow pages it polls.
