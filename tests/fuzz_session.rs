@@ -113,7 +113,11 @@ impl Script<'_> {
     }
 
     fn drive(&mut self) -> String {
-        if self.byte().unwrap_or(0) < 240 { "d0".into() } else { "nope".into() }
+        if self.byte().unwrap_or(0) < 240 {
+            "d0".into()
+        } else {
+            "nope".into()
+        }
     }
 
     fn step(&mut self, op: u8) {
@@ -252,7 +256,11 @@ impl Script<'_> {
 
 /// A memfd of `len` bytes, unsealed, never written (sparse).
 fn memfd(len: u64) -> Option<OwnedFd> {
-    let fd = rustix::fs::memfd_create("fuzz", rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING).ok()?;
+    let fd = rustix::fs::memfd_create(
+        "fuzz",
+        rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+    )
+    .ok()?;
     rustix::fs::ftruncate(&fd, len).ok()?;
     Some(fd)
 }

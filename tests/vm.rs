@@ -297,7 +297,8 @@ fn check_tuttid(steps: &BTreeMap<String, Step>) -> Vec<String> {
     }
     if let Some(s) = steps.get("tuttid-attack") {
         if !s.lines.iter().any(|l| l.contains("tuttid attack: 19 attacks refused")) {
-            failures.push("tuttid-attack: not every attack through the mediated pci drive was refused".into());
+            failures
+                .push("tuttid-attack: not every attack through the mediated pci drive was refused".into());
         }
     }
     failures

@@ -81,7 +81,8 @@ impl KvStore {
             return Err(ItemStatus::Device {
                 status: None,
                 drive: None,
-                message: "the store's lease was taken by another writer: it commits nothing more; reopen it".into(),
+                message: "the store's lease was taken by another writer: it commits nothing more; reopen it"
+                    .into(),
             });
         }
         let rt = &self.targets.rt;

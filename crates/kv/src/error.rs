@@ -149,7 +149,9 @@ pub enum HolderPlace {
 impl std::fmt::Display for LeaseHolder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.place {
-            HolderPlace::ThisProcess => write!(f, "by this process, pid {}, through another runtime", self.pid),
+            HolderPlace::ThisProcess => {
+                write!(f, "by this process, pid {}, through another runtime", self.pid)
+            }
             HolderPlace::ThisHost => write!(f, "by running process {}", self.pid),
             HolderPlace::Elsewhere => {
                 write!(f, "by process {} of another PID namespace or host, which renews its lease", self.pid)

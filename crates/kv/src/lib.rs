@@ -70,10 +70,10 @@ mod store;
 pub use error::{HolderPlace, ItemStatus, KvError, LeaseHolder};
 pub use get::{Get, PendingGets};
 pub use key::{ChunkKeys, Key, KeyLengthError, KeySize};
+pub use lease::LeaseOptions;
 pub use memory::{KvMemory, MemoryKind, Value};
 pub use put::{PendingPuts, Put};
 pub use stats::KvStats;
-pub use lease::LeaseOptions;
 pub use store::{Access, Create, KvStore, OpenOptions};
 
 /// The README's Rust examples, compiled (and the store's run) as doctests.

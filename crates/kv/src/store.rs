@@ -14,8 +14,8 @@ use crate::format::{Layout, Record, RecordDecode, Superblock, SuperblockError, R
 use crate::index::Index;
 use crate::inflight::{Held, Inflight};
 use crate::io::{run, Targets};
-use crate::lease::{acquire, Lease, LeaseIo, LeaseOptions};
 use crate::key::KeySize;
+use crate::lease::{acquire, Lease, LeaseIo, LeaseOptions};
 use crate::staging::Staging;
 use crate::stats::{Counters, KvStats};
 

@@ -11,7 +11,9 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use common::{drive_file, file_runtime, fill, key, Buf, T};
-use tutti_kv::{Access, Get, HolderPlace, ItemStatus, KvError, KvStore, LeaseOptions, OpenOptions, Put, Value};
+use tutti_kv::{
+    Access, Get, HolderPlace, ItemStatus, KvError, KvStore, LeaseOptions, OpenOptions, Put, Value,
+};
 
 /// Byte offset of the lease block in drive 0's file (logical block 1 of
 /// the store, which starts at the drive's LBA 0).
@@ -47,7 +49,12 @@ fn lease_block(dir: &Path) -> Vec<u8> {
 }
 
 fn write_lease_block(dir: &Path, b: &[u8]) {
-    std::fs::OpenOptions::new().write(true).open(drive_file(dir, 0)).unwrap().write_all_at(b, LEASE_AT).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(drive_file(dir, 0))
+        .unwrap()
+        .write_all_at(b, LEASE_AT)
+        .unwrap();
 }
 
 /// A lease block as another writer would write it (format/lease.rs).
@@ -193,7 +200,11 @@ fn a_writer_whose_lease_was_taken_over_writes_nothing_more() {
     }
     assert!(matches!(kv.sync(), Err(KvError::LeaseLost(_))));
     drop(kv);
-    assert_eq!(lease_block(dir.path()), foreign_lease(5, 1, other_ns(), 1000), "the new holder's lease is left alone");
+    assert_eq!(
+        lease_block(dir.path()),
+        foreign_lease(5, 1, other_ns(), 1000),
+        "the new holder's lease is left alone"
+    );
 }
 
 #[test]
@@ -219,7 +230,10 @@ fn of_writers_opening_at_once_exactly_one_wins() {
         let won = results.iter().filter(|r| r.is_ok()).count();
         for r in &results {
             if let Err(e) = r {
-                assert!(matches!(e, KvError::Leased { .. } | KvError::LeaseContended(_)), "round {round}: {e}");
+                assert!(
+                    matches!(e, KvError::Leased { .. } | KvError::LeaseContended(_)),
+                    "round {round}: {e}"
+                );
             }
         }
         assert!(won <= 1, "round {round}: {won} writers hold the store at once");
@@ -286,6 +300,10 @@ fn a_store_that_outlives_its_runtimes_shutdown_frees_its_lease_at_the_shutdown()
     let b = KvStore::open(rt(dir.path()), &OpenOptions::new("kv")).expect("the first runtime is shut down");
     assert!(get_ok(&b, 4));
     drop(a);
-    assert_ne!(&lease_block(dir.path())[8..24], &[0u8; 16], "dropping the old store leaves the new lease alone");
+    assert_ne!(
+        &lease_block(dir.path())[8..24],
+        &[0u8; 16],
+        "dropping the old store leaves the new lease alone"
+    );
     assert_eq!(put(&b, 5).unwrap(), vec![ItemStatus::Ok]);
 }

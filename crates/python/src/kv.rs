@@ -10,8 +10,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use tutti::error_chain;
 use tutti_kv::{
-    Access, ChunkKeys as RsChunkKeys, Create, Get, Key, KeySize, KvMemory as RsKvMemory, KvStore as RsKvStore,
-    OpenOptions, PendingGets, PendingPuts, Put, Value,
+    Access, ChunkKeys as RsChunkKeys, Create, Get, Key, KeySize, KvMemory as RsKvMemory,
+    KvStore as RsKvStore, OpenOptions, PendingGets, PendingPuts, Put, Value,
 };
 
 use crate::deferred;

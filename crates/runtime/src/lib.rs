@@ -61,7 +61,7 @@ pub use handle::{HandleError, MemoryHandle, OpHandle, TargetHandle};
 pub use nvme_regs::Status as NvmeStatus;
 pub use request::{Direction, Request, Submission};
 pub use runtime::{
-    error_chain, Runtime, RuntimeStats, ShutdownHookId, ShutdownReport, StoreInfo, ABORT_REAP_BOUND, GPU_COMMAND_BUDGET,
-    HEALTH_CHECK_INTERVAL, MAX_BATCH, SUBMIT_RETRY_BOUND, URI_SCHEME,
+    error_chain, Runtime, RuntimeStats, ShutdownHookId, ShutdownReport, StoreInfo, ABORT_REAP_BOUND,
+    GPU_COMMAND_BUDGET, HEALTH_CHECK_INTERVAL, MAX_BATCH, SUBMIT_RETRY_BOUND, URI_SCHEME,
 };
 pub use tuttid_proto::SharedMemory;

@@ -460,7 +460,9 @@ fn encode_status(w: &mut Writer, s: &StatusReport) {
         w.u64(d.sq_deletion_aborts);
         w.u32(d.quarantined);
         let f = &d.forwarding;
-        for v in [f.doorbells_forwarded, f.doorbells_invalid, f.sqes_mediated, f.sqes_refused, f.stray_completions] {
+        for v in
+            [f.doorbells_forwarded, f.doorbells_invalid, f.sqes_mediated, f.sqes_refused, f.stray_completions]
+        {
             w.u64(v);
         }
     }

@@ -187,7 +187,10 @@ fn honest_reads(attacker: &mut Side, victim: &mut Side, data: &[u8]) -> Result<(
             return Err(fail(format!("the {who}'s honest read failed: {st:?}")));
         }
         if side.bytes(3 * PAGE)? != data {
-            return Err((true, format!("the {who} read other bytes than the honest write left on the media")));
+            return Err((
+                true,
+                format!("the {who} read other bytes than the honest write left on the media"),
+            ));
         }
     }
     Ok(())

@@ -126,7 +126,12 @@ fn status(socket: &std::path::Path) -> Result<ExitCode, Box<dyn std::error::Erro
         let f = &d.forwarding;
         println!(
             "  {:<13} {:>20}  {:>7}  {:>13}  {:>7}  {:>17}",
-            d.name, f.doorbells_forwarded, f.doorbells_invalid, f.sqes_mediated, f.sqes_refused, f.stray_completions
+            d.name,
+            f.doorbells_forwarded,
+            f.doorbells_invalid,
+            f.sqes_mediated,
+            f.sqes_refused,
+            f.stray_completions
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -104,17 +104,29 @@ fn judge(me: &Identity, found: LeaseDecode, opts: &LeaseOptions) -> Verdict {
         Liveness::Running => Verdict::Refuse(holder(me, &r)),
         Liveness::Gone => Verdict::Take,
         Liveness::Unknown if r.renew_ms == 0 => Verdict::Refuse(holder(me, &r)),
-        Liveness::Unknown => Verdict::Watch(opts.expiry.max(Duration::from_millis(4 * u64::from(r.renew_ms)))),
+        Liveness::Unknown => {
+            Verdict::Watch(opts.expiry.max(Duration::from_millis(4 * u64::from(r.renew_ms))))
+        }
     }
 }
 
 /// Watches a lease this process cannot check for `expiry`: a change
 /// (a renewal, or a new holder) refuses, unless the lease became free;
 /// none means its holder is gone. When the block was last read.
-fn watch(io: &mut LeaseIo, first: Vec<u8>, expiry: Duration, me: &Identity, store: &str) -> Result<Instant, KvError> {
+fn watch(
+    io: &mut LeaseIo,
+    first: Vec<u8>,
+    expiry: Duration,
+    me: &Identity,
+    store: &str,
+) -> Result<Instant, KvError> {
     let start = Instant::now();
     let poll = (expiry / 8).clamp(Duration::from_millis(10), Duration::from_millis(250));
-    tracing::info!(store, ?expiry, "tutti-kv: the store's lease is held by a writer this process cannot check; watching it for renewals");
+    tracing::info!(
+        store,
+        ?expiry,
+        "tutti-kv: the store's lease is held by a writer this process cannot check; watching it for renewals"
+    );
     loop {
         std::thread::sleep(poll);
         let now = read(io, store)?;
@@ -122,7 +134,9 @@ fn watch(io: &mut LeaseIo, first: Vec<u8>, expiry: Duration, me: &Identity, stor
         if now != first {
             return match LeaseRecord::decode(&now) {
                 LeaseDecode::Free => Ok(at),
-                LeaseDecode::Held(r) => Err(KvError::Leased { store: store.to_owned(), holder: holder(me, &r) }),
+                LeaseDecode::Held(r) => {
+                    Err(KvError::Leased { store: store.to_owned(), holder: holder(me, &r) })
+                }
                 LeaseDecode::Invalid => Err(KvError::LeaseContended(store.to_owned())),
             };
         }
@@ -160,7 +174,15 @@ mod tests {
     }
 
     fn rec(owner: u8, pid: u32, ns: u64, renew_ms: u32) -> LeaseRecord {
-        LeaseRecord { owner: [owner; 16], generation: 1, boot_id: [3; 16], pid_ns: ns, pid, start_time: 5, renew_ms }
+        LeaseRecord {
+            owner: [owner; 16],
+            generation: 1,
+            boot_id: [3; 16],
+            pid_ns: ns,
+            pid,
+            start_time: 5,
+            renew_ms,
+        }
     }
 
     #[test]
@@ -169,7 +191,10 @@ mod tests {
         assert_eq!(judge(&me(), LeaseDecode::Free, &o), Verdict::Take);
         assert_eq!(judge(&me(), LeaseDecode::Invalid, &o), Verdict::Watch(o.expiry));
         // Another PID namespace: watched, for at least 4 of its intervals.
-        assert_eq!(judge(&me(), LeaseDecode::Held(rec(9, 100, 78, 5000)), &o), Verdict::Watch(Duration::from_secs(20)));
+        assert_eq!(
+            judge(&me(), LeaseDecode::Held(rec(9, 100, 78, 5000)), &o),
+            Verdict::Watch(Duration::from_secs(20))
+        );
         assert_eq!(judge(&me(), LeaseDecode::Held(rec(9, 100, 78, 1000)), &o), Verdict::Watch(o.expiry));
         let never = judge(&me(), LeaseDecode::Held(rec(9, 100, 78, 0)), &o);
         assert_eq!(never, Verdict::Refuse(LeaseHolder { pid: 100, place: HolderPlace::Elsewhere }));

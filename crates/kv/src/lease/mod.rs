@@ -47,7 +47,11 @@ pub struct LeaseOptions {
 
 impl Default for LeaseOptions {
     fn default() -> Self {
-        Self { renew: Some(Duration::from_secs(1)), expiry: Duration::from_secs(8), settle: Duration::from_millis(50) }
+        Self {
+            renew: Some(Duration::from_secs(1)),
+            expiry: Duration::from_secs(8),
+            settle: Duration::from_millis(50),
+        }
     }
 }
 
@@ -129,15 +133,20 @@ pub(crate) struct Lease {
 impl Lease {
     /// Starts holding `record` (just acquired through `io` on `rt`),
     /// renewing it every `opts.renew`.
-    pub fn hold(rt: &Arc<Runtime>, io: LeaseIo, record: LeaseRecord, opts: &LeaseOptions, store: &str) -> Self {
+    pub fn hold(
+        rt: &Arc<Runtime>,
+        io: LeaseIo,
+        record: LeaseRecord,
+        opts: &LeaseOptions,
+        store: &str,
+    ) -> Self {
         let (shared, thread) = match opts.renew {
             None => (Arc::new(Shared::new(record.owner, Some((io, record)))), None),
             Some(every) => {
                 let shared = Arc::new(Shared::new(record.owner, None));
                 let (s, name) = (shared.clone(), store.to_owned());
-                let spawned = std::thread::Builder::new()
-                    .name(format!("tutti-kv-lease-{store}"))
-                    .spawn(move || {
+                let spawned =
+                    std::thread::Builder::new().name(format!("tutti-kv-lease-{store}")).spawn(move || {
                         renew::run(io, record, every, &s, &name);
                         s.mark_done();
                     });

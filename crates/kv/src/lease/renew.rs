@@ -16,7 +16,8 @@ pub(super) fn run(mut io: LeaseIo, mut record: LeaseRecord, every: Duration, sha
     loop {
         {
             let stop = shared.stop.lock().unwrap_or_else(|p| p.into_inner());
-            let (stop, _) = shared.wake.wait_timeout_while(stop, every, |s| !*s).unwrap_or_else(|p| p.into_inner());
+            let (stop, _) =
+                shared.wake.wait_timeout_while(stop, every, |s| !*s).unwrap_or_else(|p| p.into_inner());
             if *stop {
                 break;
             }
@@ -31,7 +32,9 @@ pub(super) fn run(mut io: LeaseIo, mut record: LeaseRecord, every: Duration, sha
         match found {
             // Ours (a renewal whose write failed may still have landed:
             // the owner tells, not the generation).
-            LeaseDecode::Held(r) if r.owner == record.owner => record.generation = record.generation.max(r.generation),
+            LeaseDecode::Held(r) if r.owner == record.owner => {
+                record.generation = record.generation.max(r.generation)
+            }
             other => {
                 shared.lost.store(true, Ordering::Release);
                 tracing::error!(store, found = ?other, "tutti-kv: the store's lease was taken by another writer; this store writes nothing more");

@@ -48,8 +48,8 @@ use crate::drive::Drive;
 use crate::handle::HandleTable;
 use crate::region::Region;
 pub use completion::HEALTH_CHECK_INTERVAL;
-use ops::OpState;
 pub use hooks::ShutdownHookId;
+use ops::OpState;
 pub use shutdown::ShutdownReport;
 
 /// URI scheme of targets: `tutti://<store>/<key>`.
