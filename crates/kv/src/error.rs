@@ -258,6 +258,12 @@ impl ItemStatus {
         }
     }
 
+    /// A runtime error as an item status (a device problem: the store
+    /// could not do its own I/O).
+    pub(crate) fn from_runtime(e: tutti::Error) -> Self {
+        ItemStatus::Device { status: None, drive: None, message: tutti::error_chain(&e) }
+    }
+
     /// The status of an item whose slot could not be opened as a target.
     pub(crate) fn from_open(e: &tutti::Error) -> Self {
         match e {

@@ -12,7 +12,6 @@ use crate::format::Record;
 use crate::inflight::{Held, Inflight};
 use crate::key::Key;
 use crate::memory::{KvMemory, Value};
-use crate::stats::Counters;
 use crate::store::KvStore;
 
 /// One item of [`KvStore::get`]: load `key`'s object into `into` (whose
@@ -76,27 +75,27 @@ impl KvStore {
         self.reap_orphans();
         let mut out: Vec<GetItem<'a>> = Vec::with_capacity(items.len());
         {
-            let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+            let mut ix = self.index();
             for g in items {
-                if g.key.size() != self.sb.key_size {
+                if g.key.size() != self.media.key_size() {
                     let reason = format!(
                         "a {}-byte key for a store of {}-byte keys",
                         g.key.len(),
-                        self.sb.key_size.bytes()
+                        self.media.key_size().bytes()
                     );
                     out.push(Err(ItemStatus::BadValue { reason }));
                     continue;
                 }
                 out.push(match ix.pin(&g.key) {
                     None => {
-                        Counters::add(&self.stats.misses, 1);
+                        self.stats.miss();
                         Err(ItemStatus::Miss)
                     }
                     Some((slot, rec)) => {
                         let v = Value { len: rec.len, ..g.into };
                         match self
                             .check_value(&g.key, &v, rec.len)
-                            .and_then(|()| fits(&g.into, rec.len, self.layout.padded(rec.len)))
+                            .and_then(|()| fits(&g.into, rec.len, self.media.layout().padded(rec.len)))
                         {
                             Ok(()) => Ok((slot, rec, 0, g.into.memory, g.into.offset)),
                             Err(e) => {
@@ -111,10 +110,10 @@ impl KvStore {
         let mut reqs = Vec::with_capacity(items.len());
         for r in out.iter_mut() {
             let Ok((slot, rec, at, mem, off)) = r else { continue };
-            match self.targets.slot(self.meta_slots + u64::from(*slot)) {
+            match self.media.object_target(*slot) {
                 Ok(t) => {
                     *at = reqs.len();
-                    reqs.push(Request::read(t, 0, self.layout.padded(rec.len), mem.handle, *off));
+                    reqs.push(Request::read(t, 0, self.media.layout().padded(rec.len), mem.handle, *off));
                 }
                 Err(e) => {
                     self.unpin(*slot);
@@ -128,7 +127,7 @@ impl KvStore {
         self.inflight.take(&mems);
         Ok(PendingGets {
             op,
-            store_id: self.id,
+            store_id: self.id(),
             items: out,
             mems,
             inflight: self.inflight.clone(),
@@ -152,11 +151,11 @@ impl KvStore {
         mut pending: PendingGets<'_>,
         timeout: Duration,
     ) -> Result<Vec<ItemStatus>, KvError> {
-        if pending.store_id != self.id {
+        if pending.store_id != self.id() {
             return Err(KvError::ForeignBatch);
         }
         let statuses = match pending.op.take() {
-            Some(op) => self.targets.rt.wait(op, timeout).map_err(|e| e.to_string()),
+            Some(op) => self.media.rt().wait(op, timeout).map_err(|e| e.to_string()),
             None => Ok(Vec::new()),
         };
         Ok(self.finish_get(&mut pending, statuses))
@@ -172,7 +171,7 @@ impl KvStore {
         &self,
         mut pending: PendingGets<'a>,
     ) -> Result<Result<Vec<ItemStatus>, PendingGets<'a>>, KvError> {
-        if pending.store_id != self.id {
+        if pending.store_id != self.id() {
             return Err(KvError::ForeignBatch);
         }
         let Some(statuses) = self.poll_op(pending.op)? else { return Ok(Err(pending)) };
@@ -236,29 +235,29 @@ impl KvStore {
     fn verdict(&self, st: Option<&RequestStatus>, rec: &Record, computed: u32) -> ItemStatus {
         match st {
             Some(RequestStatus::Success) if computed == rec.payload_crc => {
-                Counters::add(&self.stats.hits, 1);
+                self.stats.hit();
                 ItemStatus::Hit { len: rec.len }
             }
             Some(RequestStatus::Success) => {
-                Counters::add(&self.stats.checksum_mismatches, 1);
+                self.stats.checksum_mismatch();
                 ItemStatus::ChecksumMismatch { stored: rec.payload_crc, computed }
             }
             other => {
-                Counters::add(&self.stats.device_errors, 1);
+                self.stats.device_error();
                 other.map_or(ItemStatus::Timeout, ItemStatus::from_request)
             }
         }
     }
 
     fn unpin(&self, slot: u32) {
-        self.index.lock().unwrap_or_else(|p| p.into_inner()).unpin(slot);
+        self.index().unpin(slot);
     }
 
     fn submit_gets(&self, reqs: &[Request], items: &mut [GetItem<'_>]) -> Option<OpHandle> {
         if reqs.is_empty() {
             return None;
         }
-        let sub = self.targets.rt.submit(reqs);
+        let sub = self.media.rt().submit(reqs);
         for r in items.iter_mut() {
             let Ok((slot, _, at, ..)) = r else { continue };
             if let Err(e) = &sub.states()[*at] {

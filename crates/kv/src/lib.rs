@@ -60,6 +60,7 @@ mod inflight;
 mod io;
 mod key;
 mod lease;
+mod media;
 mod memory;
 mod ops;
 mod put;

@@ -9,7 +9,7 @@ use crate::store::KvStore;
 impl KvStore {
     /// Whether each key has a live object (no I/O).
     pub fn contains(&self, keys: &[Key]) -> Vec<bool> {
-        let ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        let ix = self.index();
         keys.iter().map(|k| ix.contains(k)).collect()
     }
 
@@ -19,7 +19,7 @@ impl KvStore {
     /// the index lock, which puts and gets wait for meanwhile: O(objects),
     /// a few milliseconds per million keys.
     pub fn keys(&self) -> Vec<Key> {
-        self.index.lock().unwrap_or_else(|p| p.into_inner()).keys()
+        self.index().keys()
     }
 
     /// How many of `keys`, from the first, are present without a gap:
@@ -28,7 +28,7 @@ impl KvStore {
     /// KV can be loaded. No I/O; a following get can still miss if the
     /// objects are evicted meanwhile.
     pub fn lookup_prefix(&self, keys: &[Key]) -> usize {
-        let ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        let ix = self.index();
         keys.iter().take_while(|k| ix.contains(k)).count()
     }
 
@@ -37,7 +37,7 @@ impl KvStore {
     /// every later call at once, and stays gone after a crash once a
     /// [`KvStore::sync`] has returned.
     pub fn remove(&self, keys: &[Key]) -> Vec<ItemStatus> {
-        let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ix = self.index();
         keys.iter().map(|k| if ix.remove(k) { ItemStatus::Ok } else { ItemStatus::Miss }).collect()
     }
 
@@ -64,7 +64,7 @@ impl KvStore {
         // by then the deferred record was cleared, or its round failed and
         // gave it back to that one.
         self.commit_for_sync()?;
-        if self.index.lock().unwrap_or_else(|p| p.into_inner()).clears_pending() {
+        if self.index().clears_pending() {
             self.commit_for_sync()?;
         }
         Ok(())
@@ -72,11 +72,7 @@ impl KvStore {
 
     /// One commit round without puts, for [`KvStore::sync`].
     fn commit_for_sync(&self) -> Result<(), KvError> {
-        self.commit(Vec::new()).map_err(|s| KvError::Io {
-            store: self.targets.store_name().to_owned(),
-            what: "sync",
-            status: s,
-        })
+        self.commit(Vec::new()).map_err(|s| KvError::Io { store: self.media.name(), what: "sync", status: s })
     }
 
     /// Registers host memory for values.
@@ -98,8 +94,8 @@ impl KvStore {
     pub unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> Result<KvMemory, KvError> {
         // SAFETY: forwarded to the caller (this function's contract is the
         // runtime's, plus the store's own reads).
-        let handle = unsafe { self.targets.rt.register_memory(ptr, len)? };
-        Ok(KvMemory { handle, addr: ptr as u64, len, kind: MemoryKind::Host, store_id: self.id })
+        let handle = unsafe { self.media.rt().register_memory(ptr, len)? };
+        Ok(KvMemory { handle, addr: ptr as u64, len, kind: MemoryKind::Host, store_id: self.id() })
     }
 
     /// Registers GPU memory (a CUDA device pointer of the runtime's GPU)
@@ -119,8 +115,8 @@ impl KvStore {
     /// GPU).
     pub unsafe fn register_gpu(&self, dptr: u64, len: usize) -> Result<KvMemory, KvError> {
         // SAFETY: forwarded to the caller.
-        let handle = unsafe { self.targets.rt.register_gpu_memory(dptr, len)? };
-        Ok(KvMemory { handle, addr: dptr, len, kind: MemoryKind::Gpu, store_id: self.id })
+        let handle = unsafe { self.media.rt().register_gpu_memory(dptr, len)? };
+        Ok(KvMemory { handle, addr: dptr, len, kind: MemoryKind::Gpu, store_id: self.id() })
     }
 
     /// Unregisters memory registered with this store.
@@ -135,20 +131,20 @@ impl KvStore {
     /// failed with the memory in use and has not been reset; the memory
     /// must then outlive the runtime).
     pub fn unregister(&self, mem: KvMemory) -> Result<(), KvError> {
-        if mem.store_id != self.id {
+        if mem.store_id != self.id() {
             return Err(KvError::ForeignMemory);
         }
         self.reap_orphans();
         if self.inflight.in_use(mem.handle) {
             return Err(KvError::MemoryInUse);
         }
-        self.targets.rt.unregister_memory(mem.handle)?;
+        self.media.rt().unregister_memory(mem.handle)?;
         Ok(())
     }
 
     /// CRC32C of GPU ranges (device pointer, bytes), by one kernel launch.
     pub(crate) fn gpu_crcs(&self, ranges: &[(u64, usize)]) -> Result<Vec<u32>, KvError> {
-        let gpu = self.targets.rt.gpu().ok_or(KvError::NoGpu)?;
+        let gpu = self.media.rt().gpu().ok_or(KvError::NoGpu)?;
         // SAFETY: every range lies inside memory registered with
         // `register_gpu`, whose contract keeps it allocated device memory of
         // the runtime's GPU for the registration's lifetime, and the store

@@ -14,7 +14,6 @@ use crate::format::Record;
 use crate::inflight::{Held, Inflight};
 use crate::key::Key;
 use crate::memory::{KvMemory, MemoryKind, Value};
-use crate::stats::Counters;
 use crate::store::KvStore;
 
 /// One item of [`KvStore::put`]: store `value` under `key`.
@@ -96,7 +95,7 @@ impl KvStore {
                 (Some(s), Ok(x)) => x.0 = s,
                 _ => {
                     if matches!(short, ItemStatus::Device { .. } | ItemStatus::Timeout) {
-                        Counters::add(&self.stats.device_errors, 1);
+                        self.stats.device_error();
                     }
                     *r = Err(short.clone());
                 }
@@ -105,19 +104,15 @@ impl KvStore {
         let mut reqs = Vec::with_capacity(items.len());
         for (p, r) in items.iter().zip(out.iter_mut()) {
             let Ok((slot, _, at)) = r else { continue };
-            match self.targets.slot(self.meta_slots + u64::from(*slot)) {
+            match self.media.object_target(*slot) {
                 Ok(target) => {
                     *at = reqs.len();
-                    let padded = self.layout.padded(p.value.len);
+                    let padded = self.media.layout().padded(p.value.len);
                     reqs.push(Request::write(target, 0, padded, p.value.memory.handle, p.value.offset));
                 }
                 Err(e) => {
-                    self.index.lock().unwrap_or_else(|p| p.into_inner()).unreserve(*slot, false);
-                    *r = Err(ItemStatus::Device {
-                        status: None,
-                        drive: None,
-                        message: tutti::error_chain(&e),
-                    });
+                    self.index().unreserve(*slot, false);
+                    *r = Err(ItemStatus::from_runtime(e));
                 }
             }
         }
@@ -136,7 +131,7 @@ impl KvStore {
         self.inflight.take(&mems);
         Ok(PendingPuts {
             op,
-            store_id: self.id,
+            store_id: self.id(),
             items: out,
             crc_error,
             mems,
@@ -180,11 +175,11 @@ impl KvStore {
     /// [`KvError::ForeignBatch`] when `pending` belongs to another store (it
     /// is released by its own store as if dropped).
     pub fn wait_put(&self, mut pending: PendingPuts, timeout: Duration) -> Result<Vec<ItemStatus>, KvError> {
-        if pending.store_id != self.id {
+        if pending.store_id != self.id() {
             return Err(KvError::ForeignBatch);
         }
         let statuses = match pending.op.take() {
-            Some(op) => self.targets.rt.wait(op, timeout)?,
+            Some(op) => self.media.rt().wait(op, timeout)?,
             None => Vec::new(),
         };
         Ok(self.finish_put(&mut pending, &statuses))
@@ -201,7 +196,7 @@ impl KvStore {
         &self,
         mut pending: PendingPuts,
     ) -> Result<Result<Vec<ItemStatus>, PendingPuts>, KvError> {
-        if pending.store_id != self.id {
+        if pending.store_id != self.id() {
             return Err(KvError::ForeignBatch);
         }
         let Some(statuses) = self.poll_op(pending.op)? else { return Ok(Err(pending)) };
@@ -216,7 +211,7 @@ impl KvStore {
         let mut out = Vec::with_capacity(pending.items.len());
         let mut commit: Vec<PendingPut> = Vec::new();
         {
-            let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+            let mut ix = self.index();
             for item in std::mem::take(&mut pending.items) {
                 out.push(match item {
                     Err(s) => Err(s),
@@ -232,7 +227,7 @@ impl KvStore {
                         (other, _) => {
                             let quarantine = matches!(other, Some(RequestStatus::Timeout));
                             ix.unreserve(slot, quarantine);
-                            Counters::add(&self.stats.device_errors, 1);
+                            self.stats.device_error();
                             Err(other.map_or(ItemStatus::Timeout, ItemStatus::from_request))
                         }
                     },
@@ -263,29 +258,29 @@ impl KvStore {
     /// store.
     pub(crate) fn check_value(&self, key: &Key, v: &Value<'_>, room: u64) -> Result<(), ItemStatus> {
         let bad = |reason: String| Err(ItemStatus::BadValue { reason });
-        if key.size() != self.sb.key_size {
+        if key.size() != self.media.key_size() {
             return bad(format!(
                 "a {}-byte key for a store of {}-byte keys",
                 key.len(),
-                self.sb.key_size.bytes()
+                self.media.key_size().bytes()
             ));
         }
-        if v.memory.store_id != self.id {
+        if v.memory.store_id != self.id() {
             return bad("memory registered with another store".into());
         }
         if v.len == 0 || room == 0 {
             return bad("zero length".into());
         }
-        if v.len > self.layout.object_size {
-            return Err(ItemStatus::TooLarge { len: v.len, max: self.layout.object_size });
+        if v.len > self.media.layout().object_size {
+            return Err(ItemStatus::TooLarge { len: v.len, max: self.media.layout().object_size });
         }
-        let padded = self.layout.padded(room.min(self.layout.object_size));
+        let padded = self.media.layout().padded(room.min(self.media.layout().object_size));
         if v.offset.checked_add(padded).is_none_or(|end| end > v.memory.len as u64) {
             return bad(format!(
                 "bytes {}..{} (the length rounded up to {}-byte blocks) are outside the {}-byte region",
                 v.offset,
                 v.offset.saturating_add(padded),
-                self.layout.block_size,
+                self.media.layout().block_size,
                 v.memory.len
             ));
         }
@@ -317,7 +312,7 @@ impl KvStore {
         let mut got = Vec::with_capacity(n);
         loop {
             {
-                let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+                let mut ix = self.index();
                 while got.len() < n {
                     match ix.reserve() {
                         Some(s) => got.push(s),
@@ -330,9 +325,9 @@ impl KvStore {
                 if !ix.clears_pending() {
                     // Evict a little more than needed, so that the next
                     // puts do not each pay for a round.
-                    let want = (n - got.len()).max((self.layout.capacity / 64) as usize).max(1);
+                    let want = (n - got.len()).max((self.media.layout().capacity / 64) as usize).max(1);
                     let evicted = ix.evict(want);
-                    Counters::add(&self.stats.evictions, evicted as u64);
+                    self.stats.evicted(evicted as u64);
                     if evicted == 0 {
                         break;
                     }
@@ -371,8 +366,8 @@ impl KvStore {
         if reqs.is_empty() {
             return None;
         }
-        let sub = self.targets.rt.submit(reqs);
-        let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        let sub = self.media.rt().submit(reqs);
+        let mut ix = self.index();
         for r in items.iter_mut() {
             let Ok((slot, _, at)) = r else { continue };
             if let Err(e) = &sub.states()[*at] {

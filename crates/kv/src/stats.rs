@@ -38,31 +38,77 @@ pub struct KvStats {
     pub orphaned_batches: u64,
 }
 
+/// What recovery found at open.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Recovered {
+    /// Live objects.
+    pub live: u64,
+    /// Records found invalid.
+    pub invalid: u64,
+    /// Time taken, nanoseconds.
+    pub ns: u64,
+}
+
+/// The counters of a store, and what recovery found at open.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    pub puts: AtomicU64,
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
-    pub checksum_mismatches: AtomicU64,
-    pub evictions: AtomicU64,
-    pub commit_rounds: AtomicU64,
-    pub records_cleared: AtomicU64,
-    pub device_errors: AtomicU64,
+    puts: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    checksum_mismatches: AtomicU64,
+    evictions: AtomicU64,
+    commit_rounds: AtomicU64,
+    records_cleared: AtomicU64,
+    device_errors: AtomicU64,
+    recovered: Recovered,
+}
+
+fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Relaxed);
 }
 
 impl Counters {
-    pub fn add(c: &AtomicU64, n: u64) {
-        c.fetch_add(n, Relaxed);
+    /// A get of an absent key.
+    pub fn miss(&self) {
+        add(&self.misses, 1);
     }
 
+    /// A get that returned verified bytes.
+    pub fn hit(&self) {
+        add(&self.hits, 1);
+    }
+
+    /// A get whose payload failed its checksum.
+    pub fn checksum_mismatch(&self) {
+        add(&self.checksum_mismatches, 1);
+    }
+
+    /// An item that failed on a device error or timeout.
+    pub fn device_error(&self) {
+        add(&self.device_errors, 1);
+    }
+
+    /// `n` objects evicted.
+    pub fn evicted(&self, n: u64) {
+        add(&self.evictions, n);
+    }
+
+    /// A commit round of `puts` puts and `clears` cleared records, which
+    /// committed them when `ok`.
     pub fn count_round(&self, puts: usize, clears: usize, ok: bool) {
-        Self::add(&self.commit_rounds, 1);
+        add(&self.commit_rounds, 1);
         if ok {
-            Self::add(&self.puts, puts as u64);
-            Self::add(&self.records_cleared, clears as u64);
+            add(&self.puts, puts as u64);
+            add(&self.records_cleared, clears as u64);
         }
     }
 
+    /// What recovery found (at open).
+    pub fn set_recovered(&mut self, r: Recovered) {
+        self.recovered = r;
+    }
+
+    /// The counters and recovery's findings into `s`.
     pub fn snapshot(&self, s: &mut KvStats) {
         s.puts = self.puts.load(Relaxed);
         s.hits = self.hits.load(Relaxed);
@@ -72,5 +118,8 @@ impl Counters {
         s.commit_rounds = self.commit_rounds.load(Relaxed);
         s.records_cleared = self.records_cleared.load(Relaxed);
         s.device_errors = self.device_errors.load(Relaxed);
+        s.recovered = self.recovered.live;
+        s.invalid_records = self.recovered.invalid;
+        s.recovery_ns = self.recovered.ns;
     }
 }

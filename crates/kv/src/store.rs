@@ -3,25 +3,20 @@
 //! the index from the record table.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use tutti::{Direction, OpHandle, Request, RequestStatus, Runtime};
+use tutti::{OpHandle, RequestStatus, Runtime};
 
 use crate::committer::Committer;
-use crate::error::{ItemStatus, KvError};
-use crate::format::{Layout, Record, RecordDecode, Superblock, SuperblockError, RECORD_BYTES};
+use crate::error::KvError;
+use crate::format::{Layout, RecordDecode, SuperblockError};
 use crate::index::Index;
 use crate::inflight::{Held, Inflight};
-use crate::io::{run, Targets};
 use crate::key::KeySize;
 use crate::lease::{acquire, Lease, LeaseIo, LeaseOptions};
-use crate::staging::Staging;
-use crate::stats::{Counters, KvStats};
-
-/// Bytes of the staging buffer: record-table reads at open go through it
-/// in pieces of this size.
-const STAGING_BYTES: usize = 4 << 20;
+use crate::media::Media;
+use crate::stats::{Counters, KvStats, Recovered};
 
 /// What to do with a store that is not formatted yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -113,26 +108,20 @@ impl Drop for OpenClaim {
 
 /// A persistent, crash-consistent KV-cache block store over one runtime
 /// store. `Send + Sync`.
+///
+/// Each part owns one concern: `media` where bytes live (slots, geometry,
+/// superblock, the staging buffer), `index` what is where, `committer`
+/// the group-commit queue, `stats` the counters, `inflight` what pending
+/// batches hold.
 #[derive(Debug)]
 pub struct KvStore {
-    pub(crate) targets: Targets,
-    pub(crate) layout: Layout,
-    pub(crate) sb: Superblock,
-    /// Runtime slots before object slot 0.
-    pub(crate) meta_slots: u64,
-    pub(crate) index: Mutex<Index>,
+    pub(crate) media: Media,
+    index: Mutex<Index>,
     pub(crate) committer: Committer,
-    pub(crate) staging: Mutex<Option<Staging>>,
     pub(crate) stats: Counters,
     pub(crate) inflight: Arc<Inflight>,
-    pub(crate) id: u64,
+    id: u64,
     _open: OpenClaim,
-    /// Some drive of the store has a volatile write cache: commit rounds
-    /// flush.
-    pub(crate) volatile_write_cache: bool,
-    /// A record-block write timed out: no more commit rounds (`commit.rs`).
-    pub(crate) stuck: std::sync::atomic::AtomicBool,
-    recovered: (u64, u64, u64),
     /// The store's lease (`None`: opened read-only).
     lease: Option<Lease>,
 }
@@ -164,50 +153,30 @@ impl KvStore {
             slot_size,
             block_size: info.block_size,
         })?;
-        let staging = Staging::new(&rt, STAGING_BYTES.max(info.block_size as usize))?;
-        let targets = Targets::new(rt, &name, slot_size, slots);
+        let media = Media::new(rt, &name, layout, (slot_size, slots), info.volatile_write_cache)?;
         let mut store = Self {
-            targets,
-            layout,
-            sb: Superblock { key_size: KeySize::B32, uuid: [0; 16], layout },
-            meta_slots: layout.data_offset / slot_size,
+            media,
             index: Mutex::new(Index::new(layout.capacity as u32)),
             committer: Committer::default(),
-            staging: Mutex::new(Some(staging)),
             stats: Counters::default(),
             inflight: Arc::default(),
-            _open: claim,
             id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
-            volatile_write_cache: info.volatile_write_cache,
-            stuck: std::sync::atomic::AtomicBool::new(false),
-            recovered: (0, 0, 0),
+            _open: claim,
             lease: None,
         };
         if opts.access == Access::ReadWrite {
-            let mut io = LeaseIo::new(&store.targets.rt, &name, &layout, slots)?;
+            let mut io = LeaseIo::new(store.media.rt(), &name, &layout, slots)?;
             let record = acquire(&mut io, &opts.lease, &name)?;
-            store.lease = Some(Lease::hold(&store.targets.rt, io, record, &opts.lease, &name));
+            store.lease = Some(Lease::hold(store.media.rt(), io, record, &opts.lease, &name));
         }
         store.load_superblock(opts)?;
         store.recover()?;
         Ok(store)
     }
 
-    fn io_error(&self, what: &'static str) -> impl Fn(ItemStatus) -> KvError + '_ {
-        move |status| KvError::Io { store: self.name(), what, status }
-    }
-
     /// Reads block 0; formats when the policy says so.
     fn load_superblock(&mut self, opts: &OpenOptions) -> Result<(), KvError> {
-        let bs = u64::from(self.layout.block_size);
-        let decoded = {
-            let st = self.staging.get_mut().unwrap_or_else(|p| p.into_inner()).as_mut().expect("open");
-            let mut reqs = Vec::new();
-            self.targets.span(Direction::Read, 0, bs, st.handle, 0, &mut reqs)?;
-            run(&self.targets.rt, &reqs).map_err(self.io_error("reading the superblock"))?;
-            let st = self.staging.get_mut().unwrap_or_else(|p| p.into_inner()).as_ref().expect("open");
-            Superblock::decode(&st.bytes()[..bs as usize], &self.layout)
-        };
+        let decoded = self.media.read_superblock()?;
         let store = opts.store.clone();
         // A reader never writes: it formats nothing.
         let create = if opts.access == Access::ReadOnly { Create::Never } else { opts.create };
@@ -216,100 +185,49 @@ impl KvStore {
                 if let Some(k) = opts.key_size.filter(|k| *k != sb.key_size) {
                     return Err(KvError::KeySize { store, found: sb.key_size.bytes(), asked: k.bytes() });
                 }
-                self.sb = sb;
+                self.media.adopt(sb);
                 Ok(())
             }
             (Err(SuperblockError::Blank), Create::IfBlank) | (_, Create::Always) => {
-                self.format(opts.key_size.unwrap_or_default())
+                self.media.format(opts.key_size.unwrap_or_default())
             }
             (Err(source), _) => Err(KvError::Superblock { store, source }),
         }
     }
 
-    /// Writes an empty record table, then the superblock, each made
-    /// durable before the next step: a crash while formatting leaves no
-    /// superblock.
-    fn format(&mut self, key_size: KeySize) -> Result<(), KvError> {
-        let mut uuid = [0u8; 16];
-        getrandom::fill(&mut uuid).map_err(|source| KvError::Uuid { store: self.name(), source })?;
-        self.sb = Superblock { key_size, uuid, layout: self.layout };
-        let flush = [Request::flush(self.targets.slot(0)?)];
-        let rt = self.targets.rt.clone();
-        let st = self.staging.get_mut().unwrap_or_else(|p| p.into_inner()).as_mut().expect("open");
-        st.bytes_mut().fill(0);
-        let (handle, chunk) = (st.handle, st.len() as u64);
-        let table = self.layout.record_table_bytes();
-        let mut at = 0;
-        while at < table {
-            let n = chunk.min(table - at);
-            let mut reqs = Vec::new();
-            self.targets.span(Direction::Write, self.layout.record_offset + at, n, handle, 0, &mut reqs)?;
-            run(&rt, &reqs).map_err(self.io_error("clearing the record table"))?;
-            at += n;
-        }
-        run(&rt, &flush).map_err(self.io_error("flushing the record table"))?;
-        let block = self.sb.encode();
-        let st = self.staging.get_mut().unwrap_or_else(|p| p.into_inner()).as_mut().expect("open");
-        st.bytes_mut()[..block.len()].copy_from_slice(&block);
-        let mut reqs = Vec::new();
-        self.targets.span(Direction::Write, 0, block.len() as u64, handle, 0, &mut reqs)?;
-        run(&rt, &reqs).map_err(self.io_error("writing the superblock"))?;
-        run(&rt, &flush).map_err(self.io_error("flushing the superblock"))?;
-        tracing::info!(store = %self.name(), capacity = self.layout.capacity, "tutti-kv: formatted");
-        Ok(())
-    }
-
     /// Reads the whole record table and rebuilds the index.
     fn recover(&mut self) -> Result<(), KvError> {
         let t0 = Instant::now();
-        let l = self.layout;
-        let (uuid, key_len) = (self.sb.uuid, self.sb.key_size.bytes());
-        let rt = self.targets.rt.clone();
-        let name = self.name();
-        let mut ix = Index::new(l.capacity as u32);
+        let mut ix = Index::new(self.media.layout().capacity as u32);
         let (mut found, mut invalid) = (0u64, 0u64);
-        let st = self.staging.get_mut().unwrap_or_else(|p| p.into_inner()).as_mut().expect("open");
-        let (handle, chunk) = (st.handle, st.len() as u64);
-        let table = l.record_table_bytes();
-        let mut at = 0;
-        while at < table {
-            let n = chunk.min(table - at);
-            let mut reqs = Vec::new();
-            self.targets.span(Direction::Read, l.record_offset + at, n, handle, 0, &mut reqs)?;
-            run(&rt, &reqs).map_err(|s| KvError::Io {
-                store: name.clone(),
-                what: "reading the record table",
-                status: s,
-            })?;
-            let bytes = &st.bytes()[..n as usize];
-            let first = at / RECORD_BYTES as u64;
-            for (j, r) in bytes.chunks_exact(RECORD_BYTES).enumerate() {
-                let slot = first + j as u64;
-                if slot >= l.capacity {
-                    break;
-                }
-                let r: &[u8; RECORD_BYTES] = r.try_into().unwrap_or(&[0; RECORD_BYTES]);
-                match Record::decode(r, &uuid, slot as u32, key_len, l.object_size) {
-                    RecordDecode::Empty => {}
-                    RecordDecode::Valid(rec) => {
-                        ix.recover(slot as u32, rec);
-                        found += 1;
-                    }
-                    RecordDecode::Invalid => invalid += 1,
-                }
+        self.media.read_record_table(|slot, decoded| match decoded {
+            RecordDecode::Empty => {}
+            RecordDecode::Valid(rec) => {
+                ix.recover(slot, rec);
+                found += 1;
             }
-            at += n;
-        }
+            RecordDecode::Invalid => invalid += 1,
+        })?;
         ix.finish_recovery();
         let live = ix.live() as u64;
         *self.index.get_mut().unwrap_or_else(|p| p.into_inner()) = ix;
-        self.recovered = (live, invalid, t0.elapsed().as_nanos() as u64);
+        self.stats.set_recovered(Recovered { live, invalid, ns: t0.elapsed().as_nanos() as u64 });
         tracing::debug!(records = found, live, invalid, "tutti-kv: recovered");
         Ok(())
     }
 
+    /// The index, locked.
+    pub(crate) fn index(&self) -> MutexGuard<'_, Index> {
+        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The store's identity in this process: memory and batches carry it.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
     fn name(&self) -> String {
-        self.targets.store_name().to_owned()
+        self.media.name()
     }
 
     /// Whether this open may write: `Ok` for a writer still holding its
@@ -344,13 +262,11 @@ impl KvStore {
     /// where their commands are final).
     pub fn stats(&self) -> KvStats {
         self.reap_orphans();
+        let layout = self.media.layout();
         let mut s = KvStats {
-            capacity: self.layout.capacity,
-            object_size: self.layout.object_size,
-            objects: self.index.lock().unwrap_or_else(|p| p.into_inner()).live() as u64,
-            recovered: self.recovered.0,
-            invalid_records: self.recovered.1,
-            recovery_ns: self.recovered.2,
+            capacity: layout.capacity,
+            object_size: layout.object_size,
+            objects: self.index().live() as u64,
             orphaned_batches: self.inflight.orphans() as u64,
             ..KvStats::default()
         };
@@ -360,31 +276,28 @@ impl KvStore {
 
     /// The store's UUID (drawn when it was formatted).
     pub fn uuid(&self) -> [u8; 16] {
-        self.sb.uuid
+        self.media.uuid()
     }
 
     /// Its key size.
     pub fn key_size(&self) -> KeySize {
-        self.sb.key_size
+        self.media.key_size()
     }
 
     /// Its geometry.
     pub fn layout(&self) -> Layout {
-        self.layout
+        self.media.layout()
     }
 
     /// The runtime it runs on.
     pub fn runtime(&self) -> &Arc<Runtime> {
-        &self.targets.rt
+        self.media.rt()
     }
 }
 
 impl Drop for KvStore {
     fn drop(&mut self) {
-        if let Some(st) = self.staging.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
-            st.release(&self.targets.rt);
-        }
-        self.targets.close_all();
+        self.media.close();
     }
 }
 
@@ -394,7 +307,7 @@ impl KvStore {
     /// operation is consumed only when final.
     pub(crate) fn poll_op(&self, op: Option<OpHandle>) -> Result<Option<Vec<RequestStatus>>, tutti::Error> {
         match op {
-            Some(op) => self.targets.rt.try_wait(op),
+            Some(op) => self.media.rt().try_wait(op),
             None => Ok(Some(Vec::new())),
         }
     }
@@ -406,7 +319,7 @@ impl KvStore {
         self.inflight.reap(
             |op| !matches!(self.poll_op(op), Ok(None)),
             |held| {
-                let mut ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+                let mut ix = self.index();
                 for h in held {
                     match *h {
                         Held::Reserved(s) => ix.unreserve(s, false),

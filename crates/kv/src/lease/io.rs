@@ -62,7 +62,7 @@ impl LeaseIo {
         let mut reqs = Vec::new();
         self.targets
             .span(direction, self.offset, self.block as u64, handle, 0, &mut reqs)
-            .map_err(crate::commit::runtime_status)?;
+            .map_err(ItemStatus::from_runtime)?;
         let r = run_within(&self.targets.rt, &reqs, timeout);
         if r == Err(ItemStatus::Timeout) {
             self.poisoned = true;
