@@ -221,7 +221,9 @@ class Prompt:
         self.prefix_bytes = layers * self.layer_bytes
 
 
-def main() -> int:
+def parse_args(argv: Optional[List[str]] = None) -> Tuple[argparse.Namespace, List[int], List[str]]:
+    """The options, the prompt lengths (tokens) and the variants to run
+    (``recompute`` first when not asked for: every comparison's reference)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=["small", "llama3-8b-shape"], default="llama3-8b-shape")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -247,7 +249,7 @@ def main() -> int:
     ap.add_argument("--deadline", type=float, default=0.0,
                     help="seconds for the whole run (0: none); past it the process prints every thread's stack and exits, "
                          "leaving --out as last written")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.deadline > 0:
         faulthandler.dump_traceback_later(a.deadline, exit=True)
 
@@ -258,174 +260,190 @@ def main() -> int:
             ap.error(f"unknown variant {v!r}")
     if "recompute" not in variants:
         variants.insert(0, "recompute")  # the reference of every comparison
+    return a, lengths, variants
+
+
+def tolerances(a: argparse.Namespace, dtype: torch.dtype) -> Tuple[float, float]:
+    """``(atol, rtol)`` for the logits: the options, else 1e-4 for float32
+    and 5e-2 for anything narrower."""
+    atol = a.atol if a.atol is not None else (1e-4 if dtype == torch.float32 else 5e-2)
+    rtol = a.rtol if a.rtol is not None else (1e-4 if dtype == torch.float32 else 5e-2)
+    return atol, rtol
+
+
+class StoreLayout:
+    """The tutti store's sizes: one (chunk, layer) object's bytes, the slot
+    it takes, and each of the 4 drives' bytes, sized so that every prompt's
+    prefix stays stored."""
+
+    def __init__(self, model: Any, chunk: int, lengths: List[int]) -> None:
+        self.layers, self.kv_heads, self.head_dim = model_kv_shape(model)
+        self.elem = torch.finfo(model.dtype).bits // 8
+        self.obj = 2 * chunk * self.kv_heads * self.head_dim * self.elem  # one (chunk, layer) store object, bytes
+        self.slot = max(MiB, 1 << math.ceil(math.log2(self.obj)))
+        objects = sum(((n - 1) // chunk) * self.layers for n in lengths)
+        # Every prompt's prefix stays stored; 25% and 64 MiB per drive for the store's own blocks.
+        self.drive_bytes = max(64 * MiB, ((objects * self.slot) // 4 * 5 // 4 + 64 * MiB) // MiB * MiB)
+
+
+class Bench:
+    """What every prompt length shares: the options, the model, the tutti
+    store (``kv``, None without the ``tutti`` variant), the folder of the
+    POSIX variants' files, the report and the worker threads that timed out."""
+
+    def __init__(self, a: argparse.Namespace, model: Any, device: torch.device, chunk: int, variants: List[str],
+                 work: str, atol: float, rtol: float) -> None:
+        self.a, self.model, self.device, self.chunk, self.variants = a, model, device, chunk, variants
+        self.cuda = device.type == "cuda"
+        self.work, self.atol, self.rtol = work, atol, rtol
+        self.kv: Optional[Any] = None
+        self.report: Dict[str, Any] = {}
+        self.hung: List[threading.Thread] = []
+
+    def emit(self) -> None:
+        """Rewrite ``--out`` (if given) with the report as it stands."""
+        if self.a.out:
+            tmp = self.a.out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.report, f, indent=2)
+            os.replace(tmp, self.a.out)
+
+    def left_running(self, th: Optional[threading.Thread]) -> None:
+        """Note a worker thread that timed out (None: none did)."""
+        if th is not None:
+            self.hung.append(th)
+
+
+def config_report(b: Bench, layout: StoreLayout, build_s: float) -> Dict[str, Any]:
+    """The report's ``config``: the model, the store, the drives' timing
+    model and the options the run was measured with."""
+    a, model, work = b.a, b.model, b.work
+    return {
+        "model": a.model, "device": str(b.device), "dtype": str(model.dtype).replace("torch.", ""),
+        "gpu": torch.cuda.get_device_name(b.device) if b.cuda else None,
+        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+        "layers": layout.layers, "kv_heads": layout.kv_heads, "head_dim": layout.head_dim,
+        "kv_bytes_per_token": layout.layers * 2 * layout.kv_heads * layout.head_dim * layout.elem,
+        "chunk_tokens": b.chunk, "object_bytes": layout.obj, "slot_bytes": layout.slot,
+        "drives": 4, "drive_bytes": layout.drive_bytes, "drives_dir": a.drives_dir or None,
+        "drive_timing": {"bandwidth_mb_s": a.drive_mb_s, "iops": a.drive_iops, "latency_us": a.drive_latency_us},
+        "modelled_bandwidth_gb_s": 4 * a.drive_mb_s / 1000,
+        "execution": "gpu" if b.cuda else "cpu",
+        "save_layers_at_once": a.save_layers_at_once,
+        "posix_dir": work, "posix_dir_fs": fs_type(work), "posix_page_cache": a.posix_page_cache,
+        "reps": a.reps, "warmup": a.warmup, "timeout_s": a.timeout, "io_timeout_s": a.io_timeout,
+        "logits_atol": b.atol, "logits_rtol": b.rtol, "build_s": round(build_s, 3), "variants": b.variants,
+    }
+
+
+def open_store(b: Bench, layout: StoreLayout) -> Optional[Any]:
+    """The runtime over the 4 emulated drives and its kv store in ``b.kv``,
+    when the ``tutti`` variant runs; returns the runtime (or None)."""
+    a = b.a
+    if "tutti" not in b.variants:
+        return None
+    timing = f"{{ bandwidth_mb_s: {a.drive_mb_s}, iops: {a.drive_iops}, latency_us: {a.drive_latency_us} }}"
+    rt = tutti.Runtime.from_yaml(runtime_yaml(a.drives_dir, layout.drive_bytes, layout.slot, b.cuda, timing))
+    b.kv = tutti.KvStore.open(rt)
+    return rt
+
+
+def finish(b: Bench, rt: Optional[Any]) -> None:
+    """Add the store's counters, write and print the report, remove the
+    files' folder if it was made here, then shut the runtime down; with a
+    worker thread left running, leave at once instead (exit status 3)."""
+    kv = b.kv
+    b.report["store_stats"] = None if kv is None else {k: v for k, v in kv.stats().items() if k in ("objects", "puts", "hits", "misses", "checksum_mismatches")}
+    b.emit()
+    print(json.dumps(b.report, indent=2), flush=True)
+    if not b.a.dir:
+        shutil.rmtree(b.work, ignore_errors=True)
+    if b.hung:
+        # A thread still waits on the store or the GPU: closing the
+        # runtime could wait for it forever. The JSON is out; leave.
+        sys.stderr.write(f"ttft: {len(b.hung)} variant thread(s) timed out; exiting without closing the runtime\n")
+        sys.stderr.flush()
+        os._exit(3)
+    del kv
+    b.kv = None
+    if rt is not None:
+        rt.__exit__(None, None, None)  # shuts the runtime down, as `with` does
+
+
+def all_ok(report: Dict[str, Any]) -> bool:
+    """Whether every variant of every prompt length has status "ok"."""
+    return all(v.get("status") == "ok" for r in report["runs"].values() for v in r["variants"].values())
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    a, lengths, variants = parse_args(argv)
     device = torch.device(a.device)
-    cuda = device.type == "cuda"
     chunk = a.chunk_tokens or (16 if a.model == "small" else 256)
 
     t = time.perf_counter()
     model = build_model(a.model, a.device, max(lengths))
     stream_sync(device)
     build_s = time.perf_counter() - t
-    layers, kv_heads, head_dim = model_kv_shape(model)
-    elem = torch.finfo(model.dtype).bits // 8
-    atol = a.atol if a.atol is not None else (1e-4 if model.dtype == torch.float32 else 5e-2)
-    rtol = a.rtol if a.rtol is not None else (1e-4 if model.dtype == torch.float32 else 5e-2)
-    obj = 2 * chunk * kv_heads * head_dim * elem  # one (chunk, layer) store object, bytes
-    slot = max(MiB, 1 << math.ceil(math.log2(obj)))
-    objects = sum(((n - 1) // chunk) * layers for n in lengths)
-    # Every prompt's prefix stays stored; 25% and 64 MiB per drive for the store's own blocks.
-    drive_bytes = max(64 * MiB, ((objects * slot) // 4 * 5 // 4 + 64 * MiB) // MiB * MiB)
-    timing = f"{{ bandwidth_mb_s: {a.drive_mb_s}, iops: {a.drive_iops}, latency_us: {a.drive_latency_us} }}"
+    layout = StoreLayout(model, chunk, lengths)
+    atol, rtol = tolerances(a, model.dtype)
     work = a.dir or tempfile.mkdtemp(prefix="tutti-ttft-")
     os.makedirs(work, exist_ok=True)
     if a.drives_dir:
         os.makedirs(a.drives_dir, exist_ok=True)
 
-    report: Dict[str, Any] = {
-        "config": {
-            "model": a.model, "device": str(device), "dtype": str(model.dtype).replace("torch.", ""),
-            "gpu": torch.cuda.get_device_name(device) if cuda else None,
-            "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-            "layers": layers, "kv_heads": kv_heads, "head_dim": head_dim,
-            "kv_bytes_per_token": layers * 2 * kv_heads * head_dim * elem,
-            "chunk_tokens": chunk, "object_bytes": obj, "slot_bytes": slot,
-            "drives": 4, "drive_bytes": drive_bytes, "drives_dir": a.drives_dir or None,
-            "drive_timing": {"bandwidth_mb_s": a.drive_mb_s, "iops": a.drive_iops, "latency_us": a.drive_latency_us},
-            "modelled_bandwidth_gb_s": 4 * a.drive_mb_s / 1000,
-            "execution": "gpu" if cuda else "cpu",
-            "save_layers_at_once": a.save_layers_at_once,
-            "posix_dir": work, "posix_dir_fs": fs_type(work), "posix_page_cache": a.posix_page_cache,
-            "reps": a.reps, "warmup": a.warmup, "timeout_s": a.timeout, "io_timeout_s": a.io_timeout,
-            "logits_atol": atol, "logits_rtol": rtol, "build_s": round(build_s, 3), "variants": variants,
-        },
-        "runs": {},
-        "ratios": {},
-    }
-    hung: List[threading.Thread] = []
-
-    def emit() -> None:
-        if a.out:
-            tmp = a.out + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(report, f, indent=2)
-            os.replace(tmp, a.out)
+    b = Bench(a, model, device, chunk, variants, work, atol, rtol)
+    b.report = {"config": config_report(b, layout, build_s), "runs": {}, "ratios": {}}
 
     with torch.no_grad():
         model(torch.zeros((1, min(64, max(lengths))), dtype=torch.long, device=device), use_cache=True, logits_to_keep=1)
         stream_sync(device)
 
-    rt = tutti.Runtime.from_yaml(runtime_yaml(a.drives_dir, drive_bytes, slot, cuda, timing)) if "tutti" in variants else None
-    kv = tutti.KvStore.open(rt) if rt is not None else None
+    rt = open_store(b, layout)
     try:
         for n in lengths:
-            run = measure_prompt(a, model, device, n, chunk, variants, kv, work, atol, rtol, report, emit, hung)
-            report["runs"][str(n)] = run
-            report["ratios"][str(n)] = ratios(run, 4 * a.drive_mb_s * 1e6)
-            emit()
+            run = measure_prompt(b, n)
+            b.report["runs"][str(n)] = run
+            b.report["ratios"][str(n)] = ratios(run, 4 * a.drive_mb_s * 1e6)
+            b.emit()
     finally:
-        report["store_stats"] = None if kv is None else {k: v for k, v in kv.stats().items() if k in ("objects", "puts", "hits", "misses", "checksum_mismatches")}
-        emit()
-        print(json.dumps(report, indent=2), flush=True)
-        if not a.dir:
-            shutil.rmtree(work, ignore_errors=True)
-        if hung:
-            # A thread still waits on the store or the GPU: closing the
-            # runtime could wait for it forever. The JSON is out; leave.
-            sys.stderr.write(f"ttft: {len(hung)} variant thread(s) timed out; exiting without closing the runtime\n")
-            sys.stderr.flush()
-            os._exit(3)
-        del kv
-        if rt is not None:
-            rt.__exit__(None, None, None)  # shuts the runtime down, as `with` does
-    return 0 if all(v.get("status") == "ok" for r in report["runs"].values() for v in r["variants"].values()) else 1
+        finish(b, rt)
+    return 0 if all_ok(b.report) else 1
 
 
-def measure_prompt(a, model, device, n, chunk, variants, kv, work, atol, rtol, report, emit, hung) -> Dict[str, Any]:
-    """Everything for prompt length ``n`` tokens: the reference prefill, the
-    per-variant setup (tutti save, files, pinned copies; untimed), then
-    ``--warmup`` + ``--reps`` repetitions, variants interleaved."""
-    cuda = device.type == "cuda"
-    p = Prompt(model, n, chunk, a.seed + n)
-    layers, h, d = model_kv_shape(model)
-    run: Dict[str, Any] = {"tokens": n, "prefix_tokens": p.prefix, "rest_tokens": p.rest, "prefix_bytes": p.prefix_bytes, "variants": {}}
-    report["runs"][str(n)] = run
-    res: Dict[str, Dict[str, Any]] = {v: {"status": "ok", "ttft_s": [], "restore_s": [], "rest_prefill_s": []} for v in variants}
-    run["variants"] = res
+class PrefixSources:
+    """Where each restored variant of one prompt takes the prefix's K and V
+    from: tutti (``pc``), the POSIX variants' per-layer files (``files``)
+    read into host buffers, or host buffers alone (``host``, keyed by
+    variant); and one timed repetition of a variant."""
 
-    # Reference: a full prefill; its KV is what the other variants restore.
-    with torch.no_grad():
-        out = model(p.ids, use_cache=True, logits_to_keep=1)
-        stream_sync(device)
-    ref_logits = out.logits[0, -1].float().cpu()
-    full = cache_of(out)
-    del out
-    prefix_k = [full.layers[i].keys[:, :, : p.prefix].contiguous() for i in range(layers)]
-    prefix_v = [full.layers[i].values[:, :, : p.prefix].contiguous() for i in range(layers)]
+    def __init__(self, b: Bench, p: Prompt) -> None:
+        self.b, self.model, self.device, self.p = b, b.model, b.device, p
+        self.layers, self.h, self.d = model_kv_shape(b.model)
+        self.pc: Optional[PrefixCache] = None
+        self.files: List[str] = []
+        self.host: Dict[str, List[torch.Tensor]] = {}
 
-    pc: Optional[PrefixCache] = None
-    files: List[str] = []
-    host: Dict[str, List[torch.Tensor]] = {}
-
-    if "tutti" in variants:
-        pc = PrefixCache(model, kv, model_id=f"ttft-random-{a.model}-seed0", chunk_tokens=chunk, max_tokens=p.prefix, timeout=a.io_timeout)
-
-        def save() -> Dict[str, Any]:
-            t = time.perf_counter()
-            with torch.no_grad():
-                r = pc.save(p.ids, full, layers_in_flight=a.save_layers_at_once)
-            return {"save_s": round(time.perf_counter() - t, 4), "stored_tokens": r.stored_tokens, "put_objects": r.put_objects,
-                    "failures": sorted({f.kind for f in r.failures})}
-
-        status, value, th = run_with_timeout(save, a.save_timeout)
-        if th is not None:
-            hung.append(th)
-        if status != "ok":
-            res["tutti"].update(status=f"save_{status}", error=value)
-        else:
-            res["tutti"]["save"] = value
-            if value["stored_tokens"] < p.prefix:
-                res["tutti"].update(status="save_partial", error=f"stored {value['stored_tokens']} of {p.prefix} tokens: {value['failures']}")
-        emit()
-
-    posix = [v for v in variants if v.startswith("posix_")]
-    if posix:
-        t = time.perf_counter()
-        folder = os.path.join(work, str(n))
-        os.makedirs(folder, exist_ok=True)
-        for i in range(layers):
-            path = os.path.join(folder, f"layer{i:03d}.kv")
-            with open(path, "wb") as f:  # K then V, [kv_heads, P, head_dim] each
-                f.write(as_bytes(prefix_k[i]).cpu().numpy().tobytes())
-                f.write(as_bytes(prefix_v[i]).cpu().numpy().tobytes())
-                f.flush()
-                os.fsync(f.fileno())
-            files.append(path)
-        run["posix_write_s"] = round(time.perf_counter() - t, 4)
-        for v in posix:
-            host[v] = [host_buffer(p.layer_bytes, cuda and v == "posix_pinned") for _ in range(layers)]
-    if "pinned" in variants:
-        # One buffer per layer: K ([kv_heads, P, head_dim]) then V, as in the files.
-        kv_bytes = [as_bytes(torch.cat([prefix_k[i], prefix_v[i]], dim=0)).cpu() for i in range(layers)]
-        host["pinned"] = [b.pin_memory() if cuda else b.clone() for b in kv_bytes]
-        del kv_bytes
-    del full, prefix_k, prefix_v
-
-    def kv_of(buf: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def kv_of(self, buf: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """K and V ([1, h, P, d], model dtype) of one layer's bytes."""
         half = buf.numel() // 2
-        shape = (1, h, p.prefix, d)
-        return buf[:half].view(model.dtype).view(shape), buf[half:].view(model.dtype).view(shape)
+        shape = (1, self.h, self.p.prefix, self.d)
+        return buf[:half].view(self.model.dtype).view(shape), buf[half:].view(self.model.dtype).view(shape)
 
-    def from_host(bufs: List[torch.Tensor], read: Optional[Callable[[int], None]]) -> DynamicCache:
-        cache = empty_cache(model)
-        for i in range(layers):
+    def from_host(self, bufs: List[torch.Tensor], read: Optional[Callable[[int], None]]) -> DynamicCache:
+        """A cache of the prefix from per-layer host buffers, each filled by
+        ``read(layer)`` first when given, copied to the model's device."""
+        cache = empty_cache(self.model)
+        for i in range(self.layers):
             if read is not None:
                 read(i)
-            k, v = kv_of(bufs[i].to(device, non_blocking=True))
+            k, v = self.kv_of(bufs[i].to(self.device, non_blocking=True))
             cache.update(k, v, i)
         return cache
 
-    def posix_reader(bufs: List[torch.Tensor]) -> Callable[[int], None]:
+    def posix_reader(self, bufs: List[torch.Tensor]) -> Callable[[int], None]:
+        """``read(layer)``: the layer's file into ``bufs[layer]`` with ``os.preadv``."""
+        files = self.files
+
         def read(i: int) -> None:
             fd = os.open(files[i], os.O_RDONLY)
             try:
@@ -441,31 +459,37 @@ def measure_prompt(a, model, device, n, chunk, variants, kv, work, atol, rtol, r
 
         return read
 
-    def restore(v: str) -> Tuple[Optional[DynamicCache], int]:
+    def restore(self, v: str) -> Tuple[Optional[DynamicCache], int]:
         """The variant's restore: (cache of the prefix, tokens restored)."""
+        p = self.p
         if v == "recompute":
             return None, 0
         if v == "tutti":
-            cache, info = pc.restore(p.ids)
+            cache, info = self.pc.restore(p.ids)
             if info.cached_tokens != p.prefix:
                 kinds = [] if info.load is None else sorted({f.kind for f in info.load.failures})
                 raise VariantFailed("partial", f"restored {info.cached_tokens} of {p.prefix} tokens ({kinds})")
             return cache, info.cached_tokens
         if v == "pinned":
-            return from_host(host[v], None), p.prefix
-        return from_host(host[v], posix_reader(host[v])), p.prefix
+            return self.from_host(self.host[v], None), p.prefix
+        return self.from_host(self.host[v], self.posix_reader(self.host[v])), p.prefix
 
-    def one(v: str) -> Tuple[float, float, float, torch.Tensor]:
+    def drop_page_cache(self) -> None:
+        """Drop the POSIX files' pages from the OS page cache."""
+        for path in self.files:
+            fd = os.open(path, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+
+    def one(self, v: str) -> Tuple[float, float, float, torch.Tensor]:
         """One timed repetition: (ttft, restore, rest prefill) seconds and the logits."""
-        if v.startswith("posix_") and a.posix_page_cache == "drop":
-            for path in files:
-                fd = os.open(path, os.O_RDONLY)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                os.close(fd)
+        model, device, p = self.model, self.device, self.p
+        if v.startswith("posix_") and self.b.a.posix_page_cache == "drop":
+            self.drop_page_cache()
         stream_sync(device)
         with torch.no_grad():
             t0 = time.perf_counter()
-            cache, got = restore(v)
+            cache, got = self.restore(v)
             stream_sync(device)
             t1 = time.perf_counter()
             if cache is None:
@@ -477,32 +501,122 @@ def measure_prompt(a, model, device, n, chunk, variants, kv, work, atol, rtol, r
             t2 = time.perf_counter()
         return t2 - t0, t1 - t0, t2 - t1, logits.float().cpu()
 
+    def close(self) -> None:
+        """Close tutti's prefix cache (unless a worker thread may still use
+        it), drop the host buffers and remove the prompt's files."""
+        if self.pc is not None and not self.b.hung:
+            self.pc.close()
+        self.host.clear()
+        if self.files:
+            shutil.rmtree(os.path.dirname(self.files[0]), ignore_errors=True)
+
+
+def reference_prefill(b: Bench, p: Prompt) -> Tuple[torch.Tensor, Any, List[torch.Tensor], List[torch.Tensor]]:
+    """A full prefill of the prompt: its last-position logits (float32, on
+    the CPU), its cache, and the prefix's K and V per layer (copies)."""
+    layers = model_kv_shape(b.model)[0]
+    with torch.no_grad():
+        out = b.model(p.ids, use_cache=True, logits_to_keep=1)
+        stream_sync(b.device)
+    ref_logits = out.logits[0, -1].float().cpu()
+    full = cache_of(out)
+    del out
+    prefix_k = [full.layers[i].keys[:, :, : p.prefix].contiguous() for i in range(layers)]
+    prefix_v = [full.layers[i].values[:, :, : p.prefix].contiguous() for i in range(layers)]
+    return ref_logits, full, prefix_k, prefix_v
+
+
+def save_to_tutti(b: Bench, p: Prompt, full: Any, r: Dict[str, Any]) -> PrefixCache:
+    """Save the prompt's prefix from ``full`` through a new PrefixCache, in
+    a worker thread under ``--save-timeout``; the outcome goes into the
+    tutti variant's result ``r`` (a failed or partial save stops the variant)."""
+    a = b.a
+    pc = PrefixCache(b.model, b.kv, model_id=f"ttft-random-{a.model}-seed0", chunk_tokens=b.chunk, max_tokens=p.prefix, timeout=a.io_timeout)
+
+    def save() -> Dict[str, Any]:
+        t = time.perf_counter()
+        with torch.no_grad():
+            s = pc.save(p.ids, full, layers_in_flight=a.save_layers_at_once)
+        return {"save_s": round(time.perf_counter() - t, 4), "stored_tokens": s.stored_tokens, "put_objects": s.put_objects,
+                "failures": sorted({f.kind for f in s.failures})}
+
+    status, value, th = run_with_timeout(save, a.save_timeout)
+    b.left_running(th)
+    if status != "ok":
+        r.update(status=f"save_{status}", error=value)
+    else:
+        r["save"] = value
+        if value["stored_tokens"] < p.prefix:
+            r.update(status="save_partial", error=f"stored {value['stored_tokens']} of {p.prefix} tokens: {value['failures']}")
+    b.emit()
+    return pc
+
+
+def write_layer_files(folder: str, prefix_k: List[torch.Tensor], prefix_v: List[torch.Tensor]) -> List[str]:
+    """One file per layer under ``folder``, K then V ([kv_heads, P,
+    head_dim] each), each ``fsync``ed; returns their paths."""
+    os.makedirs(folder, exist_ok=True)
+    files: List[str] = []
+    for i in range(len(prefix_k)):
+        path = os.path.join(folder, f"layer{i:03d}.kv")
+        with open(path, "wb") as f:  # K then V, [kv_heads, P, head_dim] each
+            f.write(as_bytes(prefix_k[i]).cpu().numpy().tobytes())
+            f.write(as_bytes(prefix_v[i]).cpu().numpy().tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        files.append(path)
+    return files
+
+
+def pinned_copies(cuda: bool, prefix_k: List[torch.Tensor], prefix_v: List[torch.Tensor]) -> List[torch.Tensor]:
+    """The ``pinned`` variant's host copy of the prefix: one buffer per
+    layer, K ([kv_heads, P, head_dim]) then V, as in the files; page-locked
+    on CUDA."""
+    kv_bytes = [as_bytes(torch.cat([prefix_k[i], prefix_v[i]], dim=0)).cpu() for i in range(len(prefix_k))]
+    return [b.pin_memory() if cuda else b.clone() for b in kv_bytes]
+
+
+def record_rep(r: Dict[str, Any], v: str, value: Tuple[float, float, float, torch.Tensor], ref_logits: torch.Tensor,
+               atol: float, rtol: float) -> None:
+    """Add one counted repetition of variant ``v`` to its result ``r``:
+    the times and, for a restored variant, the logits against the reference."""
+    ttft, rs, rest, logits = value
+    r["ttft_s"].append(round(ttft, 5))
+    r["restore_s"].append(round(rs, 5))
+    r["rest_prefill_s"].append(round(rest, 5))
+    if v != "recompute":
+        diff = float((logits - ref_logits).abs().max())
+        r["logits_max_abs_diff"] = max(r.get("logits_max_abs_diff", 0.0), diff)
+        ok = bool(torch.allclose(logits, ref_logits, atol=atol, rtol=rtol))
+        r["logits_allclose"] = r.get("logits_allclose", True) and ok
+        r["argmax_equal"] = r.get("argmax_equal", True) and int(logits.argmax()) == int(ref_logits.argmax())
+
+
+def run_reps(b: Bench, src: PrefixSources, res: Dict[str, Dict[str, Any]], ref_logits: torch.Tensor) -> None:
+    """``--warmup`` + ``--reps`` repetitions, variants interleaved, each in
+    a worker thread under ``--timeout``; a variant that fails once is not
+    run again. The report is rewritten after every repetition."""
+    a = b.a
     for rep in range(a.warmup + a.reps):
-        for v in variants:
+        for v in b.variants:
             r = res[v]
             if r["status"] != "ok":
                 continue
-            status, value, th = run_with_timeout(lambda v=v: one(v), a.timeout)
-            if th is not None:
-                hung.append(th)
+            status, value, th = run_with_timeout(lambda v=v: src.one(v), a.timeout)
+            b.left_running(th)
             if status != "ok":
                 r.update(status=status, error=value, failed_at_rep=rep)
-                emit()
+                b.emit()
                 continue
-            ttft, rs, rest, logits = value
             if rep < a.warmup:
                 continue
-            r["ttft_s"].append(round(ttft, 5))
-            r["restore_s"].append(round(rs, 5))
-            r["rest_prefill_s"].append(round(rest, 5))
-            if v != "recompute":
-                diff = float((logits - ref_logits).abs().max())
-                r["logits_max_abs_diff"] = max(r.get("logits_max_abs_diff", 0.0), diff)
-                ok = bool(torch.allclose(logits, ref_logits, atol=atol, rtol=rtol))
-                r["logits_allclose"] = r.get("logits_allclose", True) and ok
-                r["argmax_equal"] = r.get("argmax_equal", True) and int(logits.argmax()) == int(ref_logits.argmax())
-            emit()
+            record_rep(r, v, value, ref_logits, b.atol, b.rtol)
+            b.emit()
 
+
+def summarise(res: Dict[str, Dict[str, Any]], prefix_tokens: int, prefix_bytes: int) -> None:
+    """Each variant's medians (and a restored variant's restore bandwidth,
+    10^9 bytes/s) from its counted repetitions, added to its result."""
     for v, r in res.items():
         if r["ttft_s"]:
             r["reps"] = len(r["ttft_s"])
@@ -510,13 +624,40 @@ def measure_prompt(a, model, device, n, chunk, variants, kv, work, atol, rtol, r
             r["restore_median_s"] = round(statistics.median(r["restore_s"]), 5)
             r["rest_prefill_median_s"] = round(statistics.median(r["rest_prefill_s"]), 5)
             if v != "recompute" and r["restore_median_s"] > 0:
-                r["restored_tokens"] = p.prefix
-                r["restore_gb_s"] = round(p.prefix_bytes / r["restore_median_s"] / 1e9, 3)
-    if pc is not None and not hung:
-        pc.close()
-    host.clear()
-    if files:
-        shutil.rmtree(os.path.dirname(files[0]), ignore_errors=True)
+                r["restored_tokens"] = prefix_tokens
+                r["restore_gb_s"] = round(prefix_bytes / r["restore_median_s"] / 1e9, 3)
+
+
+def measure_prompt(b: Bench, n: int) -> Dict[str, Any]:
+    """Everything for prompt length ``n`` tokens: the reference prefill, the
+    per-variant setup (tutti save, files, pinned copies; untimed), then
+    ``--warmup`` + ``--reps`` repetitions, variants interleaved."""
+    p = Prompt(b.model, n, b.chunk, b.a.seed + n)
+    layers = model_kv_shape(b.model)[0]
+    run: Dict[str, Any] = {"tokens": n, "prefix_tokens": p.prefix, "rest_tokens": p.rest, "prefix_bytes": p.prefix_bytes, "variants": {}}
+    b.report["runs"][str(n)] = run
+    res: Dict[str, Dict[str, Any]] = {v: {"status": "ok", "ttft_s": [], "restore_s": [], "rest_prefill_s": []} for v in b.variants}
+    run["variants"] = res
+
+    # Reference: a full prefill; its KV is what the other variants restore.
+    ref_logits, full, prefix_k, prefix_v = reference_prefill(b, p)
+    src = PrefixSources(b, p)
+    if "tutti" in b.variants:
+        src.pc = save_to_tutti(b, p, full, res["tutti"])
+    posix = [v for v in b.variants if v.startswith("posix_")]
+    if posix:
+        t = time.perf_counter()
+        src.files = write_layer_files(os.path.join(b.work, str(n)), prefix_k, prefix_v)
+        run["posix_write_s"] = round(time.perf_counter() - t, 4)
+        for v in posix:
+            src.host[v] = [host_buffer(p.layer_bytes, b.cuda and v == "posix_pinned") for _ in range(layers)]
+    if "pinned" in b.variants:
+        src.host["pinned"] = pinned_copies(b.cuda, prefix_k, prefix_v)
+    del full, prefix_k, prefix_v
+
+    run_reps(b, src, res, ref_logits)
+    summarise(res, p.prefix, p.prefix_bytes)
+    src.close()
     return run
 
 
