@@ -177,6 +177,20 @@ def check_attention(config: Any, *, max_tokens: Optional[int] = None, engine: st
     n = int(n)
     model_type = str(getattr(cfg, "model_type", "") or "")
 
+    _check_shapes(cfg)
+    types = _layer_types(cfg, n)
+    if len(types) != n:
+        raise UnsupportedModel("layer_type", f"{len(types)} layer types for {n} layers", "one layer type per layer")
+    _check_layer_types(types, model_type, n)
+    limit = max_tokens if max_tokens is not None else getattr(cfg, "max_position_embeddings", None)
+    limit = None if limit is None else int(limit)
+    _check_windows(cfg, types, limit, n)
+    return AttentionInfo(n, _check_mla(cfg, engine), limit)
+
+
+def _check_shapes(cfg: Any) -> None:
+    """Every layer caches K and V of one shape, its own (no per-layer
+    block configs, KV head counts or shared caches)."""
     if getattr(cfg, "block_configs", None) is not None:
         raise UnsupportedModel(
             "per_layer_shapes",
@@ -200,9 +214,11 @@ def check_attention(config: Any, *, max_tokens: Optional[int] = None, engine: st
             "the engine stores one KV cache per layer; shared layers would need mapping to their source layer",
         )
 
-    types = _layer_types(cfg, n)
-    if len(types) != n:
-        raise UnsupportedModel("layer_type", f"{len(types)} layer types for {n} layers", "one layer type per layer")
+
+def _check_layer_types(types: List[str], model_type: str, n: int) -> None:
+    """Every one of the ``n`` layers is an attention layer the engine
+    caches: no state-space or attention-free layers, no sparse attention
+    with its own indexer cache, no unknown layer type."""
     stateful = [i for i, t in enumerate(types) if t in _STATEFUL]
     if stateful or model_type in _SSM_MODEL_TYPES:
         kinds = sorted({types[i] for i in stateful})
@@ -236,8 +252,10 @@ def check_attention(config: Any, *, max_tokens: Optional[int] = None, engine: st
             "only full-attention layers (and windows no shorter than the longest sequence) are cached",
         )
 
-    limit = max_tokens if max_tokens is not None else getattr(cfg, "max_position_embeddings", None)
-    limit = None if limit is None else int(limit)
+
+def _check_windows(cfg: Any, types: List[str], limit: Optional[int], n: int) -> None:
+    """Sliding or chunked windows at least ``limit`` tokens long (the
+    longest sequence), so they never drop a token."""
     windowed = [i for i, t in enumerate(types) if t in _WINDOWED]
     if windowed:
         window = getattr(cfg, "sliding_window", None)
@@ -255,6 +273,10 @@ def check_attention(config: Any, *, max_tokens: Optional[int] = None, engine: st
                 "last window only (or a cache keeping every token of those layers)",
             )
 
+
+def _check_mla(cfg: Any, engine: str) -> bool:
+    """Whether the model uses multi-head latent attention; refused for
+    ``engine`` ``"vllm"``."""
     mla = getattr(cfg, "kv_lora_rank", None) is not None
     if mla and engine == "vllm":
         raise UnsupportedModel(
@@ -264,4 +286,4 @@ def check_attention(config: Any, *, max_tokens: Optional[int] = None, engine: st
             "vLLM caches one latent tensor per layer ([num_blocks, block_size, kv_lora_rank + "
             "qk_rope_head_dim]); the connector's layout reads separate K and V per head only",
         )
-    return AttentionInfo(n, mla, limit)
+    return mla
