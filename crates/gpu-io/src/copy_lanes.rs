@@ -45,8 +45,8 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{sys, CudaContext};
 use nvme_emu::{CopyFence, FenceState};
 
-use crate::gpu::{GpuError, Stream};
-use crate::launch::PinnedBuf;
+use crate::cuda::{PinnedBuf, Stream};
+use crate::error::GpuError;
 
 /// Copy streams per `Gpu`: as many as a stripe has drives.
 pub(crate) const COPY_LANES: usize = 4;

@@ -25,8 +25,10 @@ use std::sync::Arc;
 use cudarc::driver::{sys, CudaContext};
 use nvme_emu::{CopyFence, ExternalMemory, HostPin, PageLocker};
 
+use crate::buffer::GpuBuffer;
 use crate::copy_lanes::{Deferred, Direction};
-use crate::gpu::{drv, Gpu, GpuBuffer};
+use crate::error::drv;
+use crate::gpu::Gpu;
 
 impl GpuBuffer {
     /// This buffer's key among the copy lanes' notes: its address, unique

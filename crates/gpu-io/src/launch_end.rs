@@ -14,7 +14,38 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::launch::{wait_spin, KernelEvent};
+use crate::cuda::KernelEvent;
+
+/// How long [`GpuLaunch::wait`](crate::GpuLaunch::wait) polls before it sleeps on the event, for a
+/// launch of at most [`SHORT_LAUNCH_BYTES`] ([`wait_spin`]). Long enough
+/// for a load of a few blocks (reads of up to a few MiB): a wake from
+/// `cuEventSynchronize` cost about 30 us on the H200 machine (an 896 KiB
+/// GPU read 131 -> 102 us p50 with a 2 ms spin; docs/benchmarks.md,
+/// "Launch waits").
+const WAIT_SPIN: Duration = Duration::from_micros(300);
+
+/// How long the wait polls for a larger launch, which runs for
+/// milliseconds: a short poll, then the sleep (its wake costs little
+/// against the launch, and the host CPU stays free).
+const WAIT_SPIN_LONG: Duration = Duration::from_micros(20);
+
+/// Launches that move at most this many bytes poll for [`WAIT_SPIN`].
+const SHORT_LAUNCH_BYTES: u64 = 8 << 20;
+
+/// How long to poll before sleeping, for a launch that moves `bytes`:
+/// `TUTTI_GPU_WAIT_SPIN_US` (microseconds, any launch) when set to a
+/// number, a tuning knob for latency against host CPU; otherwise
+/// [`WAIT_SPIN`] up to [`SHORT_LAUNCH_BYTES`] and [`WAIT_SPIN_LONG`] above.
+pub(crate) fn wait_spin(bytes: u64) -> Duration {
+    static SPIN: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    let set = *SPIN.get_or_init(|| {
+        std::env::var("TUTTI_GPU_WAIT_SPIN_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_micros)
+    });
+    set.unwrap_or(if bytes <= SHORT_LAUNCH_BYTES { WAIT_SPIN } else { WAIT_SPIN_LONG })
+}
 
 /// The end of one launch ([`crate::GpuLaunch::end`]): a handle that can be
 /// waited on with a deadline while the launch itself stays where it is

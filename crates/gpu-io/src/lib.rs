@@ -29,22 +29,32 @@
 #![allow(unsafe_code)]
 
 pub mod abi;
+mod buffer;
 mod copy_lanes;
 mod crc32c;
+mod cuda;
+mod drive;
 mod emulated_dma;
+mod error;
 mod gpu;
 mod launch;
 mod launch_end;
 mod null_ctrl;
 pub mod ptx;
+mod queue;
 mod reap_model;
+mod region;
+mod status;
 mod stream_model;
 
+pub use buffer::GpuBuffer;
 pub use crc32c::{GpuRange, CRC32C_CHUNK_BYTES, MAX_CRC32C_LEN, MAX_CRC32C_TASKS};
-pub use gpu::{
-    Gpu, GpuBuffer, GpuDrive, GpuError, GpuQueue, GpuQueueCounters, GpuRegion, GpuStatus,
-    MAX_QUEUES_PER_LAUNCH, MAX_REQUESTS_PER_LAUNCH,
-};
+pub use drive::GpuDrive;
+pub use error::GpuError;
+pub use gpu::Gpu;
 pub use launch::{GpuLaunch, GpuStream};
 pub use launch_end::LaunchEnd;
 pub use null_ctrl::NullControllers;
+pub use queue::{GpuQueue, GpuQueueCounters};
+pub use region::GpuRegion;
+pub use status::{GpuStatus, MAX_QUEUES_PER_LAUNCH, MAX_REQUESTS_PER_LAUNCH};

@@ -26,9 +26,11 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{result, sys};
 
 use crate::abi::{TuttiNullQueue, TuttiNullReport};
-use crate::gpu::{drv, load_module, Gpu, GpuError, GpuQueue, Module, Quiesce, Stream};
-use crate::launch::PinnedBuf;
+use crate::cuda::{load_module, Module, PinnedBuf, Quiesce, Stream};
+use crate::error::{drv, GpuError};
+use crate::gpu::Gpu;
 use crate::ptx::{TUTTI_NULL_ENTRY_C, TUTTI_NULL_PTX_C};
+use crate::queue::GpuQueue;
 
 /// Threads per block of the null controller (its `__launch_bounds__`): four
 /// queues per block.

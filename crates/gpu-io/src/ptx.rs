@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 use std::ffi::{CStr, CString};
 
-use crate::gpu::GpuError;
+use crate::error::GpuError;
 
 /// A committed PTX file of `kernels/` (`$name`, e.g. `"tutti_io"`) with a
 /// terminating NUL, as `cuModuleLoadData` takes it: a NUL inside the PTX

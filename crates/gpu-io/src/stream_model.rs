@@ -21,13 +21,13 @@
 //! stream) over every mapping of streams to 1 to 4 hardware queues, with
 //! the emulator's copies queued after whatever the host queued before them
 //! (the order that failed), and with the launch ordering the code uses
-//! ([`crate::launch::order_after`]). The checks fail if the checksum goes
+//! ([`crate::launch::order::order_after`]). The checks fail if the checksum goes
 //! back to waiting for the load on the GPU, or if a launch on another
 //! stream waits for the previous one on the GPU.
 
 #![cfg(test)]
 
-use crate::launch::{order_after, After};
+use crate::launch::order::{order_after, After};
 
 /// What a hardware-queue entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

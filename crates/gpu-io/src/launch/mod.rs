@@ -31,273 +31,26 @@
 //!   only for the few calls that queue the work.
 
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::result;
 use cudarc::driver::sys;
 
 use crate::abi::{TuttiQueue, TuttiRequest};
-use crate::gpu::{drv, Gpu, GpuError, GpuQueue, GpuRegion, GpuStatus, Quiesce, STATUS_NOT_RUN};
-use crate::gpu::{MAX_QUEUES_PER_LAUNCH, MAX_REQUESTS_PER_LAUNCH};
-use crate::launch_end::LaunchEnd;
+use crate::cuda::{KernelEvent, Quiesce, Stream};
+use crate::error::{drv, GpuError};
+use crate::gpu::Gpu;
+use crate::launch::order::{block_threads, func_max_threads, group_by_queue, order_after, After};
+use crate::launch::slot::{LaunchSlot, Layout, SlotPool};
+use crate::launch_end::{wait_spin, LaunchEnd};
+use crate::queue::GpuQueue;
+use crate::region::GpuRegion;
+use crate::status::{GpuStatus, STATUS_NOT_RUN};
 
-/// Free slots kept for reuse.
-const POOL_SLOTS: usize = 8;
-/// Slots above this size are freed after use rather than kept.
-const POOL_SLOT_MAX: usize = 16 << 20;
-/// How long [`GpuLaunch::wait`] polls before it sleeps on the event, for a
-/// launch of at most [`SHORT_LAUNCH_BYTES`] ([`wait_spin`]). Long enough
-/// for a load of a few blocks (reads of up to a few MiB): a wake from
-/// `cuEventSynchronize` cost about 30 us on the H200 machine (an 896 KiB
-/// GPU read 131 -> 102 us p50 with a 2 ms spin; docs/benchmarks.md,
-/// "Launch waits").
-const WAIT_SPIN: Duration = Duration::from_micros(300);
-
-/// How long the wait polls for a larger launch, which runs for
-/// milliseconds: a short poll, then the sleep (its wake costs little
-/// against the launch, and the host CPU stays free).
-const WAIT_SPIN_LONG: Duration = Duration::from_micros(20);
-
-/// Launches that move at most this many bytes poll for [`WAIT_SPIN`].
-const SHORT_LAUNCH_BYTES: u64 = 8 << 20;
-
-/// How long to poll before sleeping, for a launch that moves `bytes`:
-/// `TUTTI_GPU_WAIT_SPIN_US` (microseconds, any launch) when set to a
-/// number, a tuning knob for latency against host CPU; otherwise
-/// [`WAIT_SPIN`] up to [`SHORT_LAUNCH_BYTES`] and [`WAIT_SPIN_LONG`] above.
-pub(crate) fn wait_spin(bytes: u64) -> Duration {
-    static SPIN: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
-    let set = *SPIN.get_or_init(|| {
-        std::env::var("TUTTI_GPU_WAIT_SPIN_US")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_micros)
-    });
-    set.unwrap_or(if bytes <= SHORT_LAUNCH_BYTES { WAIT_SPIN } else { WAIT_SPIN_LONG })
-}
-/// Smallest slot allocated.
-const SLOT_MIN: usize = 64 << 10;
-
-/// A CUDA event that marks the end of one launch (`BLOCKING_SYNC`; with
-/// timing only for a timed launch's pair of events). Shared by the launch,
-/// the gate's list of launches in flight and the queues the launch used.
-#[derive(Debug)]
-pub(crate) struct KernelEvent {
-    raw: sys::CUevent,
-    /// The stream it is recorded on (a launch's end event: the launch's
-    /// stream), so that a later launch on another stream knows it must
-    /// not wait for it on the GPU ([`Gpu::wait_other_streams`]).
-    stream: sys::CUstream,
-    ctx: Arc<cudarc::driver::CudaContext>,
-}
-
-// SAFETY: an event handle may be recorded, queried, waited on and
-// destroyed from any thread with its context bound (every call binds it).
-unsafe impl Send for KernelEvent {}
-// SAFETY: as above; the handle itself never changes after creation.
-unsafe impl Sync for KernelEvent {}
-
-impl KernelEvent {
-    fn new(
-        ctx: &Arc<cudarc::driver::CudaContext>,
-        timing: bool,
-        stream: sys::CUstream,
-    ) -> Result<Self, GpuError> {
-        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        let mut raw: sys::CUevent = std::ptr::null_mut();
-        let mut flags = sys::CUevent_flags_enum::CU_EVENT_BLOCKING_SYNC as u32;
-        if !timing {
-            flags |= sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32;
-        }
-        // SAFETY: `raw` is a valid out-pointer.
-        unsafe { sys::cuEventCreate(&mut raw, flags) }.result().map_err(drv("cuEventCreate"))?;
-        Ok(Self { raw, stream, ctx: ctx.clone() })
-    }
-
-    /// The raw `CUevent`, for a caller's `cuStreamWaitEvent`.
-    pub(crate) fn raw(&self) -> sys::CUevent {
-        self.raw
-    }
-
-    /// Blocks (sleeping) until the work before the event has ended.
-    pub(crate) fn synchronize(&self) -> Result<(), GpuError> {
-        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        // SAFETY: a live event of this context.
-        unsafe { sys::cuEventSynchronize(self.raw) }.result().map_err(drv("cuEventSynchronize"))
-    }
-
-    /// GPU time from `start` to this event, both recorded with timing and
-    /// both complete.
-    fn elapsed_since(&self, start: &KernelEvent) -> Result<Duration, GpuError> {
-        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        let mut ms = 0f32;
-        // SAFETY: two live events of this context; `ms` is a valid out-pointer.
-        unsafe { sys::cuEventElapsedTime_v2(&mut ms, start.raw, self.raw) }
-            .result()
-            .map_err(drv("cuEventElapsedTime"))?;
-        Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
-    }
-
-    /// `true` once the work before the event has ended; never blocks.
-    pub(crate) fn is_done(&self) -> bool {
-        if self.ctx.bind_to_thread().is_err() {
-            return false;
-        }
-        // SAFETY: a live event of this context.
-        let r = unsafe { sys::cuEventQuery(self.raw) };
-        r == sys::CUresult::CUDA_SUCCESS
-    }
-}
-
-impl Drop for KernelEvent {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: created in `new`, destroyed once (CUDA defers the release
-        // until the work before it has ended).
-        let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
-    }
-}
-
-/// Pinned host memory from `cuMemHostAlloc`, mapped into the GPU
-/// (`DEVICEMAP`), freed on drop.
-#[derive(Debug)]
-pub(crate) struct PinnedBuf {
-    pub(crate) ptr: *mut u8,
-    /// The GPU's address of the first byte.
-    pub(crate) dptr: u64,
-    pub(crate) len: usize,
-    ctx: Arc<cudarc::driver::CudaContext>,
-}
-
-// SAFETY: plain memory owned by this value; CUDA calls bind the context.
-unsafe impl Send for PinnedBuf {}
-
-impl PinnedBuf {
-    pub(crate) fn new(ctx: &Arc<cudarc::driver::CudaContext>, len: usize) -> Result<Self, GpuError> {
-        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        let mut p: *mut c_void = std::ptr::null_mut();
-        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: `p` is a valid out-pointer; freed in Drop.
-        unsafe { sys::cuMemHostAlloc(&mut p, len, flags) }.result().map_err(drv("cuMemHostAlloc"))?;
-        let mut buf = Self { ptr: p.cast(), dptr: 0, len, ctx: ctx.clone() };
-        let mut dptr: sys::CUdeviceptr = 0;
-        // SAFETY: `p` was allocated just above with DEVICEMAP.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, p, 0) }
-            .result()
-            .map_err(drv("cuMemHostGetDevicePointer"))?;
-        buf.dptr = dptr;
-        Ok(buf)
-    }
-}
-
-impl Drop for PinnedBuf {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: allocated by `cuMemHostAlloc` in `new`, freed once, after
-        // every kernel or copy that uses it has ended: a launch slot is only
-        // dropped when no launch uses it, a checksum scratch after its
-        // stream was synchronised, the copy lanes' words after their
-        // streams were (`CopyLanes`'s drop), the null controllers' memory
-        // after their kernel ended.
-        let _ = unsafe { sys::cuMemFreeHost(self.ptr.cast()) };
-    }
-}
-
-/// Byte offsets of one launch's inputs and statuses inside a slot (each
-/// 16-byte aligned).
-#[derive(Debug, Clone, Copy)]
-struct Layout {
-    queues: usize,
-    reqs: usize,
-    order: usize,
-    offsets: usize,
-    status: usize,
-    /// Bytes in all.
-    end: usize,
-    n: usize,
-}
-
-impl Layout {
-    fn new(nqueues: usize, n: usize) -> Self {
-        let up = |x: usize| x.next_multiple_of(16);
-        let queues = 0;
-        let reqs = up(queues + nqueues * size_of::<TuttiQueue>());
-        let order = up(reqs + n * size_of::<TuttiRequest>());
-        let offsets = up(order + n * 4);
-        let status = up(offsets + (nqueues + 1) * 4);
-        let end = up(status + n * 4);
-        Self { queues, reqs, order, offsets, status, end, n }
-    }
-}
-
-/// Reusable pinned, GPU-mapped memory for one launch's inputs and
-/// statuses.
-#[derive(Debug)]
-pub(crate) struct LaunchSlot {
-    host: PinnedBuf,
-}
-
-impl LaunchSlot {
-    fn cap(&self) -> usize {
-        self.host.len
-    }
-
-    /// Copies `src`'s bytes to byte `at` of the staging memory.
-    fn put<T: Copy>(&mut self, at: usize, src: &[T]) {
-        let bytes = size_of_val(src);
-        debug_assert!(at + bytes <= self.host.len);
-        // SAFETY: `at + bytes` lies inside the buffer (the slot was chosen
-        // for the layout); no kernel reads it while the slot is not in a
-        // launch; T is plain data.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().cast::<u8>(), self.host.ptr.add(at), bytes) };
-    }
-
-    fn statuses(&self, l: &Layout) -> Vec<GpuStatus> {
-        let mut words = vec![0u32; l.n];
-        // SAFETY: the status words lie inside the buffer, and the kernel
-        // that wrote them has ended (the launch's event completed).
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.host.ptr.add(l.status),
-                words.as_mut_ptr().cast::<u8>(),
-                l.n * 4,
-            );
-        }
-        words.into_iter().map(GpuStatus::from_word).collect()
-    }
-}
-
-/// The pool of free launch slots of one [`Gpu`].
-#[derive(Debug, Default)]
-pub(crate) struct SlotPool {
-    free: Mutex<Vec<LaunchSlot>>,
-}
-
-impl SlotPool {
-    /// A free slot of at least `bytes`, or a new one (allocated inside the
-    /// gate: it waits for running kernels).
-    fn take(&self, gpu: &Gpu, bytes: usize) -> Result<LaunchSlot, GpuError> {
-        {
-            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(i) =
-                (0..free.len()).filter(|&i| free[i].cap() >= bytes).min_by_key(|&i| free[i].cap())
-            {
-                return Ok(free.swap_remove(i));
-            }
-        }
-        let cap = bytes.max(SLOT_MIN).next_power_of_two();
-        let _quiet = gpu.quiet.enter()?;
-        Ok(LaunchSlot { host: PinnedBuf::new(&gpu.ctx, cap)? })
-    }
-
-    /// Returns a slot no launch uses any more; a large one, or one beyond
-    /// the pool's size, is freed inside the gate.
-    fn give(&self, slot: LaunchSlot, quiet: &Quiesce) {
-        let small = slot.cap() <= POOL_SLOT_MAX;
-        quiet.keep_or_free(&self.free, slot, |pool| small && pool.len() < POOL_SLOTS);
-    }
-}
+pub(crate) mod kernel;
+pub(crate) mod order;
+pub(crate) mod slot;
 
 /// A batch's inputs, grouped by queue.
 struct LaunchInput<'a> {
@@ -413,6 +166,18 @@ impl Drop for GpuLaunch {
 }
 
 impl Gpu {
+    /// Runs one batch in one kernel launch and waits for it: see
+    /// [`Gpu::launch`].
+    pub fn run(
+        &self,
+        queues: &[(&GpuQueue, &GpuRegion)],
+        requests: &[TuttiRequest],
+        threads_per_queue: u32,
+        budget: Duration,
+    ) -> Result<Vec<GpuStatus>, GpuError> {
+        self.launch(queues, requests, threads_per_queue, budget)?.wait()
+    }
+
     /// Launches one batch as one kernel on this GPU's own stream and
     /// returns at once: `requests[i]` goes to `queues[requests[i].queue]`,
     /// whose data region is the paired [`GpuRegion`]. One block per queue,
@@ -451,7 +216,7 @@ impl Gpu {
         threads_per_queue: u32,
         budget: Duration,
     ) -> Result<GpuLaunch, GpuError> {
-        self.launch_with(self.func, queues, requests, threads_per_queue, budget, self.quiet.io.raw, true)
+        self.launch_with(self.io.func(), queues, requests, threads_per_queue, budget, self.quiet.io.raw, true)
     }
 
     /// As [`Gpu::launch`], on the caller's CUDA stream `stream` (a
@@ -479,7 +244,7 @@ impl Gpu {
             return Err(GpuError::LegacyStream);
         }
         let raw = stream.map_or(self.quiet.io.raw, |s| s as sys::CUstream);
-        self.launch_with(self.func, queues, requests, threads_per_queue, budget, raw, false)
+        self.launch_with(self.io.func(), queues, requests, threads_per_queue, budget, raw, false)
     }
 
     /// Groups the batch by queue and starts `func` (`tutti_io` or
@@ -529,7 +294,7 @@ impl Gpu {
         threads_per_queue: u32,
         budget: Duration,
     ) -> Result<(Vec<GpuStatus>, Option<Duration>), GpuError> {
-        let func = self.probe_func.ok_or(GpuError::NoRingProbe)?;
+        let func = self.io.probe_func().ok_or(GpuError::NoRingProbe)?;
         self.launch_with(func, queues, requests, threads_per_queue, budget, self.quiet.io.raw, true)?
             .wait_timed()
     }
@@ -546,7 +311,7 @@ impl Gpu {
     ) -> Result<GpuLaunch, GpuError> {
         let n = input.requests.len();
         let layout = Layout::new(input.descs.len(), n);
-        let mut slot = self.slots.take(self, layout.end)?;
+        let mut slot = self.io.slots().take(&self.quiet, &self.ctx, layout.end)?;
         slot.put(layout.queues, input.descs);
         slot.put(layout.reqs, input.requests);
         slot.put(layout.order, input.order);
@@ -559,7 +324,7 @@ impl Gpu {
         let (done, started) = match events {
             Ok(e) => e,
             Err(e) => {
-                self.slots.give(slot, &self.quiet);
+                self.io.slots().give(slot, &self.quiet);
                 return Err(e);
             }
         };
@@ -579,7 +344,7 @@ impl Gpu {
             // SAFETY: `stream` is live (this function's caller's contract).
             let _ = unsafe { result::stream::synchronize(stream) };
             drop(running);
-            self.slots.give(slot, &self.quiet);
+            self.io.slots().give(slot, &self.quiet);
             return Err(e);
         }
         running.push(done.clone());
@@ -600,7 +365,7 @@ impl Gpu {
             bytes,
             done,
             started,
-            pool: self.slots.clone(),
+            pool: self.io.slots().clone(),
             quiet: self.quiet.clone(),
         })
     }
@@ -678,126 +443,19 @@ impl Gpu {
     }
 }
 
-/// Threads per block of a launch: as many as asked (1 to 1024), at most
-/// one per usable entry of the largest queue (`max_size - 1`), and at most
-/// what the entry point can run per block (`func_max`: its registers per
-/// thread limit it; with 66 registers a block of 1,024 threads does not
-/// launch, `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`). The kernel serves a
-/// queue with fewer threads than entries (each carries one command at a
-/// time).
-pub(crate) fn block_threads(requested: u32, max_size: u32, func_max: u32) -> u32 {
-    requested.clamp(1, 1024).min(max_size.saturating_sub(1).max(1)).min(func_max.max(1))
-}
-
-/// The most threads a block of `func` may have
-/// (`CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`); 1024 if the driver does
-/// not say.
-fn func_max_threads(func: sys::CUfunction) -> u32 {
-    let mut v = 0i32;
-    let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK;
-    // SAFETY: `func` is a live function of the loaded module; `v` is a
-    // valid out-pointer.
-    let r = unsafe { sys::cuFuncGetAttribute(&mut v, attr, func) };
-    if r == sys::CUresult::CUDA_SUCCESS && v > 0 {
-        v as u32
-    } else {
-        1024
-    }
-}
-
-/// How a launch is ordered after the last launch on one of its queues.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum After {
-    /// No launch before it, or that one has ended.
-    Nothing,
-    /// That one was made on the same stream: the stream orders the two.
-    StreamOrder,
-    /// That one was made on another stream and may still run: the host
-    /// waits for it before queuing this one (never the GPU: see
-    /// [`Gpu::wait_other_streams`]; checked by `stream_model.rs`).
-    HostWait,
-}
-
-/// The ordering of a launch on `stream` after `prev`, the last launch on
-/// one of its queues as (its stream, whether it has ended).
-pub(crate) fn order_after<S: PartialEq>(prev: Option<(S, bool)>, stream: S) -> After {
-    match prev {
-        None | Some((_, true)) => After::Nothing,
-        Some((s, false)) if s == stream => After::StreamOrder,
-        Some(_) => After::HostWait,
-    }
-}
-
-impl GpuQueue {
-    /// The last launch on this queue as (its stream, whether it has
-    /// ended), for [`order_after`].
-    fn last_on(&self) -> Option<(sys::CUstream, bool)> {
-        self.last_launch().map(|p| (p.stream, p.is_done()))
-    }
-}
-
-/// Queue descriptors, request order by queue, per-queue offsets.
-type Grouped = (Vec<TuttiQueue>, Vec<u32>, Vec<u32>);
-
-/// Checks the batch and groups its request indexes by queue: the queue
-/// descriptors (with each queue's data region), the order and the
-/// per-queue offsets into it.
-fn group_by_queue(
-    queues: &[(&GpuQueue, &GpuRegion)],
-    requests: &[TuttiRequest],
-) -> Result<Grouped, GpuError> {
-    if queues.is_empty() {
-        return Err(GpuError::NoQueues);
-    }
-    if queues.len() > MAX_QUEUES_PER_LAUNCH {
-        return Err(GpuError::TooManyQueues { queues: queues.len(), max: MAX_QUEUES_PER_LAUNCH });
-    }
-    if requests.len() > MAX_REQUESTS_PER_LAUNCH {
-        return Err(GpuError::TooManyRequests { requests: requests.len(), max: MAX_REQUESTS_PER_LAUNCH });
-    }
-    let mut seen = std::collections::HashSet::with_capacity(queues.len());
-    if let Some((q, _)) = queues.iter().find(|(q, _)| !seen.insert(std::ptr::from_ref::<GpuQueue>(q))) {
-        return Err(GpuError::QueueTwice { qid: q.qid() });
-    }
-    let mut counts = vec![0u32; queues.len() + 1];
-    for (i, r) in requests.iter().enumerate() {
-        let q = usize::from(r.queue);
-        if q >= queues.len() {
-            return Err(GpuError::QueueIndex { request: i, queue: r.queue, queues: queues.len() });
-        }
-        counts[q + 1] += 1;
-    }
-    for q in 0..queues.len() {
-        counts[q + 1] += counts[q];
-    }
-    let offsets = counts.clone();
-    let mut order = vec![0u32; requests.len()];
-    let mut fill = counts;
-    for (i, r) in requests.iter().enumerate() {
-        let q = usize::from(r.queue);
-        order[fill[q] as usize] = i as u32;
-        fill[q] += 1;
-    }
-    let descs = queues
-        .iter()
-        .map(|(q, region)| TuttiQueue { pages: region.pages_ptr(), region_len: region.len as u64, ..q.desc })
-        .collect();
-    Ok((descs, order, offsets))
-}
-
 /// A non-blocking CUDA stream of a [`Gpu`]'s context, destroyed on drop:
 /// for callers without a CUDA runtime of their own (tests, benchmarks, the
 /// C API) that want [`Gpu::launch_on`]'s ordering. PyTorch and CuPy users
 /// pass their own streams instead.
 #[derive(Debug)]
-pub struct GpuStream(crate::gpu::Stream);
+pub struct GpuStream(Stream);
 
 impl GpuStream {
     /// Creates the stream (waits for running I/O kernels first, as this
     /// crate's other resource creation does).
     pub fn new(gpu: &Gpu) -> Result<Self, GpuError> {
         let _quiet = gpu.quiet.enter()?;
-        Ok(Self(crate::gpu::Stream::new(&gpu.ctx)?))
+        Ok(Self(Stream::new(&gpu.ctx)?))
     }
 
     /// The `CUstream`, as [`Gpu::launch_on`] and
@@ -809,22 +467,5 @@ impl GpuStream {
     /// Blocks until the work queued on the stream has ended.
     pub fn synchronize(&self) -> Result<(), GpuError> {
         self.0.sync()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::block_threads;
-
-    #[test]
-    fn a_block_never_has_more_threads_than_the_entry_point_can_run() {
-        // A 1,024-entry queue and a kernel of 66 registers per thread (at
-        // most 960 threads per block on a GPU of 64 K registers): 960, not
-        // 1,023 (which did not launch on the H200).
-        assert_eq!(block_threads(u32::MAX, 1024, 960), 960);
-        assert_eq!(block_threads(u32::MAX, 256, 960), 255, "one per usable entry");
-        assert_eq!(block_threads(32, 1024, 1024), 32, "as asked");
-        assert_eq!(block_threads(0, 2, 1024), 1, "at least one");
-        assert_eq!(block_threads(u32::MAX, 65536, 1024), 1024, "never above 1,024");
     }
 }
