@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Rebuilds the committed PTX from its CUDA source. Needs nvcc (CUDA 12 or
 # 13); run it on the GPU machine. The first line of each PTX records the
-# SHA-256 of the source it was built from; `cargo test -p gpu-io` fails when
-# the committed PTX is older than its source.
+# SHA-256 of the source it was built from (with the local headers it
+# includes); `cargo test -p gpu-io` fails when the committed PTX is older
+# than its source.
 #
 #   kernels/build.sh           rebuild
 #   kernels/build.sh --check   rebuild into a temporary file and fail if the
@@ -16,7 +17,9 @@ ARCH=${ARCH:-compute_75}
 build() {
     local src=$1 out=$2
     local sum
-    sum=$(sha256sum "$src" | cut -d' ' -f1)
+    # The source and the local headers it includes (`#include "..."`), in
+    # the order it names them: a header edit makes the PTX stale too.
+    sum=$(cat "$src" $(sed -n 's/^#include "\(.*\)"$/\1/p' "$src") | sha256sum | cut -d' ' -f1)
     {
         echo "// tutti source sha256: $sum"
         nvcc -arch="$ARCH" -O3 -ptx "$src" -o -

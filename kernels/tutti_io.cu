@@ -30,6 +30,8 @@
 
 #include <stdint.h>
 
+#include "tutti_volatile.cuh"
+
 // One queue pair as the kernel sees it (88 bytes).
 struct TuttiQueue {
     uint64_t sq;           // device pointer: SQ base, `size` x 64 bytes
@@ -130,28 +132,6 @@ __device__ __forceinline__ unsigned long long load_acquire_sys_u64(const uint32_
     unsigned long long v;
     asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
-}
-
-__device__ __forceinline__ void store_volatile_u64(unsigned long long* p, unsigned long long v) {
-    *(volatile unsigned long long*)p = v;
-}
-
-__device__ __forceinline__ unsigned long long load_volatile_u64(const unsigned long long* p) {
-    return *(const volatile unsigned long long*)p;
-}
-
-__device__ __forceinline__ uint32_t load_volatile(const uint32_t* p) {
-    return *(const volatile uint32_t*)p;
-}
-
-__device__ __forceinline__ void store_volatile(uint32_t* p, uint32_t v) {
-    *(volatile uint32_t*)p = v;
-}
-
-// One 16-byte store (4 of them write an SQE: fewer, larger PCIe writes).
-__device__ __forceinline__ void store_volatile_v4(uint32_t* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d)
-                 : "memory");
 }
 
 // done[cid] while a thread holds a CID whose command is not submitted yet

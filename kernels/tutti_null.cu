@@ -28,6 +28,8 @@
 
 #include <stdint.h>
 
+#include "tutti_volatile.cuh"
+
 struct TuttiNullQueue {       // 48 bytes
     uint64_t sq;              // device pointer: SQ base, `size` x 64 bytes
     uint64_t cq;              // device pointer: CQ base, `size` x 16 bytes
@@ -54,32 +56,6 @@ struct TuttiNullReport {      // 32 bytes, written once at exit
 #define SC_INVALID_OPCODE 0x01u
 #define SC_INVALID_NAMESPACE 0x0Bu
 #define SC_LBA_OUT_OF_RANGE 0x80u
-
-__device__ __forceinline__ uint32_t load_volatile(const uint32_t* p) {
-    return *(const volatile uint32_t*)p;
-}
-
-__device__ __forceinline__ void store_volatile(uint32_t* p, uint32_t v) {
-    *(volatile uint32_t*)p = v;
-}
-
-// One 16-byte load (four dwords of an SQE).
-__device__ __forceinline__ uint4 load_volatile_v4(const uint32_t* p) {
-    uint4 v;
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p)
-                 : "memory");
-    return v;
-}
-
-// One 8-byte store, single-copy atomic (naturally aligned): a CQE's DW2
-// and DW3 written together, so a host that reads them together (the I/O
-// kernel's reaper) sees the phase tag with its body.
-__device__ __forceinline__ void store_volatile_u64(uint32_t* p, uint32_t lo, uint32_t hi) {
-    unsigned long long v = (unsigned long long)lo | ((unsigned long long)hi << 32);
-    asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
 
 // The status field (SCT 0, generic) of the command whose SQE dwords 0-3,
 // 8-11 and 12-15 are `a`, `b` and `c`.

@@ -141,11 +141,17 @@ mod tests {
         Sha256::digest(src).iter().map(|b| format!("{b:02x}")).collect()
     }
 
+    /// The local header `tutti_io.cu` and `tutti_null.cu` include; their
+    /// recorded hash covers it (after the source, as `kernels/build.sh`
+    /// hashes them).
+    const VOLATILE_CUH: &[u8] = include_bytes!("../../../kernels/tutti_volatile.cuh");
+
     /// The committed PTX was built from the committed source: rebuild with
-    /// `kernels/build.sh` (on a machine with nvcc) after editing the `.cu`.
+    /// `kernels/build.sh` (on a machine with nvcc) after editing the `.cu`
+    /// or a header it includes.
     #[test]
     fn committed_ptx_is_not_older_than_its_source() {
-        let hex = sha256_hex(include_bytes!("../../../kernels/tutti_io.cu"));
+        let hex = sha256_hex(&[include_bytes!("../../../kernels/tutti_io.cu"), VOLATILE_CUH].concat());
         assert_eq!(
             recorded_source_sha256(TUTTI_IO_PTX),
             Some(hex.as_str()),
@@ -157,12 +163,27 @@ mod tests {
             Some(hex.as_str()),
             "kernels/tutti_crc32c.ptx is stale: run kernels/build.sh"
         );
-        let hex = sha256_hex(include_bytes!("../../../kernels/tutti_null.cu"));
+        let hex = sha256_hex(&[include_bytes!("../../../kernels/tutti_null.cu"), VOLATILE_CUH].concat());
         assert_eq!(
             recorded_source_sha256(TUTTI_NULL_PTX),
             Some(hex.as_str()),
             "kernels/tutti_null.ptx is stale: run kernels/build.sh"
         );
+    }
+
+    /// The sources include the header exactly as `kernels/build.sh`'s hash
+    /// expects (one `#include "tutti_volatile.cuh"` line), and the CRC
+    /// kernel includes no local header (its hash is of the source alone).
+    #[test]
+    fn the_hashed_headers_are_the_ones_the_sources_include() {
+        let local = |src: &str| -> Vec<String> {
+            src.lines()
+                .filter_map(|l| l.strip_prefix("#include \"")?.strip_suffix('"').map(String::from))
+                .collect()
+        };
+        assert_eq!(local(include_str!("../../../kernels/tutti_io.cu")), ["tutti_volatile.cuh"]);
+        assert_eq!(local(include_str!("../../../kernels/tutti_null.cu")), ["tutti_volatile.cuh"]);
+        assert!(local(include_str!("../../../kernels/tutti_crc32c.cu")).is_empty());
     }
 
     #[test]
