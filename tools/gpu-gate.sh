@@ -110,7 +110,8 @@ stage_suites() {
     done
     wheel_on_path "$B" || return 1
     python3 -m pytest -q crates/python/tests/test_gpu.py crates/python/tests/test_engine_torch.py \
-        crates/python/tests/test_transformers.py >"$L/pytest-gpu.log" 2>&1 || rc=1
+        crates/python/tests/test_transformers.py crates/python/tests/test_transformers_attention.py \
+        crates/python/tests/test_vllm.py >"$L/pytest-gpu.log" 2>&1 || rc=1
     tail -3 "$L/pytest-gpu.log"
     return $rc
 }

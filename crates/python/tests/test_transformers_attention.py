@@ -1,5 +1,6 @@
 """PrefixCache over the attention kinds, with tiny random-weight
-transformers models built from configs (float32, CPU): what is exact
+transformers models built from configs (float32; on CPU, and on CUDA
+with ``execution: gpu`` where a GPU is present): what is exact
 restores equal K/V and equal greedy generation; what is not is refused
 with ``UnsupportedModel`` when the PrefixCache is built, before anything
 is stored. Skips without torch and transformers (the refusal logic itself
@@ -13,7 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import tutti  # noqa: E402
-from conftest import MiB  # noqa: E402
+from conftest import MiB, one_drive_yaml  # noqa: E402
 from tutti.engine import UnsupportedModel  # noqa: E402
 
 COMMON = dict(
@@ -43,6 +44,24 @@ MLA = dict(
 )
 
 
+# The device of the running test (set by the ``device`` fixture): every
+# test runs on CPU, and again on CUDA (models, prompts and the store's
+# datapath on the GPU) where one is present.
+_DEVICE = ["cpu"]
+
+
+def _devices():
+    gpu = torch.cuda.is_available()
+    return ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not gpu, reason="no CUDA GPU"))]
+
+
+@pytest.fixture(params=_devices(), autouse=True)
+def device(request):
+    _DEVICE[0] = request.param
+    yield request.param
+    _DEVICE[0] = "cpu"
+
+
 def build(name: str, **kw):
     """A tiny model of a transformers class pair, or skip where this
     transformers lacks it."""
@@ -51,20 +70,25 @@ def build(name: str, **kw):
     if cfg_cls is None or model_cls is None:
         pytest.skip(f"transformers {transformers.__version__} has no {name}")
     torch.manual_seed(1234)
-    model = model_cls(cfg_cls(**kw)).to(dtype=torch.float32)
+    model = model_cls(cfg_cls(**kw)).to(dtype=torch.float32, device=_DEVICE[0])
     model.eval()
     return model
 
 
 @pytest.fixture
-def kv():
+def kv(device):
+    """One emulated drive, 1 MiB slots; GPU-executed on CUDA."""
+    if device == "cuda":
+        with tutti.Runtime.from_yaml(one_drive_yaml(capacity="64MiB", execution="gpu")) as rt:
+            yield tutti.KvStore.open(rt)
+        return
     with tutti.Runtime.emulated(drives=1, drive_bytes=64 * MiB, slot_bytes=MiB) as rt:
         yield tutti.KvStore.open(rt)
 
 
 def prompt(n: int, seed: int):
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 128, (1, n), generator=g)
+    return torch.randint(0, 128, (1, n), generator=g).to(_DEVICE[0])
 
 
 def check_exact(model, kv, chunk: int) -> None:
@@ -165,7 +189,7 @@ def test_gemma3_alternating_sliding_layers_are_refused(kv):
     if cfg_cls is None:
         pytest.skip("no Gemma3TextConfig")
     torch.manual_seed(0)
-    model = transformers.Gemma3ForCausalLM(cfg_cls(**dict(COMMON, head_dim=16, sliding_window=16, num_hidden_layers=3))).eval()
+    model = transformers.Gemma3ForCausalLM(cfg_cls(**dict(COMMON, head_dim=16, sliding_window=16, num_hidden_layers=3))).to(_DEVICE[0]).eval()
     check_refused(model, kv, "sliding_window")
 
 
