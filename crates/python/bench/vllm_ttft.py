@@ -76,7 +76,8 @@ def engine(a: argparse.Namespace) -> Any:
     kw: Dict[str, Any] = dict(
         model=a.model, skip_tokenizer_init=True, load_format="dummy", dtype="bfloat16", max_model_len=max_len,
         max_num_batched_tokens=max_len, enable_prefix_caching=False, enforce_eager=True, seed=0,
-        gpu_memory_utilization=a.gpu_memory_utilization, disable_log_stats=False,
+        gpu_memory_utilization=a.gpu_memory_utilization, kv_cache_memory_bytes=a.kv_cache_gib << 30,
+        disable_log_stats=False,
     )
     if a.connector:
         extra = {"runtime_config": a.runtime_config, "chunk_tokens": CHUNK, "timeout_s": 60.0,
@@ -86,6 +87,16 @@ def engine(a: argparse.Namespace) -> Any:
             "kv_role": "kv_both", "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra,
         }
     return LLM(**kw)
+
+
+def top_logprobs(completion: Any) -> List[Any]:
+    """The first token's two most likely (token, logprob) pairs, to tell
+    a near tie from a real difference; [] where vLLM gave none."""
+    try:
+        lp = completion.logprobs[0] if completion.logprobs else {}
+        return sorted(((int(tok), float(v.logprob)) for tok, v in lp.items()), key=lambda x: -x[1])[:2]
+    except (AttributeError, IndexError, TypeError):
+        return []
 
 
 def run_phase(a: argparse.Namespace) -> Dict[str, Any]:
@@ -108,8 +119,7 @@ def run_phase(a: argparse.Namespace) -> Dict[str, Any]:
             times.append(time.perf_counter() - t)
             first = out.outputs[0].token_ids[0]
             cached.append(out.num_cached_tokens)
-            lp = out.outputs[0].logprobs[0] if out.outputs[0].logprobs else {}
-            top = sorted(((tok, float(v.logprob)) for tok, v in lp.items()), key=lambda x: -x[1])[:2]
+            top = top_logprobs(out.outputs[0])
         rows.append({"tokens": size, "ttft_s": times, "ttft_median_s": statistics.median(times), "first_token": first,
                      "num_cached_tokens": cached, "top_logprobs": top})
     metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics() if "prefix_cache" in m.name}
@@ -122,7 +132,8 @@ def phase(work: str, name: str, a: argparse.Namespace, connector: bool, runtime_
     out, stats, log = (os.path.join(work, f"{name}.{e}") for e in ("json", "stats", "log"))
     cmd = [sys.executable, os.path.abspath(__file__), "phase", "--model", os.path.join(work, "model"), "--out", out,
            "--stats", stats, "--runtime-config", runtime_config, "--sizes", ",".join(map(str, a.sizes)),
-           "--reps", str(a.reps), "--gpu-memory-utilization", str(a.gpu_memory_utilization)]
+           "--reps", str(a.reps), "--gpu-memory-utilization", str(a.gpu_memory_utilization),
+           "--kv-cache-gib", str(a.kv_cache_gib)]
     cmd += ["--connector"] * connector
     t0 = time.monotonic()
     with open(log, "w") as f:
@@ -181,6 +192,7 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--drives-dir", default="/var/tmp/tutti-vllm-drives", help="folder of the drive images (on disk)")
     ap.add_argument("--drive-mb-s", type=int, default=7000, help="modelled bandwidth per drive, 10^6 bytes/s")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    ap.add_argument("--kv-cache-gib", type=int, default=8, help="vLLM's KV cache, GiB (what the connector registers)")
     ap.add_argument("--out", default="", help="write the report here too (JSON)")
     a = ap.parse_args(argv)
     a.sizes = [int(s) for s in a.sizes.split(",")]
@@ -210,6 +222,7 @@ def main_phase(argv: List[str]) -> None:
     p.add_argument("--runtime-config", default="")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    p.add_argument("--kv-cache-gib", type=int, default=8)
     p.add_argument("--connector", action="store_true")
     a = p.parse_args(argv)
     a.sizes = [int(s) for s in a.sizes.split(",")]
