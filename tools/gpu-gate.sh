@@ -111,7 +111,7 @@ stage_suites() {
     wheel_on_path "$B" || return 1
     python3 -m pytest -q crates/python/tests/test_gpu.py crates/python/tests/test_engine_torch.py \
         crates/python/tests/test_transformers.py crates/python/tests/test_transformers_attention.py \
-        crates/python/tests/test_vllm.py >"$L/pytest-gpu.log" 2>&1 || rc=1
+        crates/python/tests/test_vllm.py crates/python/tests/test_staging.py >"$L/pytest-gpu.log" 2>&1 || rc=1
     tail -3 "$L/pytest-gpu.log"
     return $rc
 }

@@ -92,15 +92,19 @@ def test_staging_with_registered_memory_and_sizes():
         rt.shutdown()
 
 
-def test_torch_tensors_are_staged():
-    """torch CPU tensors (the copies are torch copies): save and load
-    through a one-object buffer, bytes equal."""
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_torch_tensors_are_staged(device):
+    """torch tensors, on CPU and on CUDA (the copies are torch copies,
+    device to host and back for CUDA): save and load through a one-object
+    buffer, bytes equal."""
     torch = pytest.importorskip("torch")
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
     rt = tutti.Runtime.from_yaml(one_drive_yaml())
     try:
         kv = tutti.KvStore.open(rt)
         g = torch.Generator().manual_seed(3)
-        src = [torch.randn((SLOTS, OBJ // 4), generator=g) for _ in range(LAYERS)]
+        src = [torch.randn((SLOTS, OBJ // 4), generator=g).to(device) for _ in range(LAYERS)]
         dst = [torch.zeros_like(t) for t in src]
         toks = list(range(3 * CT))
         assert client(kv, src, OBJ).save(toks).stored_chunks == 3
