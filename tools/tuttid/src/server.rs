@@ -82,12 +82,10 @@ impl Server {
         while !stop.load(Ordering::Acquire) {
             match listener.accept() {
                 Ok((sock, _)) => self.admit(sock),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => wait_for_connection(listener),
                 Err(e) => {
                     tracing::warn!(error = %e, "accept");
-                    std::thread::sleep(Duration::from_millis(5));
+                    std::thread::sleep(ACCEPT_PAUSE);
                 }
             }
         }
@@ -268,6 +266,21 @@ impl Server {
 /// `u32::MAX` consecutive connections.
 fn domain_of(id: u64) -> u32 {
     (id.wrapping_sub(1) % u64::from(u32::MAX)) as u32 + 1
+}
+
+/// How often the accepting thread looks at `stop` while no connection
+/// comes, and its pause after a failed `accept`.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(5);
+
+/// Waits until a connection is pending on `listener`, at most
+/// [`ACCEPT_PAUSE`] (so `stop` is still seen that often): a client is
+/// accepted as soon as it connects, not at the end of a fixed sleep.
+fn wait_for_connection(listener: &UnixListener) {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let timeout = Timespec { tv_sec: 0, tv_nsec: ACCEPT_PAUSE.as_nanos() as _ };
+    let mut fds = [PollFd::new(listener, PollFlags::IN)];
+    // EINTR or any other failure: back to `accept` (and `stop`) at once.
+    let _ = poll(&mut fds, Some(&timeout));
 }
 
 fn refused(rule: Rule, detail: String) -> Reply {
