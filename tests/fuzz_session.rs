@@ -69,6 +69,51 @@ struct Script<'a> {
     regions: Vec<(u64, u64, u64)>,
     /// Kept alive while registered.
     memory: Vec<SharedMemory>,
+    /// The bytes sent as the daemon will read them, to know when a reply
+    /// is owed.
+    sent: Sent,
+    /// Frames read back (replies and refusals).
+    received: u64,
+}
+
+/// The byte stream the script sent, parsed as the daemon parses it
+/// (`recv_frame`): how many whole frames it holds, so that a read for a
+/// reply waits only when one is owed. The daemon answers every whole frame
+/// with one frame, or closes the connection; a read with nothing owed would
+/// only wait out the read timeout (the daemon is still waiting for the rest
+/// of a frame), so it looks without waiting instead.
+#[derive(Default)]
+struct Sent {
+    /// The bytes of the frame not yet whole.
+    partial: Vec<u8>,
+    /// Whole frames sent.
+    frames: u64,
+    /// A header the daemon refuses (it answers and closes), or a send that
+    /// failed part way: from here on every read may wait.
+    unknown: bool,
+}
+
+impl Sent {
+    fn push(&mut self, bytes: &[u8]) {
+        if self.unknown {
+            return;
+        }
+        self.partial.extend_from_slice(bytes);
+        while self.partial.len() >= tuttid_proto::frame::HEADER_LEN {
+            let word = |i: usize| u32::from_le_bytes([0, 1, 2, 3].map(|k| self.partial[i + k]));
+            let len = word(4);
+            if word(0) != tuttid_proto::frame::MAGIC || len == 0 || len > tuttid_proto::MAX_FRAME {
+                self.unknown = true;
+                return;
+            }
+            let whole = tuttid_proto::frame::HEADER_LEN + len as usize;
+            if self.partial.len() < whole {
+                return;
+            }
+            self.partial.drain(..whole);
+            self.frames += 1;
+        }
+    }
 }
 
 impl Script<'_> {
@@ -89,13 +134,44 @@ impl Script<'_> {
         a.to_vec()
     }
 
-    fn send(&self, req: &Request, fds: &[std::os::fd::BorrowedFd<'_>]) {
-        let _ = send_frame(&self.sock, &req.encode(), fds);
+    fn send(&mut self, req: &Request, fds: &[std::os::fd::BorrowedFd<'_>]) {
+        self.send_raw(&req.encode(), fds);
+    }
+
+    /// Sends one frame of `payload` and notes what the daemon will read.
+    fn send_raw(&mut self, payload: &[u8], fds: &[std::os::fd::BorrowedFd<'_>]) {
+        match send_frame(&self.sock, payload, fds) {
+            Ok(()) => {
+                let len = payload.len() as u32;
+                self.sent.push(&tuttid_proto::frame::MAGIC.to_le_bytes());
+                self.sent.push(&len.to_le_bytes());
+                self.sent.push(payload);
+            }
+            // Refused before anything was sent (empty, too long).
+            Err(tuttid_proto::frame::FrameError::Decode(_)) => {}
+            Err(_) => self.sent.unknown = true,
+        }
+    }
+
+    /// Whether a reply may arrive without the script sending more: one is
+    /// owed, the stream is past knowing, or something (a frame, the end of
+    /// the connection) is already there to read.
+    fn reply_may_come(&self) -> bool {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        if self.sent.unknown || self.sent.frames > self.received {
+            return true;
+        }
+        let mut fds = [PollFd::new(&self.sock, PollFlags::IN)];
+        poll(&mut fds, Some(&Timespec { tv_sec: 0, tv_nsec: 0 })).map_or(true, |n| n > 0)
     }
 
     /// Reads one reply, keeping what it grants.
     fn reply(&mut self) -> Option<Response> {
+        if !self.reply_may_come() {
+            return None;
+        }
         let f = recv_frame(&self.sock).ok()?;
+        self.received += 1;
         let r = Response::decode(&f.payload).ok()?;
         match &r {
             Response::QueueGranted(g) => self.keep_queue(g, f.fds),
@@ -129,12 +205,15 @@ impl Script<'_> {
             1 => {
                 let n = usize::from(self.byte().unwrap_or(0));
                 let bytes = self.take(n);
-                let _ = send_frame(&self.sock, &bytes, &[]);
+                self.send_raw(&bytes, &[]);
             }
             2 => {
                 let n = usize::from(self.byte().unwrap_or(0) % 12);
                 let bytes = self.take(n);
-                let _ = std::io::Write::write_all(&mut &self.sock, &bytes);
+                match std::io::Write::write_all(&mut &self.sock, &bytes) {
+                    Ok(()) => self.sent.push(&bytes),
+                    Err(_) => self.sent.unknown = true,
+                }
             }
             3 => {
                 let (drive, entries) = (self.drive(), u32::from(self.byte().unwrap_or(0)) * 4);
@@ -271,7 +350,15 @@ pub fn tuttid_session(data: &[u8]) {
     let sock = UnixStream::connect(&d.socket).expect("the daemon accepts a connection");
     let _ = sock.set_read_timeout(Some(Duration::from_millis(20)));
     let _ = sock.set_write_timeout(Some(Duration::from_millis(500)));
-    let mut s = Script { sock, data, queues: Vec::new(), regions: Vec::new(), memory: Vec::new() };
+    let mut s = Script {
+        sock,
+        data,
+        queues: Vec::new(),
+        regions: Vec::new(),
+        memory: Vec::new(),
+        sent: Sent::default(),
+        received: 0,
+    };
     for _ in 0..64 {
         let Some(op) = s.byte() else { break };
         s.step(op);
