@@ -12,6 +12,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,8 @@ struct Daemon {
     socket: PathBuf,
     server: Arc<tuttid::Server>,
     dstrd: u8,
+    /// Connections made to it so far (each one is reclaimed once gone).
+    connections: AtomicU64,
 }
 
 fn daemon() -> &'static Daemon {
@@ -47,7 +50,7 @@ fn daemon() -> &'static Daemon {
             s.run(&listener, &stop);
         });
         let facts = tuttid_proto::Client::connect(&socket).and_then(|c| c.open_drive("d0")).expect("d0");
-        Daemon { socket, server, dstrd: facts.dstrd }
+        Daemon { socket, server, dstrd: facts.dstrd, connections: AtomicU64::new(1) }
     })
 }
 
@@ -348,6 +351,7 @@ fn memfd(len: u64) -> Option<OwnedFd> {
 pub fn tuttid_session(data: &[u8]) {
     let d = daemon();
     let sock = UnixStream::connect(&d.socket).expect("the daemon accepts a connection");
+    let made = d.connections.fetch_add(1, Ordering::Relaxed) + 1;
     let _ = sock.set_read_timeout(Some(Duration::from_millis(20)));
     let _ = sock.set_write_timeout(Some(Duration::from_millis(500)));
     let mut s = Script {
@@ -368,19 +372,27 @@ pub fn tuttid_session(data: &[u8]) {
     let deadline = Instant::now() + Duration::from_secs(20);
     let st = loop {
         let st = d.server.status();
-        let whole = st.clients.is_empty()
+        // Every connection so far (this script's too, even one the daemon
+        // had not yet accepted when it hung up) has been reclaimed.
+        let whole = st.reclaimed >= made
+            && st.clients.is_empty()
             && st.drives.iter().all(|r| r.queues_free == r.queues_total && r.registrations == 0);
-        if whole || Instant::now() > deadline {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if whole || left.is_zero() {
             break st;
         }
-        std::thread::sleep(Duration::from_millis(1));
+        // Each reclaim ends with the count going up (notified), and the
+        // report shows every reclaim its count includes: wait for the next.
+        d.server.wait_reclaimed(st.reclaimed, left);
     };
+    assert!(st.reclaimed >= made, "{made} connections made, {} reclaimed: {st:?}", st.reclaimed);
     assert!(st.clients.is_empty(), "a hung-up client is still listed: {st:?}");
     for r in &st.drives {
         assert_eq!(r.queues_free, r.queues_total, "queues not reclaimed: {r:?}");
         assert_eq!(r.registrations, 0, "registrations not reclaimed: {r:?}");
         assert_eq!(r.dma_faults, 0, "the drive touched memory outside every mapping: {r:?}");
     }
+    d.connections.fetch_add(1, Ordering::Relaxed);
     let c = tuttid_proto::Client::connect(&d.socket).expect("an honest client is still served");
     assert!(c.status().is_ok(), "an honest client's Status is answered");
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tuttid_proto::frame::{borrow_all, recv_frame, send_frame, FrameError};
@@ -36,7 +36,11 @@ pub struct Server {
     drives: Arc<Vec<Drive>>,
     clients: Mutex<HashMap<u64, Row>>,
     next_client: AtomicU64,
+    /// Connections reclaimed (changed under `clients`' lock, so a waiter
+    /// on `departed` never misses one).
     reclaimed: AtomicU64,
+    /// Notified after each reclaim ([`Server::wait_reclaimed`]).
+    departed: Condvar,
     lease: Duration,
     lease_ms: u32,
     /// Per-uid quotas and the connection caps.
@@ -61,6 +65,7 @@ impl Server {
             clients: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
             reclaimed: AtomicU64::new(0),
+            departed: Condvar::new(),
             lease: Duration::from_millis(u64::from(cfg.lease_ms)),
             lease_ms: cfg.lease_ms,
             accounts: Arc::new(Accounts::new(Limits {
@@ -235,10 +240,32 @@ impl Server {
         (Response::Status(self.status()), Vec::new())
     }
 
-    /// The operator view now (clients trimmed to fit one frame).
+    /// Waits until more than `after` connections have been reclaimed (the
+    /// count [`StatusReport::reclaimed`] shows), at most `timeout`; returns
+    /// the count. For tests and fuzzing, which wait for a hung-up client's
+    /// reclaim without polling.
+    pub fn wait_reclaimed(&self, after: u64, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        let mut clients = lock(&self.clients);
+        loop {
+            let n = self.reclaimed.load(Ordering::Relaxed);
+            let left = deadline.saturating_duration_since(Instant::now());
+            if n > after || left.is_zero() {
+                return n;
+            }
+            clients = self.departed.wait_timeout(clients, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    /// The operator view now (clients trimmed to fit one frame). The
+    /// client list and the reclaimed count are read together (under one
+    /// lock), and the drives after them: every reclaim the count includes
+    /// shows in the rest of the report.
     pub fn status(&self) -> StatusReport {
         let now = Instant::now();
-        let mut clients: Vec<ClientStatus> = lock(&self.clients)
+        let table = lock(&self.clients);
+        let reclaimed = self.reclaimed.load(Ordering::Relaxed);
+        let mut clients: Vec<ClientStatus> = table
             .values()
             .map(|r| ClientStatus {
                 pid: r.peer.pid,
@@ -250,12 +277,10 @@ impl Server {
                 memory_bytes: r.memory_bytes,
             })
             .collect();
+        drop(table);
         clients.sort_by_key(|c| c.pid);
-        let mut s = StatusReport {
-            drives: self.drives.iter().map(Drive::status).collect(),
-            clients,
-            reclaimed: self.reclaimed.load(Ordering::Relaxed),
-        };
+        let mut s =
+            StatusReport { drives: self.drives.iter().map(Drive::status).collect(), clients, reclaimed };
         while Response::Status(s.clone()).encode().len() > MAX_FRAME as usize && s.clients.pop().is_some() {}
         s
     }
@@ -393,7 +418,10 @@ impl Drop for Departure<'_> {
     fn drop(&mut self) {
         lock(&self.server.clients).remove(&self.id);
         self.server.accounts.disconnect(self.uid);
+        let clients = lock(&self.server.clients);
         self.server.reclaimed.fetch_add(1, Ordering::Relaxed);
+        drop(clients);
+        self.server.departed.notify_all();
     }
 }
 
