@@ -183,6 +183,15 @@ pub trait NvmeDevice: Send + Sync + fmt::Debug {
     /// and polls for a while, as a real one would be ready.
     fn expect_doorbells(&self) {}
 
+    /// A hint that the host has just written a doorbell through
+    /// [`NvmeDevice::bar0`] and now waits for the answer (the driver's
+    /// admin commands). A real controller sees the write as it lands, so
+    /// the default does nothing; an emulated controller that naps while
+    /// idle wakes up to poll at once instead of at the end of its nap
+    /// (unlike [`NvmeDevice::expect_doorbells`], it does not then keep
+    /// polling).
+    fn doorbell_written(&self) {}
+
     /// The clock the driver's bounded waits on this device run on (CSTS
     /// transitions in bring-up, reset and shutdown; admin commands). A
     /// real controller, and the default, is on [`RealClock`]; a device

@@ -377,6 +377,14 @@ impl NvmeDevice for Emulator {
         }
     }
 
+    /// Wakes the controller thread from its nap (up to 1 ms when long
+    /// idle) to look at the doorbells now.
+    fn doorbell_written(&self) {
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+        }
+    }
+
     fn expect_doorbells(&self) {
         self.shared.kick.store(true, Ordering::Release);
         if let Some(t) = &self.thread {

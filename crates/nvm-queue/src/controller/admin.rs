@@ -41,6 +41,7 @@ impl Controller {
         let cid = self.admin.submit(sqe, data, 0)?;
         self.admin.ring();
         let device = self.device.clone();
+        device.doorbell_written();
         let clock = device.clock();
         let deadline = clock.now() + self.opts.admin_timeout;
         let mut done = None;
