@@ -381,7 +381,7 @@ mod scripted {
     //! virtual clock (a ticker on the clock, no thread of its own).
     #![allow(unsafe_code)]
 
-    use nvm_queue::{Clock, DeviceError, DmaMapping, Mmio, NvmeDevice, TickerId, VirtualClock};
+    use nvm_queue::{Clock, DeviceError, DmaBuffer, DmaMapping, Mmio, NvmeDevice, TickerId, VirtualClock};
     use nvme_regs::registers::{doorbell_offset, offset};
     use nvme_regs::{Aqa, Cap, Cc};
     use std::ptr::NonNull;
@@ -420,6 +420,12 @@ mod scripted {
         clock: Arc<VirtualClock>,
         ticker: Mutex<Option<TickerId>>,
         player: Mutex<Player>,
+        /// DMA memory the driver could not prove the device done with
+        /// ([`NvmeDevice::keep_dma`]): freed by [`Device::stop`], after
+        /// which the player writes nothing. (The buffers hold the device,
+        /// so without that neither would ever be freed: memory kept per
+        /// input, which ran a 5-minute fuzz run out of memory.)
+        kept: Mutex<Vec<DmaBuffer>>,
     }
 
     #[derive(Debug)]
@@ -498,6 +504,7 @@ mod scripted {
                 clock: VirtualClock::new(),
                 ticker: Mutex::new(None),
                 player: Mutex::new(player),
+                kept: Mutex::new(Vec::new()),
             });
             let weak: Weak<Self> = Arc::downgrade(&dev);
             // It acts only on what the driver wrote: after a turn that
@@ -525,11 +532,14 @@ mod scripted {
             self.log.lock().unwrap().clone()
         }
 
-        /// Leaves the clock: the device plays no more.
+        /// Leaves the clock: the device plays no more, so the DMA memory
+        /// it was given to keep can go.
         pub fn stop(&self) {
             if let Some(id) = self.ticker.lock().unwrap().take() {
                 self.clock.remove_ticker(id);
             }
+            let kept = std::mem::take(&mut *self.kept.lock().unwrap());
+            drop(kept);
         }
 
         fn reg(&self, off: usize) -> u32 {
@@ -702,6 +712,9 @@ mod scripted {
             let iova = m.pages().first().copied().unwrap_or(0);
             self.maps.lock().unwrap().retain(|&(b, _, _)| b != iova);
             Ok(())
+        }
+        fn keep_dma(&self, buffers: Vec<DmaBuffer>) {
+            self.kept.lock().unwrap().extend(buffers);
         }
     }
 }

@@ -6,6 +6,7 @@ use std::fmt;
 use std::ptr::NonNull;
 
 use crate::clock::{Clock, RealClock};
+use crate::dma::DmaBuffer;
 use crate::mmio::Mmio;
 
 /// Host page size assumed for DMA mappings, in bytes. DMA buffers are
@@ -200,6 +201,21 @@ pub trait NvmeDevice: Send + Sync + fmt::Debug {
     /// the device.
     fn clock(&self) -> &dyn Clock {
         &RealClock
+    }
+
+    /// DMA memory that this device's controller may still write although
+    /// the driver is done with it: pages of admin commands that timed out,
+    /// on a controller never seen stopped (CSTS.RDY = 0 after CC.EN = 0).
+    /// It must stay allocated and mapped for as long as the device may
+    /// DMA. The default keeps it for the rest of the process
+    /// ([`DmaBuffer::leak_until_reset`]); a device that knows when it can
+    /// no longer DMA (an emulated one that stopped) may hold the buffers
+    /// and drop them then. The buffers hold the device (`Arc`): a device
+    /// that stores them must drop them itself to be freed.
+    fn keep_dma(&self, buffers: Vec<DmaBuffer>) {
+        for b in buffers {
+            b.leak_until_reset();
+        }
     }
 }
 

@@ -47,9 +47,14 @@ impl Controller {
         let mut done = None;
         let mut spins = 0u32;
         loop {
+            let timed_out = &mut self.timed_out;
             self.admin.poll(|c| {
                 if c.cid == cid {
                     done = Some(c);
+                } else {
+                    // A late completion of a timed-out command: the
+                    // controller is done with its data page.
+                    timed_out.retain(|(q, _)| *q != c.cid);
                 }
             });
             if let Some(c) = done {
@@ -66,10 +71,12 @@ impl Controller {
                 }
                 if clock.now() >= deadline {
                     // The controller may still write this command's data:
-                    // never hand the scratch page to another command.
+                    // never hand the scratch page to another command. It is
+                    // kept until the command completes late, a reset, or a
+                    // drop that sees CSTS.RDY = 0 (`Controller::timed_out`).
                     if data.is_some() {
                         if let Ok(fresh) = DmaBuffer::new(&self.device, 4096) {
-                            std::mem::replace(&mut self.scratch, fresh).leak_until_reset();
+                            self.timed_out.push((cid, std::mem::replace(&mut self.scratch, fresh)));
                         }
                     }
                     return Err(ControllerError::Timeout {

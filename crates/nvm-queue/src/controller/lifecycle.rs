@@ -33,6 +33,9 @@ impl Controller {
         wait_csts(&*self.device, self.ready_timeout, "CSTS.RDY = 0 for reset", false, |c| !c.rdy())?;
         self.live_queues.clear();
         self.sq_deleted.clear();
+        // CSTS.RDY = 0: the controller no longer touches host memory, so
+        // the pages of timed-out admin commands can be freed.
+        self.timed_out.clear();
         // Nothing on the admin queue can complete any more.
         let lost = self.admin.reset_after_controller_reset();
         if !lost.is_empty() {
@@ -90,16 +93,32 @@ impl Drop for Controller {
     /// a panic) is disabled (CC.EN = 0, bounded wait for CSTS.RDY = 0)
     /// before its admin queue memory is freed, so it cannot DMA into memory
     /// that is about to be reused.
+    ///
+    /// The pages of admin commands that timed out are freed once CSTS.RDY
+    /// = 0 is seen; if it never is (or the controller was shut down, not
+    /// disabled), the device keeps them ([`NvmeDevice::keep_dma`]).
     fn drop(&mut self) {
-        if self.shut_down {
-            return;
-        }
-        let bar = self.device.bar0();
-        if let Ok(cc) = bar.read32(offset::CC).map(Cc) {
-            if cc.en() && bar.write32(offset::CC, cc.with_en(false).0).is_ok() {
-                let _ =
-                    wait_csts(&*self.device, self.ready_timeout, "CSTS.RDY = 0 on drop", false, |c| !c.rdy());
+        let mut stopped = false;
+        if !self.shut_down {
+            let bar = self.device.bar0();
+            if let Ok(cc) = bar.read32(offset::CC).map(Cc) {
+                let disabled = !cc.en() || bar.write32(offset::CC, cc.with_en(false).0).is_ok();
+                if disabled && (cc.en() || !self.timed_out.is_empty()) {
+                    stopped =
+                        wait_csts(&*self.device, self.ready_timeout, "CSTS.RDY = 0 on drop", false, |c| {
+                            !c.rdy()
+                        })
+                        .is_ok();
+                }
             }
+        }
+        if !stopped && !self.timed_out.is_empty() {
+            tracing::warn!(
+                pages = self.timed_out.len(),
+                "controller not seen stopped (CSTS.RDY = 0): keeping the pages of timed-out admin commands"
+            );
+            let pages = self.timed_out.drain(..).map(|(_, b)| b).collect();
+            self.device.keep_dma(pages);
         }
     }
 }

@@ -106,6 +106,14 @@ pub struct Controller {
     ready_timeout: Duration,
     admin: QueuePair,
     scratch: DmaBuffer,
+    /// Scratch pages of admin commands that timed out, with their CIDs:
+    /// the controller may still write them. Each is freed when its command
+    /// completes late, when a reset sees CSTS.RDY = 0, or when the drop
+    /// sees it (after CC.EN = 0 and CSTS.RDY = 0 the controller no longer
+    /// touches host memory); only a controller that never reports RDY = 0
+    /// gets them handed to [`NvmeDevice::keep_dma`]. Bounded by the admin
+    /// queue's CIDs: a timed-out command keeps its CID until it completes.
+    timed_out: Vec<(u16, DmaBuffer)>,
     info: ControllerInfo,
     /// Every active namespace, usable or not, in NSID order.
     active: Vec<ActiveNamespace>,
@@ -191,6 +199,7 @@ impl Controller {
             ready_timeout,
             admin,
             scratch,
+            timed_out: Vec::new(),
             info: ControllerInfo {
                 vid: 0,
                 serial: String::new(),
