@@ -302,7 +302,8 @@ pub fn emulator_commands(data: &[u8]) {
 /// data all come from the input. `init` must never panic, must return
 /// within a bound set by CAP.TO and the admin timeout, and must give a
 /// typed error or a controller whose facts (CAP, Identify Controller,
-/// namespaces) are exactly what the device served.
+/// namespaces) are exactly what the device served; once the device has
+/// stopped, none of the DMA memory of the input may outlive it.
 ///
 /// CAP.TO is cut to 0..=3 (at most 1.5 s per register wait) and at most
 /// two admin commands go unanswered per input, so that each input runs in
@@ -372,6 +373,11 @@ pub fn controller_bringup(data: &[u8]) -> bool {
         }
     }
     dev.stop();
+    // Nothing the driver made still holds the device: every DMA buffer
+    // was freed, or kept by the device and freed by `stop` (a buffer kept
+    // for the rest of the process would hold it, and ran a 5-minute fuzz
+    // run out of memory before 2026-12-05).
+    assert_eq!(Arc::strong_count(&dev), 1, "DMA memory of this input outlived it");
     up
 }
 
