@@ -387,7 +387,7 @@ mod scripted {
     //! virtual clock (a ticker on the clock, no thread of its own).
     #![allow(unsafe_code)]
 
-    use nvm_queue::{Clock, DeviceError, DmaBuffer, DmaMapping, Mmio, NvmeDevice, TickerId, VirtualClock};
+    use nvm_queue::{Clock, DeviceError, DmaMapping, Mmio, NvmeDevice, TickerId, VirtualClock};
     use nvme_regs::registers::{doorbell_offset, offset};
     use nvme_regs::{Aqa, Cap, Cc};
     use std::ptr::NonNull;
@@ -431,7 +431,7 @@ mod scripted {
         /// which the player writes nothing. (The buffers hold the device,
         /// so without that neither would ever be freed: memory kept per
         /// input, which ran a 5-minute fuzz run out of memory.)
-        kept: Mutex<Vec<DmaBuffer>>,
+        kept: Mutex<Vec<nvm_queue::KeptDma>>,
     }
 
     #[derive(Debug)]
@@ -719,8 +719,8 @@ mod scripted {
             self.maps.lock().unwrap().retain(|&(b, _, _)| b != iova);
             Ok(())
         }
-        fn keep_dma(&self, buffers: Vec<DmaBuffer>) {
-            self.kept.lock().unwrap().extend(buffers);
+        fn keep_dma(&self, kept: nvm_queue::KeptDma) {
+            self.kept.lock().unwrap().push(kept);
         }
     }
 }

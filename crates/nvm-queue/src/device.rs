@@ -6,7 +6,6 @@ use std::fmt;
 use std::ptr::NonNull;
 
 use crate::clock::{Clock, RealClock};
-use crate::dma::DmaBuffer;
 use crate::mmio::Mmio;
 
 /// Host page size assumed for DMA mappings, in bytes. DMA buffers are
@@ -208,14 +207,51 @@ pub trait NvmeDevice: Send + Sync + fmt::Debug {
     /// on a controller never seen stopped (CSTS.RDY = 0 after CC.EN = 0).
     /// It must stay allocated and mapped for as long as the device may
     /// DMA. The default keeps it for the rest of the process
-    /// ([`DmaBuffer::leak_until_reset`]); a device that knows when it can
-    /// no longer DMA (an emulated one that stopped) may hold the buffers
-    /// and drop them then. The buffers hold the device (`Arc`): a device
-    /// that stores them must drop them itself to be freed.
-    fn keep_dma(&self, buffers: Vec<DmaBuffer>) {
-        for b in buffers {
-            b.leak_until_reset();
-        }
+    /// ([`KeptDma::leak`]); a device that knows when it can no longer DMA
+    /// (an emulated one that stopped) may hold it and drop it then. The
+    /// buffers hold the device (`Arc`): a device that stores them must
+    /// drop them itself to be freed.
+    fn keep_dma(&self, kept: KeptDma) {
+        kept.leak();
+    }
+}
+
+/// DMA buffers that a controller may still write although the driver is
+/// done with them ([`NvmeDevice::keep_dma`]). Dropping it frees and
+/// unmaps them; [`KeptDma::leak`] keeps them for the rest of the process.
+/// Opaque here, so that this module (the device contract) does not depend
+/// on the DMA buffer type built on it.
+pub struct KeptDma {
+    buffers: Vec<Box<dyn Send>>,
+}
+
+impl KeptDma {
+    /// Wraps buffers (`crate::dma::DmaBuffer`s, as boxes).
+    pub(crate) fn new(buffers: Vec<Box<dyn Send>>) -> Self {
+        Self { buffers }
+    }
+
+    /// How many buffers are kept.
+    pub fn len(&self) -> usize {
+        self.buffers.len()
+    }
+
+    /// No buffer kept.
+    pub fn is_empty(&self) -> bool {
+        self.buffers.is_empty()
+    }
+
+    /// Keeps the buffers allocated and mapped for the rest of the process
+    /// (NVMe gives no guarantee that a timed-out command will not write
+    /// until the controller is reset).
+    pub fn leak(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl std::fmt::Debug for KeptDma {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeptDma").field("buffers", &self.buffers.len()).finish()
     }
 }
 

@@ -50,7 +50,7 @@ pub mod mmio;
 pub mod prp;
 
 pub use clock::{Clock, RealClock, Ticker, TickerId, VirtualClock, SPIN_TIME};
-pub use device::{DeviceError, DmaMapping, HostMemory, NvmeDevice, HOST_PAGE_SIZE};
+pub use device::{DeviceError, DmaMapping, HostMemory, KeptDma, NvmeDevice, HOST_PAGE_SIZE};
 pub use dma::{DmaBuffer, DmaError};
 pub use mmio::{Doorbell, Mmio, MmioError};
 pub use prp::{Prp, PrpBuilder, PrpError};

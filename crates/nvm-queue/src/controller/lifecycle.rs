@@ -117,8 +117,8 @@ impl Drop for Controller {
                 pages = self.timed_out.len(),
                 "controller not seen stopped (CSTS.RDY = 0): keeping the pages of timed-out admin commands"
             );
-            let pages = self.timed_out.drain(..).map(|(_, b)| b).collect();
-            self.device.keep_dma(pages);
+            let pages = self.timed_out.drain(..).map(|(_, b)| Box::new(b) as Box<dyn Send>).collect();
+            self.device.keep_dma(crate::device::KeptDma::new(pages));
         }
     }
 }

@@ -78,7 +78,7 @@ struct SilentDevice {
     mmio: crate::Mmio,
     next_iova: std::sync::atomic::AtomicU64,
     mapped: std::sync::atomic::AtomicUsize,
-    kept: std::sync::Mutex<Vec<DmaBuffer>>,
+    kept: std::sync::Mutex<Vec<crate::KeptDma>>,
     stuck: bool,
     clock: Arc<crate::VirtualClock>,
 }
@@ -143,8 +143,8 @@ impl NvmeDevice for SilentDevice {
         self.mapped.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         Ok(())
     }
-    fn keep_dma(&self, buffers: Vec<DmaBuffer>) {
-        self.kept.lock().unwrap().extend(buffers);
+    fn keep_dma(&self, kept: crate::KeptDma) {
+        self.kept.lock().unwrap().push(kept);
     }
 }
 
@@ -180,7 +180,7 @@ fn pages_of_a_controller_never_seen_stopped_go_to_the_device() {
         // Bring-up starts by disabling it: un-stick it for the next try.
         dev.page[offset::CSTS / 4].store(0, std::sync::atomic::Ordering::SeqCst);
     }
-    assert_eq!(dev.kept.lock().unwrap().len(), 3);
+    assert_eq!(dev.kept.lock().unwrap().iter().map(crate::KeptDma::len).sum::<usize>(), 3);
     assert_eq!(dev.mapped(), 3, "only the kept pages stay mapped");
     let kept = std::mem::take(&mut *dev.kept.lock().unwrap());
     drop(kept);
