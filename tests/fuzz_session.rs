@@ -25,9 +25,21 @@ struct Daemon {
     socket: PathBuf,
     server: Arc<tuttid::Server>,
     dstrd: u8,
-    /// Connections made to it so far (each one is reclaimed once gone).
+    /// Connections made to it so far and since closed (each one is
+    /// reclaimed once gone).
     connections: AtomicU64,
+    /// The honest client, connected once for the whole process: after every
+    /// script it must still be served (a new connection per input cost a
+    /// connection thread, a heartbeat thread and a reclaim each).
+    honest: Arc<tuttid_proto::Client>,
+    /// Scripts run, to open a fresh honest connection every
+    /// [`FRESH_HONEST_EVERY`]th.
+    scripts: AtomicU64,
 }
+
+/// How often (in scripts) a new honest connection must also be accepted
+/// and served, besides the persistent one.
+const FRESH_HONEST_EVERY: u64 = 64;
 
 fn daemon() -> &'static Daemon {
     static D: OnceLock<Daemon> = OnceLock::new();
@@ -49,8 +61,16 @@ fn daemon() -> &'static Daemon {
             let stop = std::sync::atomic::AtomicBool::new(false);
             s.run(&listener, &stop);
         });
-        let facts = tuttid_proto::Client::connect(&socket).and_then(|c| c.open_drive("d0")).expect("d0");
-        Daemon { socket, server, dstrd: facts.dstrd, connections: AtomicU64::new(1) }
+        let honest = tuttid_proto::Client::connect(&socket).expect("the honest client connects");
+        let facts = honest.open_drive("d0").expect("d0");
+        Daemon {
+            socket,
+            server,
+            dstrd: facts.dstrd,
+            connections: AtomicU64::new(0),
+            honest,
+            scripts: AtomicU64::new(0),
+        }
     })
 }
 
@@ -372,10 +392,11 @@ pub fn tuttid_session(data: &[u8]) {
     let deadline = Instant::now() + Duration::from_secs(20);
     let st = loop {
         let st = d.server.status();
-        // Every connection so far (this script's too, even one the daemon
-        // had not yet accepted when it hung up) has been reclaimed.
+        // Every connection closed so far (this script's too, even one the
+        // daemon had not yet accepted when it hung up) has been reclaimed,
+        // and only the persistent honest client is left.
         let whole = st.reclaimed >= made
-            && st.clients.is_empty()
+            && st.clients.len() == 1
             && st.drives.iter().all(|r| r.queues_free == r.queues_total && r.registrations == 0);
         let left = deadline.saturating_duration_since(Instant::now());
         if whole || left.is_zero() {
@@ -386,13 +407,21 @@ pub fn tuttid_session(data: &[u8]) {
         d.server.wait_reclaimed(st.reclaimed, left);
     };
     assert!(st.reclaimed >= made, "{made} connections made, {} reclaimed: {st:?}", st.reclaimed);
-    assert!(st.clients.is_empty(), "a hung-up client is still listed: {st:?}");
+    assert_eq!(st.clients.len(), 1, "a hung-up client is still listed (or the honest one is gone): {st:?}");
     for r in &st.drives {
         assert_eq!(r.queues_free, r.queues_total, "queues not reclaimed: {r:?}");
         assert_eq!(r.registrations, 0, "registrations not reclaimed: {r:?}");
         assert_eq!(r.dma_faults, 0, "the drive touched memory outside every mapping: {r:?}");
     }
-    d.connections.fetch_add(1, Ordering::Relaxed);
-    let c = tuttid_proto::Client::connect(&d.socket).expect("an honest client is still served");
-    assert!(c.status().is_ok(), "an honest client's Status is answered");
+    // The persistent honest client is still connected, listed, and served.
+    let report = d.honest.status().expect("the honest client is still served");
+    assert_eq!(report.clients.len(), 1, "only the honest client is connected: {report:?}");
+    assert!(!d.honest.is_dead(), "the honest client's connection is alive");
+    // Now and then a new honest connection must also be accepted and
+    // served (the hostile one of every script is accepted too).
+    if d.scripts.fetch_add(1, Ordering::Relaxed) % FRESH_HONEST_EVERY == 0 {
+        d.connections.fetch_add(1, Ordering::Relaxed);
+        let c = tuttid_proto::Client::connect(&d.socket).expect("a new honest client is served");
+        assert!(c.status().is_ok(), "a new honest client's Status is answered");
+    }
 }
