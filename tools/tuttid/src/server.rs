@@ -1,4 +1,5 @@
-//! The listening socket, one thread per connection, the table of live
+//! The listening socket, one thread per connection (reused for a later
+//! one once its connection is reclaimed), the table of live
 //! clients for the operator view, and the connection loop: handshake,
 //! requests checked against what the connection owns, the lease (a read
 //! timeout), and reclaim when the connection ends for any reason.
@@ -46,6 +47,8 @@ pub struct Server {
     /// Per-uid quotas and the connection caps.
     accounts: Arc<Accounts>,
     own_uid: u32,
+    /// Connection threads that finished a connection and wait for another.
+    idle: Arc<Idle>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -75,6 +78,7 @@ impl Server {
                 memory_per_uid: cfg.memory_per_uid,
             })),
             own_uid: rustix::process::getuid().as_raw(),
+            idle: Arc::default(),
         }))
     }
 
@@ -129,10 +133,19 @@ impl Server {
             let _ = reply(&sock, refused(e.rule(), e.to_string()));
             return;
         }
-        let me = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name("tuttid-conn".into())
-            .spawn(move || me.serve(sock, peer, !listed));
+        let job = Job { server: self.clone(), sock, peer, status_only: !listed };
+        let Some(job) = self.idle.hand(job) else { return };
+        let idle = self.idle.clone();
+        let spawned = std::thread::Builder::new().name("tuttid-conn".into()).spawn(move || {
+            let mut job = job;
+            loop {
+                job.server.serve(job.sock, job.peer, job.status_only);
+                match idle.wait() {
+                    Some(next) => job = next,
+                    None => return,
+                }
+            }
+        });
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot spawn a connection thread");
             self.accounts.disconnect(peer.uid);
@@ -291,6 +304,78 @@ impl Server {
 /// `u32::MAX` consecutive connections.
 fn domain_of(id: u64) -> u32 {
     (id.wrapping_sub(1) % u64::from(u32::MAX)) as u32 + 1
+}
+
+/// An admitted connection for a connection thread.
+struct Job {
+    server: Arc<Server>,
+    sock: UnixStream,
+    peer: Peer,
+    status_only: bool,
+}
+
+/// Connection threads between connections: a thread that has reclaimed its
+/// connection waits up to [`IDLE_KEEP`] for the next one (at most
+/// [`IDLE_MAX`] wait), so that a new connection is served without starting
+/// a thread. Every connection still has a thread of its own for as long as
+/// it lives; the limits on connections are the accounts' as before.
+#[derive(Debug, Default)]
+struct Idle {
+    /// Threads waiting, and the connections handed to them not yet taken.
+    state: Mutex<(usize, Vec<Job>)>,
+    /// Notified when a connection is handed over.
+    handed: Condvar,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job").field("peer", &self.peer).finish_non_exhaustive()
+    }
+}
+
+/// How long a connection thread waits for another connection.
+const IDLE_KEEP: Duration = Duration::from_secs(1);
+/// How many connection threads may wait at once.
+const IDLE_MAX: usize = 4;
+
+impl Idle {
+    /// Hands `job` to a waiting thread; gives it back when none waits
+    /// for it (the caller starts a thread).
+    fn hand(&self, job: Job) -> Option<Job> {
+        let mut st = lock(&self.state);
+        if st.0 > st.1.len() {
+            st.1.push(job);
+            drop(st);
+            self.handed.notify_one();
+            None
+        } else {
+            Some(job)
+        }
+    }
+
+    /// Waits for a connection (after one ended on this thread); `None`:
+    /// none came within [`IDLE_KEEP`], or enough threads wait already,
+    /// and the thread ends.
+    fn wait(&self) -> Option<Job> {
+        let mut st = lock(&self.state);
+        if st.0 >= IDLE_MAX {
+            return None;
+        }
+        st.0 += 1;
+        let deadline = Instant::now() + IDLE_KEEP;
+        loop {
+            if let Some(job) = st.1.pop() {
+                st.0 -= 1;
+                return Some(job);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                st.0 -= 1;
+                return None;
+            }
+            st = self.handed.wait_timeout(st, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
 }
 
 /// How often the accepting thread looks at `stop` while no connection
