@@ -419,7 +419,7 @@ pub fn tuttid_session(data: &[u8]) {
     assert!(!d.honest.is_dead(), "the honest client's connection is alive");
     // Now and then a new honest connection must also be accepted and
     // served (the hostile one of every script is accepted too).
-    if d.scripts.fetch_add(1, Ordering::Relaxed) % FRESH_HONEST_EVERY == 0 {
+    if d.scripts.fetch_add(1, Ordering::Relaxed).is_multiple_of(FRESH_HONEST_EVERY) {
         d.connections.fetch_add(1, Ordering::Relaxed);
         let c = tuttid_proto::Client::connect(&d.socket).expect("a new honest client is served");
         assert!(c.status().is_ok(), "a new honest client's Status is answered");
