@@ -50,7 +50,7 @@ fn daemon() -> &'static Daemon {
         let socket = dir.join("s.sock");
         let uid = rustix::process::getuid().as_raw();
         let yaml = format!(
-            "socket: {}\nsocket_mode: \"0600\"\nlease_ms: 2000\ndrives:\n  d0:\n    device: {{ emulated: {{ namespaces: [ {{ capacity: 4MiB, block_size: 4096 }} ], io_queues: 8 }} }}\n    allow: {{ uids: [0, {uid}] }}\n    queues_per_client: 3\n    mediated: true\n",
+            "socket: {}\nsocket_mode: \"0600\"\nlease_ms: 2000\ndrives:\n  d0:\n    device: {{ emulated: {{ namespaces: [ {{ capacity: 4MiB, block_size: 4096 }} ], io_queues: 8 }} }}\n    allow: {{ uids: [0, {uid}] }}\n    queues_per_client: 3\n    mediated: true\n    forward_spin_us: 0\n",
             socket.display()
         );
         let cfg = tuttid::DaemonConfig::from_yaml(&yaml).expect("the fuzz daemon's config");
