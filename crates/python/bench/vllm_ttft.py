@@ -108,7 +108,8 @@ def run_phase(a: argparse.Namespace) -> Dict[str, Any]:
     llm = engine(a)
     start_s = time.perf_counter() - t0
     sp = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False, logprobs=2)
-    warm = [random.Random(5).randrange(1000, 120000) for _ in range(512)]
+    rng = random.Random(5)
+    warm = [rng.randrange(1000, 120000) for _ in range(512)]
     llm.generate([TokensPrompt(prompt_token_ids=warm)], sp, use_tqdm=False)
     rows = []
     for size, p in zip(a.sizes, prompts(a.sizes)):
