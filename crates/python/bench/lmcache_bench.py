@@ -397,7 +397,21 @@ def main() -> int:
         tiers.close()
         if not a.dir:
             shutil.rmtree(work, ignore_errors=True)
-    return 0 if all(v.get("status") == "ok" for r in report["runs"].values() for v in r["variants"].values()) else 1
+    return verdict(report)
+
+
+def verdict(report: Dict[str, Any]) -> int:
+    """Exit status: 0 when every variant of every length ran ("ok") and
+    every restored variant's first token equals recompute's; 1 otherwise,
+    naming on stderr what failed (a different first token is wrong KV, the
+    worst outcome, even when every transfer reported success)."""
+    bad = [f"{n} tokens, {name}: {v.get('status')}" for n, r in report["runs"].items()
+           for name, v in r["variants"].items() if v.get("status") != "ok"]
+    bad += [f"{n} tokens, {name}: first token differs from recompute (max logit diff {v.get('logits_max_abs_diff')})"
+            for n, r in report["runs"].items() for name, v in r["variants"].items() if v.get("argmax_equal") is False]
+    for line in bad:
+        sys.stderr.write(f"lmcache_bench: {line}\n")
+    return 1 if bad else 0
 
 
 class Tiers:

@@ -57,3 +57,50 @@ def test_small_cpu_run_reports_every_variant_with_matching_logits(tmp_path):
             assert v["logits_allclose"] is True and v["logits_max_abs_diff"] < 1e-4, (name, v)
             assert v["argmax_equal"] is True
         assert set(report["ratios"][str(n)]) >= {"tutti_over_disk", "tutti_over_cpu_scaled", "goals"}
+
+
+def _bench_module():
+    sys.path.insert(0, os.path.dirname(BENCH))
+    import lmcache_bench
+
+    return lmcache_bench
+
+
+def test_a_first_token_that_differs_fails_the_run_even_when_every_transfer_succeeded(capsys):
+    bench = _bench_module()
+    good = {"status": "ok", "argmax_equal": True, "logits_max_abs_diff": 0.01}
+    report = {"runs": {"64": {"variants": {"recompute": {"status": "ok"}, "lmcache_tutti": dict(good)}}}}
+    assert bench.verdict(report) == 0
+    report["runs"]["64"]["variants"]["lmcache_tutti"].update(argmax_equal=False, logits_max_abs_diff=8.2)
+    assert bench.verdict(report) == 1
+    assert "64 tokens, lmcache_tutti: first token differs" in capsys.readouterr().err
+    report["runs"]["64"]["variants"]["lmcache_tutti"] = dict(good, status="timeout")
+    assert bench.verdict(report) == 1
+
+
+def test_read_back_check_finds_every_object_equal(tmp_path):
+    check = os.path.join(os.path.dirname(BENCH), "lmcache_check.py")
+    cmd = [sys.executable, check, "--device", "cpu", "--tokens", "64,256", "--chunk-tokens", "16", "--object-mib", "1",
+           "--drives-dir", str(tmp_path)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    runs = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{\"run\"")]
+    assert [r["objects"] for r in runs] == [3, 15]
+    assert all(r["wrong_objects"] == 0 for r in runs)
+    assert runs[1]["slab_first"] == runs[0]["slab_end"]
+
+
+def test_read_back_check_names_a_wrong_page_and_where_its_bytes_came_from():
+    import torch
+
+    sys.path.insert(0, os.path.dirname(BENCH))
+    import lmcache_check
+
+    want = lmcache_check.pattern(2, 4 * 4096, torch.device("cpu"))
+    got = want.clone()
+    got[4096:8192] = lmcache_check.pattern(1, 8192, torch.device("cpu"))[4096:]  # run 1's bytes 4096..8191
+    d = lmcache_check.describe(got, want, obj=1 << 20)
+    assert d["bad_pages"] == 1
+    assert d["first"][0]["page"] == 1
+    assert (d["first"][0]["got_run"], d["first"][0]["got_offset"]) == (1, 4096)
+    assert d["first"][0]["want_offset"] == (1 << 20) + 4096
