@@ -181,7 +181,11 @@ class TuttiTier:
         if self.stream is not None:
             self.stream.synchronize()
 
-    def save(self, packed: torch.Tensor) -> List[ChunkRef]:
+    def save(self, packed: torch.Tensor, order: bool = True) -> List[ChunkRef]:
+        """Copy ``packed`` into the staging buffer and write it to the slab,
+        on the tier's stream, after the work queued so far on the caller's
+        (which made ``packed``); ``order=False`` leaves that wait out (only
+        to show what it guards against: ``lmcache_check.py --no-order``)."""
         from lmcache.v1.gpu_connector.gds_context import SlabDirection
 
         n = packed.shape[0]
@@ -189,6 +193,11 @@ class TuttiTier:
         refs = [ChunkRef(self.next_offset + c * obj, obj) for c in range(n)]
         self.next_offset += -(-n * obj // 4096) * 4096
         flat = packed.view(-1).view(torch.uint8)
+        if self.stream is not None and order:
+            # ``packed`` was made on the caller's stream: without this wait
+            # the copy below may read it before those kernels have written
+            # it (at 32,768 tokens it did: wrong KV, every status ok).
+            self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
         with self._on_stream():
             self.staging[: flat.numel()].copy_(flat)
             for c, r in enumerate(refs):

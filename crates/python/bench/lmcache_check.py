@@ -52,14 +52,15 @@ def describe(got: torch.Tensor, want: torch.Tensor, obj: int, limit: int = 8) ->
     return out
 
 
-def check_run(tier: TuttiTier, run: int, chunks: int, obj: int, device: torch.device, sync_each: bool = False) -> Dict[str, Any]:
+def check_run(tier: TuttiTier, run: int, chunks: int, obj: int, device: torch.device, sync_each: bool = False,
+              order: bool = True) -> Dict[str, Any]:
     """Save ``chunks`` objects of ``obj`` bytes (pattern ``run``), poison the
     staging buffer, read them back, compare object by object."""
     from lmcache.v1.gpu_connector.gds_context import SlabDirection
 
     want = pattern(run, chunks * obj, device)
     t = time.perf_counter()
-    refs = tier.save(want.view(chunks, obj))
+    refs = tier.save(want.view(chunks, obj), order=order)
     save_s = time.perf_counter() - t
     tier.poison()
     t = time.perf_counter()
@@ -88,6 +89,7 @@ def main() -> int:
     ap.add_argument("--chunk-tokens", type=int, default=256)
     ap.add_argument("--object-mib", type=int, default=32, help="bytes per object, MiB (Llama-3-8B bf16, 256 tokens: 32)")
     ap.add_argument("--region-mib", type=int, default=0, help="LMCache's registration size, MiB (0: its own, 16)")
+    ap.add_argument("--no-order", action="store_true", help="save without ordering the tier's stream after the pattern's (diagnosis)")
     ap.add_argument("--sync-each", action="store_true", help="wait for the stream after every object read (diagnosis)")
     ap.add_argument("--drives-dir", default="")
     ap.add_argument("--drive-mb-s", type=int, default=7000)
@@ -111,7 +113,7 @@ def main() -> int:
     ok = True
     try:
         for run, (n, c) in enumerate(zip(lengths, chunks), start=1):
-            r = check_run(tier, run, c, obj, device, a.sync_each)
+            r = check_run(tier, run, c, obj, device, a.sync_each, not a.no_order)
             r["tokens"] = n
             report["runs"].append(r)
             ok = ok and r["wrong_objects"] == 0
