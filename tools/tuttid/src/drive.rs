@@ -9,7 +9,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use nvm_queue::{Controller, ControllerOptions, DmaMapping, NvmeDevice};
+use nvm_queue::{Controller, ControllerOptions, DmaMapping, NvmeDevice, VirtualClock};
 use nvme_emu::{Emulator, SHARED_DOORBELL_DSTRD};
 use tutti::config::{DriveConfig, PciDriveConfig};
 use tuttid_proto::message::{DriveFacts, DriveStatus, ForwardingCounters, QueueGrant};
@@ -108,18 +108,25 @@ impl Drive {
     /// are memfds at CAP.DSTRD = 9, or, with forwarded doorbells, a PCI
     /// function or an emulator at CAP.DSTRD = 0), controller bring-up with
     /// as many I/O queue pairs as it grants, and namespace `entry.nsid`.
+    /// With `clock`, an emulated drive runs on that virtual clock, stepped
+    /// by the waits of its driver and by its forwarding thread (it must
+    /// have forwarded doorbells).
     ///
     /// # Errors
     ///
     /// [`DaemonError::Drive`] naming the drive.
-    pub fn start(name: &str, entry: &DriveEntry) -> Result<Self, DaemonError> {
+    pub fn start(
+        name: &str,
+        entry: &DriveEntry,
+        clock: Option<&Arc<VirtualClock>>,
+    ) -> Result<Self, DaemonError> {
         let fail_by = |what: &str, e: DriveCause| DaemonError::Drive {
             drive: name.to_owned(),
             what: what.to_owned(),
             source: Some(e),
         };
         let forwarded = entry.forwarded();
-        let (device, emulator, io_queues) = open_device(name, &entry.device, forwarded)?;
+        let (device, emulator, io_queues) = open_device(name, &entry.device, forwarded, clock)?;
         let opts = ControllerOptions { io_queues, ..ControllerOptions::default() };
         let controller = Controller::init(device.clone(), opts).map_err(|e| fail_by("bring-up", e.into()))?;
         let ns = controller.usable_namespace(entry.nsid).map_err(|e| fail_by("namespace", e.into()))?;
@@ -127,8 +134,13 @@ impl Drive {
         let doorbells = match (&emulator, forwarded) {
             (Some(emu), false) => Doorbells::Pages(emu.clone()),
             _ => Doorbells::Forwarded(
-                Forwarder::start(name, device.clone(), controller.cap().dstrd(), entry.forward_spin())
-                    .map_err(|e| fail_by("forwarding thread", e.into()))?,
+                Forwarder::start(
+                    name,
+                    device.clone(),
+                    (controller.cap().dstrd(), entry.forward_spin()),
+                    clock.cloned(),
+                )
+                .map_err(|e| fail_by("forwarding thread", e.into()))?,
             ),
         };
         // Forwarded: the client sees the shadow layout (DSTRD 9, one page
@@ -611,11 +623,17 @@ fn mediation(
 }
 
 /// The drive's device: an emulator (doorbell pages at CAP.DSTRD = 9
-/// unless `forwarded`) or a vfio-bound PCI function, and how many I/O
-/// queue pairs to ask of its controller.
+/// unless `forwarded`; on `clock` if given, which needs `forwarded`: the
+/// forwarding thread steps it) or a vfio-bound PCI function (never on a
+/// virtual clock), and how many I/O queue pairs to ask of its controller.
 type Opened = (Arc<dyn NvmeDevice>, Option<Arc<Emulator>>, u16);
 
-fn open_device(name: &str, cfg: &DriveConfig, forwarded: bool) -> Result<Opened, DaemonError> {
+fn open_device(
+    name: &str,
+    cfg: &DriveConfig,
+    forwarded: bool,
+    clock: Option<&Arc<VirtualClock>>,
+) -> Result<Opened, DaemonError> {
     let fail = |what: String| DaemonError::Drive { drive: name.to_owned(), what, source: None };
     let fail_by = |what: &str, e: DriveCause| DaemonError::Drive {
         drive: name.to_owned(),
@@ -629,9 +647,19 @@ fn open_device(name: &str, cfg: &DriveConfig, forwarded: bool) -> Result<Opened,
                 ec.dstrd = SHARED_DOORBELL_DSTRD;
                 ec.shared_doorbells = true;
             }
-            let emulator = Emulator::start(ec).map_err(|e| fail_by("emulator", e.into()))?;
+            let emulator = match clock {
+                Some(_) if !forwarded => {
+                    return Err(fail("a drive on a virtual clock needs forwarded doorbells".into()))
+                }
+                Some(c) => Emulator::start_on(ec, c.clone()),
+                None => Emulator::start(ec),
+            }
+            .map_err(|e| fail_by("emulator", e.into()))?;
             let device: Arc<dyn NvmeDevice> = emulator.clone();
             Ok((device, Some(emulator), e.io_queues))
+        }
+        DriveConfig::Pci(_) if clock.is_some() => {
+            Err(fail("a pci drive cannot run on a virtual clock".into()))
         }
         DriveConfig::Pci(p) => Ok((open_pci(p).map_err(fail)?, None, PCI_IO_QUEUES)),
         _ => {

@@ -43,13 +43,18 @@
 //! passes. A doorbell therefore reaches the controller within one pass
 //! (well under a microsecond for a few queues) while busy, and within
 //! about `IDLE_SLEEP` plus the kernel's timer slack (~50 µs) after idling.
+//!
+//! An emulated drive on a virtual clock ([`crate::Server::start_on`], for
+//! tests and fuzzing) has no controller thread: after each pass the
+//! forwarding thread steps it, moving its time on by [`IDLE_SLEEP`], so
+//! what a pass forwarded is fetched and completed before the next one.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nvm_queue::{Mmio, NvmeDevice};
+use nvm_queue::{Clock, Mmio, NvmeDevice, VirtualClock};
 use nvme_regs::registers::doorbell_offset;
 use tuttid_proto::shm::{sealed_memfd, MappedFd, PAGE};
 use tuttid_proto::ForwardingCounters;
@@ -236,6 +241,9 @@ pub struct Forwarder {
     dstrd: u8,
     /// Poll without sleeping this long after the last change.
     spin_for: Duration,
+    /// The virtual clock the drive's emulator runs on, stepped after
+    /// every pass; `None` for a device that runs by itself.
+    clock: Option<Arc<VirtualClock>>,
     shadows: Mutex<Vec<Shadow>>,
     stop: AtomicBool,
     /// Counters.
@@ -250,7 +258,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Forwarder {
     /// Starts the forwarding thread of drive `name`, whose controller
     /// (`device`) has doorbell stride CAP.DSTRD = `dstrd`; it polls without
-    /// sleeping for `spin_for` after each change.
+    /// sleeping for `spin_for` after each change, and steps `clock` (the
+    /// virtual clock `device` runs on, if any) after every pass.
     ///
     /// # Errors
     ///
@@ -258,14 +267,15 @@ impl Forwarder {
     pub fn start(
         name: &str,
         device: Arc<dyn NvmeDevice>,
-        dstrd: u8,
-        spin_for: Duration,
+        (dstrd, spin_for): (u8, Duration),
+        clock: Option<Arc<VirtualClock>>,
     ) -> std::io::Result<Arc<Self>> {
         let f = Arc::new(Self {
             name: name.to_owned(),
             device,
             dstrd,
             spin_for,
+            clock,
             shadows: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             stats: ForwardStats::default(),
@@ -368,6 +378,12 @@ impl Forwarder {
         let mut last_change = Instant::now();
         while !self.stop.load(Ordering::Acquire) {
             let (changed, queues) = self.pass();
+            if let Some(clock) = &self.clock {
+                // The emulator's turn (outside `pass`: no shadow locked):
+                // it fetches what was just forwarded and posts completions,
+                // which the next pass reads.
+                clock.sleep(IDLE_SLEEP);
+            }
             if changed {
                 last_change = Instant::now();
             } else if queues == 0 {

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use nvm_queue::VirtualClock;
 use tuttid_proto::frame::{borrow_all, recv_frame, send_frame, FrameError};
 use tuttid_proto::message::{ClientStatus, Request, Response, StatusReport};
 use tuttid_proto::{Rule, MAX_FRAME};
@@ -62,7 +63,27 @@ impl Server {
     ///
     /// The first drive that fails to start.
     pub fn start(cfg: &DaemonConfig) -> Result<Arc<Self>, DaemonError> {
-        let drives = cfg.drives.iter().map(|(n, e)| Drive::start(n, e)).collect::<Result<Vec<_>, _>>()?;
+        Self::start_with(cfg, None)
+    }
+
+    /// As [`Server::start`], with every drive's emulator on virtual time
+    /// (`clock`) instead of a controller thread of its own: the driver's
+    /// bounded waits (bring-up, each queue's create and delete) step it
+    /// and take no real time, and the drive's forwarding thread steps it
+    /// after each pass (so I/O is served as before). For tests and
+    /// fuzzing; the daemon's checks and limits are the same.
+    ///
+    /// # Errors
+    ///
+    /// As [`Server::start`]; a drive that is not emulated with forwarded
+    /// doorbells (nothing would step it) is refused.
+    pub fn start_on(cfg: &DaemonConfig, clock: Arc<VirtualClock>) -> Result<Arc<Self>, DaemonError> {
+        Self::start_with(cfg, Some(&clock))
+    }
+
+    fn start_with(cfg: &DaemonConfig, clock: Option<&Arc<VirtualClock>>) -> Result<Arc<Self>, DaemonError> {
+        let drives =
+            cfg.drives.iter().map(|(n, e)| Drive::start(n, e, clock)).collect::<Result<Vec<_>, _>>()?;
         Ok(Arc::new(Self {
             drives: Arc::new(drives),
             clients: Mutex::new(HashMap::new()),

@@ -398,7 +398,7 @@ mod tests {
             "socket: /nonexistent/t.sock\ndrives:\n  d0:\n    device: {{ emulated: {{ namespaces: [ {{ capacity: 8MiB, block_size: 4096 }} ] }} }}\n    nsid: 2\n    allow: {{ uids: [{uid}] }}\n"
         );
         let cfg = DaemonConfig::from_yaml(&yaml).unwrap();
-        let e = Drive::start("d0", &cfg.drives["d0"]).expect_err("namespace 2 does not exist");
+        let e = Drive::start("d0", &cfg.drives["d0"], None).expect_err("namespace 2 does not exist");
         match &e {
             DaemonError::Drive { drive, what, source: Some(cause) } => {
                 assert_eq!((drive.as_str(), what.as_str()), ("d0", "namespace"));
@@ -423,7 +423,7 @@ mod tests {
             "socket: /nonexistent/t.sock\ndrives:\n  d0:\n    device: {{ emulated: {{ namespaces: [ {{ capacity: 8MiB, block_size: 4096 }} ], io_queues: 8 }} }}\n    allow: {{ uids: [{uid}] }}\n    queues_per_client: 4\n"
         );
         let cfg = DaemonConfig::from_yaml(&yaml).unwrap();
-        let drives = Arc::new(vec![Drive::start("d0", &cfg.drives["d0"]).unwrap()]);
+        let drives = Arc::new(vec![Drive::start("d0", &cfg.drives["d0"], None).unwrap()]);
         let accounts = Arc::new(Accounts::new(Limits {
             connections_per_uid: 4,
             max_connections: 4,
