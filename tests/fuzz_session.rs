@@ -54,7 +54,11 @@ fn daemon() -> &'static Daemon {
             socket.display()
         );
         let cfg = tuttid::DaemonConfig::from_yaml(&yaml).expect("the fuzz daemon's config");
-        let server = tuttid::Server::start(&cfg).expect("the fuzz daemon starts");
+        // The drive's emulator on virtual time: each queue's create and
+        // delete (admin commands) is answered within the driver's wait, not
+        // after a nap of the emulator's thread and of the driver.
+        let clock = nvm_queue::VirtualClock::new();
+        let server = tuttid::Server::start_on(&cfg, clock).expect("the fuzz daemon starts");
         let listener = tuttid::bind(&cfg.socket, 0o600, None).expect("the fuzz daemon binds");
         let s = server.clone();
         std::thread::spawn(move || {
