@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 
 MiB = 1 << 20
 CHUNK = 256  # tokens per connector chunk
+WARM_TOKENS = 512  # the warm-up prompt of each phase
 
 
 def write_model(path: str, max_len: int) -> None:
@@ -76,6 +77,7 @@ def engine(a: argparse.Namespace) -> Any:
     kw: Dict[str, Any] = dict(
         model=a.model, skip_tokenizer_init=True, load_format="dummy", dtype="bfloat16", max_model_len=max_len,
         max_num_batched_tokens=max_len, enable_prefix_caching=False, enforce_eager=True, seed=0,
+        block_size=a.block_size,
         gpu_memory_utilization=a.gpu_memory_utilization, kv_cache_memory_bytes=a.kv_cache_gib << 30,
         disable_log_stats=False,
     )
@@ -109,7 +111,7 @@ def run_phase(a: argparse.Namespace) -> Dict[str, Any]:
     start_s = time.perf_counter() - t0
     sp = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False, logprobs=2)
     rng = random.Random(5)
-    warm = [rng.randrange(1000, 120000) for _ in range(512)]
+    warm = [rng.randrange(1000, 120000) for _ in range(WARM_TOKENS)]
     llm.generate([TokensPrompt(prompt_token_ids=warm)], sp, use_tqdm=False)
     rows = []
     for size, p in zip(a.sizes, prompts(a.sizes)):
@@ -127,6 +129,19 @@ def run_phase(a: argparse.Namespace) -> Dict[str, Any]:
     return {"engine_start_s": round(start_s, 1), "prompts": rows, "metrics": metrics}
 
 
+def phase_env() -> Dict[str, str]:
+    """The engines' environment: one CUDA hardware queue per stream
+    (``CUDA_DEVICE_MAX_CONNECTIONS=32``: with emulated drives, whose copies
+    run on streams of their own, a shared hardware queue can hold those
+    copies behind vLLM's kernels that wait for the I/O; docs/gpu.md, "Under
+    load") and vLLM's PyTorch sampler (``VLLM_USE_FLASHINFER_SAMPLER=0``:
+    FlashInfer is not in the carried set); values already set are kept."""
+    env = dict(os.environ)
+    env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    return env
+
+
 def phase(work: str, name: str, a: argparse.Namespace, connector: bool, runtime_config: str = "") -> Dict[str, Any]:
     """Run one engine in a new process; return its result with the
     connector's counters."""
@@ -134,11 +149,11 @@ def phase(work: str, name: str, a: argparse.Namespace, connector: bool, runtime_
     cmd = [sys.executable, os.path.abspath(__file__), "phase", "--model", os.path.join(work, "model"), "--out", out,
            "--stats", stats, "--runtime-config", runtime_config, "--sizes", ",".join(map(str, a.sizes)),
            "--reps", str(a.reps), "--gpu-memory-utilization", str(a.gpu_memory_utilization),
-           "--kv-cache-gib", str(a.kv_cache_gib)]
+           "--kv-cache-gib", str(a.kv_cache_gib), "--block-size", str(a.block_size)]
     cmd += ["--connector"] * connector
     t0 = time.monotonic()
     with open(log, "w") as f:
-        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=phase_env())
     if rc != 0:
         sys.stdout.write(open(log).read()[-8000:])
         raise SystemExit(f"phase {name} failed with status {rc} (log: {log})")
@@ -153,20 +168,34 @@ def phase(work: str, name: str, a: argparse.Namespace, connector: bool, runtime_
     return res
 
 
+def slot_bytes(block_size: int) -> int:
+    """One store object: K (or V) of one vLLM block of one layer (8 KV
+    heads of 128, bf16), the piece the connector saves of vLLM's
+    FlashAttention cache; the slab's slots are that size, so none of the
+    store's capacity goes unused (at vLLM's default 16-token blocks,
+    32 KiB: 1 MiB slots filled the store after 1/32 of its bytes in the
+    first H200 run)."""
+    return block_size * 8 * 128 * 2
+
+
 def runtime_config(work: str, a: argparse.Namespace) -> str:
-    """Four file-backed emulated drives under ``--drives-dir`` striped into
-    store "kv", 1 MiB slots (one layer of one 256-token chunk), Gen4
-    timing, ``execution: gpu``."""
+    """Four file-backed emulated drives under ``--drives-dir`` (old images
+    there are removed: a blank store) striped into store "kv", slots of
+    :func:`slot_bytes`, Gen4 timing, ``execution: gpu``."""
     from prefix_cache_demo import runtime_yaml
 
     per_token = 32 * 2 * 8 * 128 * 2
-    need = sum(a.sizes) * per_token * 5 // 4
+    need = (sum(a.sizes) + WARM_TOKENS) * per_token * 5 // 4
     drive_bytes = max(1024 * MiB, (need // 4 + 1023 * MiB) // (1024 * MiB) * (1024 * MiB))
     os.makedirs(a.drives_dir, exist_ok=True)
+    for i in range(4):
+        img = os.path.join(a.drives_dir, f"d{i}.img")
+        if os.path.exists(img):
+            os.remove(img)
     timing = f"{{ bandwidth_mb_s: {a.drive_mb_s}, iops: 1500000, latency_us: 80 }}"
     path = os.path.join(work, "runtime.yaml")
     with open(path, "w") as f:
-        f.write(runtime_yaml(a.drives_dir, drive_bytes, 1 * MiB, True, timing))
+        f.write(runtime_yaml(a.drives_dir, drive_bytes, slot_bytes(a.block_size), True, timing))
     return path
 
 
@@ -194,6 +223,7 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--drive-mb-s", type=int, default=7000, help="modelled bandwidth per drive, 10^6 bytes/s")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     ap.add_argument("--kv-cache-gib", type=int, default=8, help="vLLM's KV cache, GiB (what the connector registers)")
+    ap.add_argument("--block-size", type=int, default=16, help="vLLM's KV block, tokens (its default on CUDA: 16)")
     ap.add_argument("--out", default="", help="write the report here too (JSON)")
     a = ap.parse_args(argv)
     a.sizes = [int(s) for s in a.sizes.split(",")]
@@ -224,6 +254,7 @@ def main_phase(argv: List[str]) -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--kv-cache-gib", type=int, default=8)
+    p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--connector", action="store_true")
     a = p.parse_args(argv)
     a.sizes = [int(s) for s in a.sizes.split(",")]

@@ -238,6 +238,54 @@ def test_objects_must_fit_the_slot_and_whole_blocks(rt):
         KvCacheClient(kv, odd, "odd")
 
 
+def test_an_object_much_smaller_than_the_slot_is_warned_about(rt, caplog):
+    """vLLM's 16-token paged blocks in 1 MiB slots (the first vLLM run on
+    the H200) fill the store after 1/32 of its bytes: say so up front."""
+    kv = tutti.KvStore.open(rt)
+    small = ContiguousChunks([np.zeros((1, 2, 8, 16, 128), np.uint16)])  # 32 KiB per layer and chunk
+    with caplog.at_level("WARNING", logger="tutti.engine"):
+        KvCacheClient(kv, small, "small").close()
+    assert "65536 bytes but takes a whole 1048576-byte slot" in caplog.text
+    assert "94% of the store's capacity stays unused" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tutti.engine"):
+        KvCacheClient(kv, ContiguousChunks([np.zeros((1, 2, 8, 256, 128), np.uint16)]), "fits").close()
+    assert "slot" not in caplog.text
+
+
+class _RefusingStore:
+    """A KvStore whose unregister refuses one memory, as the runtime does
+    for memory a timed-out request still pins."""
+
+    def __init__(self, kv, refuse_first: int):
+        self._kv, self.refuse, self.calls = kv, refuse_first, 0
+
+    def __getattr__(self, name):
+        return getattr(self._kv, name)
+
+    def unregister(self, m):
+        self.calls += 1
+        if self.refuse > 0:
+            self.refuse -= 1
+            raise tutti.MemoryRegistrationError("memory region is in use by 1 operation(s)")
+        self._kv.unregister(m)
+
+
+def test_close_tries_every_tensor_and_raises_the_refusal_after_them(rt):
+    kv = tutti.KvStore.open(rt)
+    t = make_tensors("paged", kv_data)
+    store = _RefusingStore(kv, refuse_first=1)
+    client = KvCacheClient(store, make_layout("paged", t), MODEL)
+    n = len(client._memories)
+    assert n == 2 * LAYERS
+    with pytest.raises(tutti.MemoryRegistrationError, match="in use"):
+        client.close()
+    assert store.calls == n, "every tensor was tried"
+    assert len(client._memories) == 1, "the refused one stays registered"
+    client.close()  # the pin is gone: closing again unregisters it
+    assert client._memories == [] and store.calls == n + 1
+
+
 # Round trips ---------------------------------------------------------------
 
 

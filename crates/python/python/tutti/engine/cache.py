@@ -192,6 +192,12 @@ class KvCacheClient:
                 f"{layout.name}: one object is {seg} bytes, not a multiple of the store's "
                 f"{block_size}-byte logical block (gets move whole blocks)"
             )
+        if seg * 2 <= slot:
+            log.warning(
+                "%s: one object is %d bytes but takes a whole %d-byte slot of the store: %.0f%% of the "
+                "store's capacity stays unused (a slab slot_size of %d bytes fits it exactly)",
+                layout.name, seg, slot, 100.0 * (slot - seg) / slot, seg,
+            )
         self._memories = self._register(layout, staging_bytes, seg)
         self._object_keys: Dict[bytes, List[bytes]] = {}
 
@@ -334,12 +340,25 @@ class KvCacheClient:
         return groups
 
     def close(self) -> None:
-        """Unregister the layout's tensors (after every batch was waited on)."""
+        """Unregister the layout's tensors (after every batch was waited on).
+
+        Every tensor is tried; a refusal (``tutti.MemoryRegistrationError``:
+        a request that timed out still pins its memory until its drive is
+        reset) keeps that tensor registered and is raised after the rest,
+        so ``close`` may be called again later."""
+        first: Optional[BaseException] = None
+        kept: List[Any] = []
         for m in self._memories:
-            self.store.unregister(m)
-        self._memories = []
-        if self.staging is not None:
+            try:
+                self.store.unregister(m)
+            except Exception as e:  # tutti.MemoryRegistrationError; the rest still go
+                first = first or e
+                kept.append(m)
+        self._memories = kept
+        if self.staging is not None and not kept:
             self.staging.close()
+        if first is not None:
+            raise first
 
     def __enter__(self) -> "KvCacheClient":
         return self

@@ -23,11 +23,14 @@ CPU backend, and with more than one worker) they do not.
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Dict, Optional, Tuple
 
 from tutti.integrations.vllm.config import TuttiVllmConfig
 from tutti.integrations.vllm.locks import WriterLock
+
+log = logging.getLogger("tutti.vllm")
 
 
 class Writer:
@@ -42,12 +45,19 @@ class Writer:
 
     def close(self) -> None:
         """Close the client (unregisters the KV tensors), drop the store,
-        release the lock."""
-        if self.client is not None:
-            self.client.close()
+        release the lock. Never raises for a tensor that cannot be
+        unregistered (a request that timed out still pins it): that is
+        logged, and the store is dropped and the lock released all the
+        same (every put the store acknowledged is durable already)."""
+        try:
+            if self.client is not None:
+                self.client.close()
+        except Exception as e:  # tutti.MemoryRegistrationError
+            log.warning("tutti: closing the store's writer: %s; its acknowledged puts are durable", e)
+        finally:
             self.client = None
-        self.store = None
-        self.lock.release()
+            self.store = None
+            self.lock.release()
 
 
 class SharedRuntime:
