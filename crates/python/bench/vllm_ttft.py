@@ -169,13 +169,13 @@ def phase(work: str, name: str, a: argparse.Namespace, connector: bool, runtime_
 
 
 def slot_bytes(block_size: int) -> int:
-    """One store object: K (or V) of one vLLM block of one layer (8 KV
-    heads of 128, bf16), the piece the connector saves of vLLM's
-    FlashAttention cache; the slab's slots are that size, so none of the
-    store's capacity goes unused (at vLLM's default 16-token blocks,
-    32 KiB: 1 MiB slots filled the store after 1/32 of its bytes in the
-    first H200 run)."""
-    return block_size * 8 * 128 * 2
+    """One store object: K and V of one vLLM block of one layer (8 KV
+    heads of 128, bf16), the piece the connector saves of vLLM 0.26's
+    FlashAttention cache (its ``blocks_heads`` form: K and V side by side);
+    the slab's slots are that size, so none of the store's capacity goes
+    unused (at vLLM's default 16-token blocks, 64 KiB: 1 MiB slots filled
+    the store after 1/16 of its bytes in the first H200 run)."""
+    return block_size * 8 * 128 * 2 * 2
 
 
 def runtime_config(work: str, a: argparse.Namespace) -> str:

@@ -71,7 +71,7 @@ def runtime_yaml(drives_dir: str, drive_bytes: int, slot_bytes: int, gpu: bool, 
         lines.append(f"  d{i}: {{ emulated: {{ namespaces: [{{ capacity: {drive_bytes // MiB}MiB, block_size: 4096 }}], backing: {backing}{timing_entry} }} }}")
     lines += [
         "resolvers:",
-        f"  kv: {{ slab: {{ slot_size: {slot_bytes // MiB}MiB }} }}",
+        f"  kv: {{ slab: {{ slot_size: {slot_bytes // 1024}KiB }} }}",
         "datapaths:",
         "  stripe: { striped_local_nvme: { drives: [d0, d1, d2, d3], nsid: 1, stripe_unit: 128KiB, "
         f"queues_per_drive: 2, queue_depth: 256, execution: {'gpu' if gpu else 'cpu'} }} }}",

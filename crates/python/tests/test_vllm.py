@@ -918,3 +918,24 @@ def test_a_writer_closes_its_store_and_lock_even_when_a_tensor_stays_pinned(capl
         w.close()
     assert (w.client, w.store, lock.released) == (None, None, 1)
     assert "in use by 1 operation" in caplog.text
+
+
+def test_vllm_ttft_bench_sizes_slots_to_one_block_and_sets_the_engines_environment(monkeypatch):
+    """bench/vllm_ttft.py (run on the H200): one slot holds K and V of one
+    vLLM block of one layer (vLLM 0.26's FlashAttention cache), so a
+    store of N bytes holds N bytes of KV; the engines get one hardware
+    queue per stream and the PyTorch sampler unless told otherwise."""
+    import importlib.util
+    import os as _os
+
+    path = _os.path.join(_os.path.dirname(__file__), "..", "bench", "vllm_ttft.py")
+    spec = importlib.util.spec_from_file_location("vllm_ttft", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.slot_bytes(16) == 16 * 8 * 128 * 2 * 2 == 64 * 1024
+    assert bench.slot_bytes(128) == 512 * 1024
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "1")
+    env = bench.phase_env()
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
+    assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "1", "a value already set is kept"
