@@ -41,10 +41,29 @@ struct Daemon {
 /// and served, besides the persistent one.
 const FRESH_HONEST_EVERY: u64 = 64;
 
+/// Prefix of the socket folder of a process's fuzz daemon (then its pid).
+const DIR_PREFIX: &str = "tuttid-session-fuzz-";
+
+/// Removes the socket folders that processes no longer running left in
+/// `tmp` (the daemon lives until the process exits, so a process cannot
+/// remove its own); folders of live processes stay.
+fn remove_stale_dirs(tmp: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(DIR_PREFIX)) else { continue };
+        if pid.parse::<u32>().is_ok() && !std::path::Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 fn daemon() -> &'static Daemon {
     static D: OnceLock<Daemon> = OnceLock::new();
     D.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("tuttid-session-fuzz-{}", std::process::id()));
+        let tmp = std::env::temp_dir();
+        remove_stale_dirs(&tmp);
+        let dir = tmp.join(format!("{DIR_PREFIX}{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("a temporary directory");
         let socket = dir.join("s.sock");
@@ -427,5 +446,28 @@ pub fn tuttid_session(data: &[u8]) {
         d.connections.fetch_add(1, Ordering::Relaxed);
         let c = tuttid_proto::Client::connect(&d.socket).expect("a new honest client is served");
         assert!(c.status().is_ok(), "a new honest client's Status is answered");
+    }
+}
+
+#[cfg(test)]
+mod stale_dirs {
+    use super::{remove_stale_dirs, DIR_PREFIX};
+
+    #[test]
+    fn only_folders_of_processes_no_longer_running_are_removed() {
+        let tmp = std::env::temp_dir().join(format!("stale-dirs-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let live = tmp.join(format!("{DIR_PREFIX}{}", std::process::id()));
+        let dead = tmp.join(format!("{DIR_PREFIX}4000000000")); // above any pid_max
+        let other = tmp.join(format!("{DIR_PREFIX}not-a-pid"));
+        for d in [&live, &dead, &other] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::write(d.join("s.sock"), b"").unwrap();
+        }
+        remove_stale_dirs(&tmp);
+        assert!(live.exists(), "this process's folder stays");
+        assert!(!dead.exists(), "a dead process's folder goes");
+        assert!(other.exists(), "a folder not named by a pid stays");
+        std::fs::remove_dir_all(&tmp).unwrap();
     }
 }
