@@ -362,6 +362,11 @@ def test_second_request_loads_bit_identical_blocks(form):
                 assert np.all(block(form, caches[layer], tb[j]) == POISON), "a block past the load was written"
             for b_ in ta:
                 assert np.array_equal(block(form, caches[layer], b_), block(form, snapshot[layer], b_))
+        # Where the host time went, for runs that must say (the H200's vLLM TTFT).
+        w, s_ = eng.worker.stats(), eng.sched.stats()
+        assert w["tokens_loaded"] == 3 * CT
+        assert w["load_start_us"] > 0 and w["load_wait_us"] > 0 and w["save_wait_us"] > 0 and w["save_issue_us"] > 0
+        assert s_["lookups"] >= 6 and s_["lookup_us"] > 0
     finally:
         eng.close()
 

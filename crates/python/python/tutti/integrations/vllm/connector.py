@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import re
+import time
 from typing import Any, Dict, List, Optional, Set
 
 from tutti.engine import KvCacheClient
@@ -32,7 +33,7 @@ from tutti.integrations.vllm.layout import VllmPagedKV
 from tutti.integrations.vllm.metadata import TuttiConnectorMetadata
 from tutti.integrations.vllm.reader import manifest_key, put_manifest
 from tutti.integrations.vllm.scheduler import SchedulerLogic
-from tutti.integrations.vllm.worker import WorkerLogic
+from tutti.integrations.vllm.worker import WORKER_COUNTERS, WorkerLogic
 
 log = logging.getLogger("tutti.vllm")
 
@@ -75,23 +76,18 @@ def tp_rank(vllm_config: Any) -> int:
         return int(getattr(par, "rank", 0) or 0)
 
 
-COUNTERS = (
-    "lookups",
-    "lookup_tokens",
-    "loads",
-    "tokens_loaded",
-    "load_error_blocks",
-    "objects_saved",
-    "staged_bytes",
-)
+COUNTERS = ("lookups", "lookup_tokens", "lookup_us") + WORKER_COUNTERS + ("staged_bytes",)
 """The connector's counters (``TuttiConnector.stats``): scheduler side,
-``lookups`` (calls of ``get_num_new_matched_tokens``) and
-``lookup_tokens`` (tokens offered to vLLM, summed); worker side, ``loads``
-(requests loaded), ``tokens_loaded`` (tokens whose KV was loaded in every
-layer), ``load_error_blocks`` (blocks reported to vLLM to recompute),
-``objects_saved`` (store objects put) and ``staged_bytes`` (bytes copied
-between vLLM's KV tensors and the shared-memory staging buffer, both
-ways; 0 when the tensors are registered directly)."""
+``lookups`` (calls of ``get_num_new_matched_tokens``), ``lookup_tokens``
+(tokens offered to vLLM, summed) and ``lookup_us`` (host time in those
+lookups, microseconds); worker side, ``loads`` (requests loaded),
+``tokens_loaded`` (tokens whose KV was loaded in every layer),
+``load_error_blocks`` (blocks reported to vLLM to recompute),
+``objects_saved`` (store objects put), the host time of the load and save
+calls (``load_start_us``, ``load_wait_us``, ``save_issue_us``,
+``save_wait_us``: ``worker.WORKER_COUNTERS``) and ``staged_bytes`` (bytes
+copied between vLLM's KV tensors and the shared-memory staging buffer,
+both ways; 0 when the tensors are registered directly)."""
 
 
 class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
@@ -297,6 +293,13 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
     def _lookup(self, tokens: Any) -> int:
         """The tokens every rank's store holds (the shortest of them): one
         rank's shard without the others' cannot be used."""
+        t = time.perf_counter()
+        try:
+            return self._lookup_ranks(tokens)
+        finally:
+            self.counters["lookup_us"] += int((time.perf_counter() - t) * 1e6)
+
+    def _lookup_ranks(self, tokens: Any) -> int:
         if self._shared is None:
             return 0
         c = self.tutti_config

@@ -22,8 +22,10 @@ KV that loaded in every layer.
 from __future__ import annotations
 
 import logging
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Set
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set
 
 from tutti.engine import KvCacheClient, LayerLoad, LayerSave, SaveResult
 from tutti.integrations.vllm.layout import SCRATCH, VllmPagedKV
@@ -58,6 +60,14 @@ class _ActiveLoad:
     started: Set[int]
 
 
+WORKER_COUNTERS = ("loads", "tokens_loaded", "load_error_blocks", "objects_saved",
+                   "load_start_us", "load_wait_us", "save_issue_us", "save_wait_us")
+"""The worker side's counters; the ``_us`` ones are host time spent in
+``start_load`` (vLLM's ``start_load_kv``), ``wait_layer``
+(``wait_for_layer_load``), ``save_layer`` (``save_kv_layer``) and
+``wait_for_save``, microseconds."""
+
+
 class WorkerLogic:
     """The worker side over one ``KvCacheClient``.
 
@@ -82,9 +92,19 @@ class WorkerLogic:
         self._errors: Set[int] = set()
         self.last_save_results: List[SaveResult] = []
         self.step_meta: Optional[TuttiConnectorMetadata] = None
-        self.counters: Dict[str, int] = {"loads": 0, "tokens_loaded": 0, "load_error_blocks": 0, "objects_saved": 0}
+        self.counters: Dict[str, int] = dict.fromkeys(WORKER_COUNTERS, 0)
         """Requests loaded, tokens loaded in every layer, blocks reported
-        as load errors, objects put by saves (cumulative)."""
+        as load errors, objects put by saves, and the host time of the
+        connector's calls in microseconds (cumulative; ``WORKER_COUNTERS``)."""
+
+    @contextmanager
+    def _timed(self, counter: str) -> Iterator[None]:
+        """Adds the block's wall time, microseconds, to ``counter``."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.counters[counter] += int((time.perf_counter() - t) * 1e6)
 
     # Loads -------------------------------------------------------------------
 
@@ -104,6 +124,10 @@ class WorkerLogic:
         kept (``begin_step`` only for a new step). Loads of a step whose
         layers already ran would come too late: they are reported as load
         errors (vLLM does not do this)."""
+        with self._timed("load_start_us"):
+            self._start_load(meta)
+
+    def _start_load(self, meta: TuttiConnectorMetadata) -> None:
         if self.step_meta is meta:
             if meta.loads:
                 log.warning("tutti: loads bound after the forward pass; recomputing them")
@@ -136,6 +160,10 @@ class WorkerLogic:
         """Issue the next layer's reads, then wait for this layer's (so that
         layer ``l + 1`` loads while layer ``l`` computes). Unknown layer
         names (layers without a registered KV cache) are ignored."""
+        with self._timed("load_wait_us"):
+            self._wait_layer(layer_name)
+
+    def _wait_layer(self, layer_name: str) -> None:
         layer = self.layer_index.get(layer_name)
         if layer is None or not self._loads:
             return
@@ -186,6 +214,10 @@ class WorkerLogic:
     def save_layer(self, layer_name: str) -> None:
         """Put layer ``layer_name``'s objects of this step's saved chunks
         (objects already in the store are skipped)."""
+        with self._timed("save_issue_us"):
+            self._save_layer(layer_name)
+
+    def _save_layer(self, layer_name: str) -> None:
         layer = self.layer_index.get(layer_name)
         if layer is None or not self._save_specs or layer in self._saved_layers:
             return
@@ -200,6 +232,10 @@ class WorkerLogic:
     def wait_for_save(self) -> List[SaveResult]:
         """Finish this step's puts (and any load not finalised yet); return
         the save results (also in ``last_save_results``)."""
+        with self._timed("save_wait_us"):
+            return self._wait_for_save()
+
+    def _wait_for_save(self) -> List[SaveResult]:
         self.finish_loads()
         results = [s.wait(self.timeout) for s in self._saves]
         for spec, r in zip(self._save_specs, results):
