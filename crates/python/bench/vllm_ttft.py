@@ -219,7 +219,7 @@ def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="8192,32768", help="prompt lengths, tokens, comma-separated")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--drives-dir", default="/var/tmp/tutti-vllm-drives", help="folder of the drive images (on disk)")
+    ap.add_argument("--drives-dir", default="/var/tmp/tutti-vllm-drives", help="folder of the drive images (on disk; its d0.img..d3.img are replaced by blank ones)")
     ap.add_argument("--drive-mb-s", type=int, default=7000, help="modelled bandwidth per drive, 10^6 bytes/s")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     ap.add_argument("--kv-cache-gib", type=int, default=8, help="vLLM's KV cache, GiB (what the connector registers)")
