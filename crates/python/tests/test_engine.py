@@ -239,8 +239,9 @@ def test_objects_must_fit_the_slot_and_whole_blocks(rt):
 
 
 def test_an_object_much_smaller_than_the_slot_is_warned_about(rt, caplog):
-    """vLLM's 16-token paged blocks in 1 MiB slots (the first vLLM run on
-    the H200) fill the store after 1/32 of its bytes: say so up front."""
+    """vLLM's 16-token paged blocks (64 KiB objects) in 1 MiB slots (the
+    first vLLM run on the H200) fill the store after 1/16 of its bytes:
+    say so up front."""
     kv = tutti.KvStore.open(rt)
     small = ContiguousChunks([np.zeros((1, 2, 8, 16, 128), np.uint16)])  # 32 KiB per layer and chunk
     with caplog.at_level("WARNING", logger="tutti.engine"):

@@ -143,6 +143,7 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
         self._shared: Optional[state.SharedRuntime] = state.acquire(c)
         self._writer: Optional[state.Writer] = None
         self.counters: Dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self._lookup_ns = 0
         self._dumped: Optional[Dict[str, int]] = None
         self._warned = False
         self._scheduler: Optional[SchedulerLogic] = None
@@ -208,15 +209,18 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
                 self.counters["staged_bytes"] = int(staging.copied_bytes)
         return dict(self.counters)
 
-    def _dump_stats(self) -> None:
-        """Write ``stats()`` to the ``stats_file`` (when configured) if they changed."""
+    def _dump_stats(self, force: bool = False) -> None:
+        """Write ``stats()`` to the ``stats_file`` (when configured) if a
+        counter other than the host times (``*_us``, which move on every
+        step) changed, or with ``force`` (at shutdown)."""
         path = self.tutti_config.stats_file
         if path is None:
             return
         st = self.stats()
-        if st == self._dumped:
+        events = {k: v for k, v in st.items() if not k.endswith("_us")}
+        if events == self._dumped and not force:
             return
-        self._dumped = st
+        self._dumped = events
         role = "scheduler" if self._is_scheduler else "worker"
         tmp = f"{path}.{role}{self._rank}.json.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
@@ -279,6 +283,7 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
         if self._shared is None:
             return
         log.info("tutti: %s rank %d stats %s", "scheduler" if self._is_scheduler else "worker", self._rank, self.stats())
+        self._dump_stats(force=True)
         if self._worker is not None:
             self._worker.finish_loads()
             self._worker = None
@@ -293,11 +298,12 @@ class TuttiConnector(KVConnectorBase_V1):  # type: ignore[misc,valid-type]
     def _lookup(self, tokens: Any) -> int:
         """The tokens every rank's store holds (the shortest of them): one
         rank's shard without the others' cannot be used."""
-        t = time.perf_counter()
+        t = time.perf_counter_ns()
         try:
             return self._lookup_ranks(tokens)
         finally:
-            self.counters["lookup_us"] += int((time.perf_counter() - t) * 1e6)
+            self._lookup_ns += time.perf_counter_ns() - t
+            self.counters["lookup_us"] = self._lookup_ns // 1000
 
     def _lookup_ranks(self, tokens: Any) -> int:
         if self._shared is None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from tutti.integrations.vllm.config import TuttiVllmConfig
 from tutti.integrations.vllm.locks import WriterLock
@@ -43,21 +43,32 @@ class Writer:
         self.lock = lock
         self.client: Optional[Any] = None
 
-    def close(self) -> None:
+    def close(self) -> bool:
         """Close the client (unregisters the KV tensors), drop the store,
-        release the lock. Never raises for a tensor that cannot be
-        unregistered (a request that timed out still pins it): that is
-        logged, and the store is dropped and the lock released all the
-        same (every put the store acknowledged is durable already)."""
+        release the lock; True when all of that was done.
+
+        A tensor the runtime refuses to unregister
+        (``tutti.MemoryRegistrationError``: a request that timed out, or one
+        never waited on, still uses it) does not raise: it is logged, the
+        store is dropped, and the lock is kept (False): the caller releases
+        it once the runtime has shut down (``SharedRuntime.close``), so no
+        other process writes the store while this one's I/O may still land
+        (process exit releases it too). Other errors are raised, the lock
+        kept until the process exits."""
+        import tutti
+
         try:
             if self.client is not None:
                 self.client.close()
-        except Exception as e:  # tutti.MemoryRegistrationError
-            log.warning("tutti: closing the store's writer: %s; its acknowledged puts are durable", e)
-        finally:
+        except tutti.MemoryRegistrationError as e:
+            log.warning("tutti: closing the store's writer: %s; the store's lock is kept until the runtime shuts down", e)
             self.client = None
             self.store = None
-            self.lock.release()
+            return False
+        self.client = None
+        self.store = None
+        self.lock.release()
+        return True
 
 
 class SharedRuntime:
@@ -68,6 +79,7 @@ class SharedRuntime:
         self.cfg = cfg
         self.runtime = cfg.open_runtime()
         self.writers: Dict[str, Writer] = {}
+        self.held_locks: List[WriterLock] = []
         self.readers: Dict[str, Any] = {}
         self.users = 0
         self._lock = threading.Lock()
@@ -104,19 +116,27 @@ class SharedRuntime:
             return r
 
     def close_writer(self, store: str) -> None:
-        """Close ``store``'s writer of this process, if any."""
+        """Close ``store``'s writer of this process, if any (its lock kept
+        until ``close`` when I/O may still use its memory: ``Writer.close``)."""
         with self._lock:
             w = self.writers.pop(store, None)
-        if w is not None:
-            w.close()
+        if w is not None and not w.close():
+            with self._lock:
+                self.held_locks.append(w.lock)
 
     def close(self) -> None:
+        """Close the readers and writers, shut the runtime down, then
+        release the writer locks kept while their I/O might still land."""
         for r in list(self.readers.values()):
             r.close()
         self.readers.clear()
         for name in list(self.writers):
             self.close_writer(name)
-        self.runtime.shutdown()
+        self.runtime.shutdown()  # raises: the kept locks stay until the process exits
+        with self._lock:
+            held, self.held_locks = self.held_locks, []
+        for lock in held:
+            lock.release()
 
 
 _lock = threading.Lock()
