@@ -7,7 +7,6 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use tuttid_proto::{Client, StatusReport};
 
 /// The client process body; a no-op unless run by a test as a client.
 #[test]
@@ -17,39 +16,11 @@ fn client_role() {
     }
 }
 
-fn status(socket: &std::path::Path) -> StatusReport {
-    Client::connect(socket).unwrap().status().unwrap()
-}
-
-/// The daemon's pool is whole and nothing of any client is left, once
-/// only the status connection is connected.
-fn assert_all_reclaimed(socket: &std::path::Path) -> StatusReport {
-    let s = eventually(Duration::from_secs(20), || {
-        let s = status(socket);
-        (s.clients.len() == 1
-            && s.drives.iter().all(|d| d.queues_free == d.queues_total && d.registrations == 0))
-        .then_some(s)
-    });
-    let s = s.unwrap_or_else(|| panic!("not reclaimed: {:#?}", status(socket)));
-    for d in &s.drives {
-        assert_eq!(d.dma_faults, 0, "drive {} saw DMA to unmapped memory", d.name);
-        assert_eq!(d.quarantined, 0, "drive {} quarantined a queue", d.name);
-    }
-    s
-}
-
 #[test]
 fn four_clients_stripe_concurrently_on_disjoint_ranges() {
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start(dir.path(), &config_yaml(&dir.path().join("tutti.sock"), 3000, ""));
-    let mut kids: Vec<_> = (0..4).map(|r| spawn_client(&d.socket, dir.path(), r, 6)).collect();
-    for (r, k) in kids.iter_mut().enumerate() {
-        let line = wait_line(k, "verified");
-        let st = k.wait().unwrap();
-        assert!(st.success(), "client {r}: {st:?}");
-        let bytes: u64 = line.trim().trim_start_matches("verified ").parse().unwrap();
-        assert_eq!(bytes, 6 * SLOTS_PER_REGION * SLOT as u64, "client {r}");
-    }
+    stripe_verified(&d.socket, dir.path(), 4, 6);
     let s = assert_all_reclaimed(&d.socket);
     assert!(s.reclaimed >= 4);
 }

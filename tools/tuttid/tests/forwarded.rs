@@ -26,37 +26,13 @@ fn forwarded_yaml(dir: &std::path::Path, emu_extra: &str) -> String {
         .replace("    allow:", "    doorbells: forwarded\n    allow:")
 }
 
-/// The pool is whole, nothing of any client is left, no DMA fault.
-fn assert_all_reclaimed(socket: &std::path::Path) -> tuttid_proto::StatusReport {
-    let status = || Client::connect(socket).unwrap().status().unwrap();
-    let s = eventually(Duration::from_secs(20), || {
-        let s = status();
-        (s.clients.len() == 1
-            && s.drives.iter().all(|d| d.queues_free == d.queues_total && d.registrations == 0))
-        .then_some(s)
-    });
-    let s = s.unwrap_or_else(|| panic!("not reclaimed: {:#?}", status()));
-    for d in &s.drives {
-        assert_eq!(d.dma_faults, 0, "drive {} saw DMA to unmapped memory", d.name);
-        assert_eq!(d.quarantined, 0, "drive {} quarantined a queue", d.name);
-    }
-    s
-}
-
 #[test]
 fn clients_stripe_through_forwarded_doorbells() {
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start(dir.path(), &forwarded_yaml(dir.path(), ""));
     let facts = Client::connect(&d.socket).unwrap().open_drive("d0").unwrap();
     assert_eq!(facts.dstrd, 9, "clients see the shadow layout, not the controller's DSTRD 0");
-    let mut kids: Vec<_> = (0..4).map(|r| spawn_client(&d.socket, dir.path(), r, 4)).collect();
-    for (r, k) in kids.iter_mut().enumerate() {
-        let line = wait_line(k, "verified");
-        let st = k.wait().unwrap();
-        assert!(st.success(), "client {r}: {st:?}");
-        let bytes: u64 = line.trim().trim_start_matches("verified ").parse().unwrap();
-        assert_eq!(bytes, 4 * SLOTS_PER_REGION * SLOT as u64, "client {r}");
-    }
+    stripe_verified(&d.socket, dir.path(), 4, 4);
     let s = assert_all_reclaimed(&d.socket);
     assert!(s.reclaimed >= 4);
 }

@@ -377,23 +377,8 @@ fn a_partition_is_the_tenants_namespace_and_nothing_past_it_is_reached() {
 fn clients_stripe_through_mediated_drives() {
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start(dir.path(), &mediated_yaml(dir.path(), ""));
-    let mut kids: Vec<_> = (0..4).map(|r| spawn_client(&d.socket, dir.path(), r, 4)).collect();
-    for (r, k) in kids.iter_mut().enumerate() {
-        let line = wait_line(k, "verified");
-        let st = k.wait().unwrap();
-        assert!(st.success(), "client {r}: {st:?} {line}");
-        let bytes: u64 = line.trim().trim_start_matches("verified ").parse().unwrap();
-        assert_eq!(bytes, 4 * SLOTS_PER_REGION * SLOT as u64, "client {r}");
-    }
-    let status = || Client::connect(&d.socket).unwrap().status().unwrap();
-    let s = eventually(Duration::from_secs(20), || {
-        let s = status();
-        (s.clients.len() == 1
-            && s.drives.iter().all(|d| d.queues_free == d.queues_total && d.registrations == 0))
-        .then_some(s)
-    })
-    .unwrap_or_else(|| panic!("not reclaimed: {:#?}", status()));
-    assert!(s.drives.iter().all(|d| d.dma_faults == 0 && d.quarantined == 0));
+    stripe_verified(&d.socket, dir.path(), 4, 4);
+    assert_all_reclaimed(&d.socket);
 }
 
 /// A mediated drive whose LBAs 64..128 complete `delay_us` late, a client

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use common::*;
 use nvm_queue::VirtualClock;
-use tuttid_proto::Client;
 
 /// The client process body; a no-op unless run by a test as a client.
 #[test]
@@ -59,25 +58,10 @@ fn clients_are_served(dir: &Path, yaml: &str) {
     let clock = VirtualClock::new();
     let d = InProcess::start(yaml, clock.clone());
     let socket = dir.join("tutti.sock");
-    let mut kids: Vec<_> = (0..4).map(|r| spawn_client(&socket, dir, r, 4)).collect();
-    for (r, k) in kids.iter_mut().enumerate() {
-        let line = wait_line(k, "verified");
-        let st = k.wait().unwrap();
-        assert!(st.success(), "client {r}: {st:?}");
-        let bytes: u64 = line.trim().trim_start_matches("verified ").parse().unwrap();
-        assert_eq!(bytes, 4 * SLOTS_PER_REGION * SLOT as u64, "client {r}");
-    }
-    let status = || Client::connect(&socket).unwrap().status().unwrap();
-    let s = eventually(Duration::from_secs(20), || {
-        let s = status();
-        (s.reclaimed >= 4
-            && s.clients.len() == 1
-            && s.drives.iter().all(|d| d.queues_free == d.queues_total && d.registrations == 0))
-        .then_some(s)
-    })
-    .unwrap_or_else(|| panic!("not reclaimed: {:#?}", status()));
+    stripe_verified(&socket, dir, 4, 4);
+    let s = assert_all_reclaimed(&socket);
+    assert!(s.reclaimed >= 4, "{s:?}");
     for r in &s.drives {
-        assert_eq!((r.dma_faults, r.quarantined), (0, 0), "{r:?}");
         assert!(r.forwarding.doorbells_forwarded > 0, "{r:?}");
     }
     assert_eq!(d.server.status().drives.len(), 4);

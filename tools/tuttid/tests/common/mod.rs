@@ -239,3 +239,41 @@ pub fn eventually<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Optio
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// The daemon's status, over a new connection.
+pub fn status(socket: &Path) -> tuttid_proto::StatusReport {
+    tuttid_proto::Client::connect(socket).unwrap().status().unwrap()
+}
+
+/// Waits (20 s at most) until the daemon's pool is whole and nothing of
+/// any client is left (only the status connection connected), then checks
+/// that no drive saw DMA to unmapped memory or quarantined a queue;
+/// returns the status it saw.
+pub fn assert_all_reclaimed(socket: &Path) -> tuttid_proto::StatusReport {
+    let s = eventually(Duration::from_secs(20), || {
+        let s = status(socket);
+        (s.clients.len() == 1
+            && s.drives.iter().all(|d| d.queues_free == d.queues_total && d.registrations == 0))
+        .then_some(s)
+    });
+    let s = s.unwrap_or_else(|| panic!("not reclaimed: {:#?}", status(socket)));
+    for d in &s.drives {
+        assert_eq!(d.dma_faults, 0, "drive {} saw DMA to unmapped memory", d.name);
+        assert_eq!(d.quarantined, 0, "drive {} quarantined a queue", d.name);
+    }
+    s
+}
+
+/// Runs `clients` client processes (regions `0..clients`) of the daemon at
+/// `socket`, each doing `rounds` rounds of verified striped I/O, and checks
+/// that each exits cleanly having verified all its bytes.
+pub fn stripe_verified(socket: &Path, dir: &Path, clients: u64, rounds: u64) {
+    let mut kids: Vec<_> = (0..clients).map(|r| spawn_client(socket, dir, r, rounds)).collect();
+    for (r, k) in kids.iter_mut().enumerate() {
+        let line = wait_line(k, "verified");
+        let st = k.wait().unwrap();
+        assert!(st.success(), "client {r}: {st:?} {line}");
+        let bytes: u64 = line.trim().trim_start_matches("verified ").parse().unwrap();
+        assert_eq!(bytes, rounds * SLOTS_PER_REGION * SLOT as u64, "client {r}");
+    }
+}
